@@ -1,0 +1,120 @@
+// Memory allocators. Every tensor's bytes come from an Allocator owned by the
+// Context. The main implementation, CachingAllocator, sits on a MemorySource
+// (aligned host memory, pinned host memory, or cudaMalloc on one device) and
+// keeps freed blocks for reuse:
+//   - blocks are reused only by allocations on the stream they were freed on
+//     (a freed block may still be read by queued work on that stream);
+//   - a larger cached block is split, and a freed block is merged with free
+//     neighbours from the same segment (one MemorySource allocation);
+//   - allocated / reserved / peak byte counters, with a reset of the peaks;
+//   - when the source runs out, unused segments are released and the request
+//     retried before an out-of-memory error is thrown.
+// Because the source is an interface, the whole caching policy is tested on
+// the host, with the same code that manages device memory on a GPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+
+#include "core/device.h"
+
+namespace tessera {
+
+// Identifies the stream an allocation is used on (cudaStream_t, or nullptr on the CPU).
+using StreamKey = const void*;
+
+struct AllocatorStats {
+  size_t allocated_bytes = 0;       // bytes in blocks handed out and not yet freed
+  size_t reserved_bytes = 0;        // bytes obtained from the memory source
+  size_t peak_allocated_bytes = 0;  // highest allocated_bytes since the last reset
+  size_t peak_reserved_bytes = 0;
+  uint64_t allocations = 0;  // allocate() calls since the last reset
+  uint64_t cache_hits = 0;   // of which served from cached blocks
+  uint64_t segments = 0;     // live allocations from the memory source
+};
+
+class MemorySource {
+ public:
+  virtual ~MemorySource() = default;
+  virtual void* allocate(size_t bytes) = 0;  // nullptr when out of memory
+  virtual void release(void* ptr, size_t bytes) noexcept = 0;
+  virtual std::string describe() const = 0;
+};
+
+std::unique_ptr<MemorySource> make_aligned_host_memory(size_t alignment = 64);
+std::unique_ptr<MemorySource> make_pinned_host_memory();  // needs the CUDA backend
+std::unique_ptr<MemorySource> make_cuda_device_memory(int device);
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual void* allocate(size_t bytes, StreamKey stream) = 0;
+  virtual void deallocate(void* ptr) noexcept = 0;
+  virtual AllocatorStats stats() const = 0;
+  virtual void reset_peak_stats() = 0;
+  virtual void empty_cache() = 0;  // returns unused segments to the source
+  virtual Device device() const = 0;
+};
+
+struct CachingOptions {
+  size_t round_bytes = 512;              // every request is rounded up to this
+  size_t small_request_bytes = 1 << 20;  // requests up to this share small segments
+  size_t small_segment_bytes = 2 << 20;  // segment size for small requests
+  size_t large_segment_round = 2 << 20;  // large requests get segments rounded to this
+  size_t min_split_remainder = 512;      // split a cached block only if this much is left
+};
+
+class CachingAllocator final : public Allocator {
+ public:
+  CachingAllocator(Device device, std::unique_ptr<MemorySource> source, CachingOptions options = {});
+  ~CachingAllocator() override;
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  void* allocate(size_t bytes, StreamKey stream) override;
+  void deallocate(void* ptr) noexcept override;
+  AllocatorStats stats() const override;
+  void reset_peak_stats() override;
+  void empty_cache() override;
+  Device device() const override { return device_; }
+
+  // Size of the block behind `ptr` (after rounding and any unsplit slack).
+  size_t block_size(void* ptr) const;
+
+ private:
+  struct Block {
+    char* ptr = nullptr;
+    size_t size = 0;
+    StreamKey stream = nullptr;
+    bool small_pool = false;  // cut from a small segment (small requests only)
+    bool in_use = false;
+    Block* prev = nullptr;  // neighbours in the same segment
+    Block* next = nullptr;
+    char* segment = nullptr;  // base of the segment this block was cut from
+    size_t segment_size = 0;
+  };
+  struct FreeOrder {
+    bool operator()(const Block* a, const Block* b) const;
+  };
+
+  Block* take_cached(size_t size, StreamKey stream);
+  Block* new_segment(size_t size, StreamKey stream);
+  void release_unused_segments();
+  void update_peaks();
+
+  Device device_;
+  std::unique_ptr<MemorySource> source_;
+  CachingOptions options_;
+  mutable std::mutex mutex_;
+  std::set<Block*, FreeOrder> free_blocks_;        // ordered by (pool, stream, size, address)
+  std::unordered_map<void*, Block*> live_blocks_;  // handed-out blocks by address
+  AllocatorStats stats_;
+};
+
+}  // namespace tessera

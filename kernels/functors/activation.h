@@ -1,0 +1,50 @@
+// ReLU and GELU (tanh approximation), forward and backward, as index functors
+// run by cpu_for_each_index on the host and cuda::for_each_index on a GPU.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/half.h"
+
+namespace tessera {
+
+TESSERA_HD float relu(float x) { return x > 0.0f ? x : 0.0f; }
+// d relu / dx, taking 0 at x = 0 (as PyTorch does).
+TESSERA_HD float relu_grad(float x) { return x > 0.0f ? 1.0f : 0.0f; }
+
+// GELU, tanh approximation (Hendrycks & Gimpel): 0.5·x·(1 + tanh(u)), u = √(2/π)·(x + 0.044715·x³).
+inline constexpr float kGeluSqrt2OverPi = 0.7978845608028654f;
+inline constexpr float kGeluCubic = 0.044715f;
+
+TESSERA_HD float gelu(float x) {
+  const float u = kGeluSqrt2OverPi * (x + kGeluCubic * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+
+// d gelu / dx = 0.5·(1 + tanh u) + 0.5·x·(1 − tanh² u)·√(2/π)·(1 + 3·0.044715·x²).
+TESSERA_HD float gelu_grad(float x) {
+  const float u = kGeluSqrt2OverPi * (x + kGeluCubic * x * x * x);
+  const float t = tanhf(u);
+  const float du_dx = kGeluSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du_dx;
+}
+
+// y[i] = f(x[i]) for an activation f.
+template <typename T, float (*F)(float)>
+struct ActivationForward {
+  const T* x;
+  T* y;
+  TESSERA_HD void operator()(int64_t i) const { y[i] = from_float<T>(F(to_float(x[i]))); }
+};
+
+// grad_x[i] = grad_y[i]·f'(x[i]).
+template <typename T, float (*DF)(float)>
+struct ActivationBackward {
+  const T* x;
+  const T* grad_y;
+  T* grad_x;
+  TESSERA_HD void operator()(int64_t i) const { grad_x[i] = from_float<T>(to_float(grad_y[i]) * DF(to_float(x[i]))); }
+};
+
+}  // namespace tessera

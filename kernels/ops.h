@@ -1,0 +1,201 @@
+// The operator library: every operator MLP, CNN and GPT training needs,
+// forward and backward, on the CPU and on CUDA devices.
+//
+// Conventions, for every function here:
+//   - Outputs are passed in, allocated by the caller with the documented shape
+//     and dtype (so callers reuse buffers and tests poison outputs first).
+//   - All tensors of one call live on one device; the work runs on that
+//     device's compute stream (see core/context.h) and is ordered after
+//     earlier work there. CPU calls return when the work is done.
+//   - Floating dtypes are f32, bf16 and f16; arithmetic and reductions are
+//     done in f32 whatever the storage type. Index tensors are i32 or i64.
+//   - Shapes are row-major; "rows" means all leading dimensions flattened.
+//   - Arguments are validated here (shape, dtype, device), with a message that
+//     names the operator and the offending argument; backends trust them.
+//   - Gradients are written (overwriting) unless `accumulate` is true, in
+//     which case they are added to what the output already holds.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace tessera::ops {
+
+enum class Activation { none, relu, gelu };
+
+// ---------------------------------------------------------------------------
+// Matrix multiply
+// ---------------------------------------------------------------------------
+struct MatmulOptions {
+  bool transpose_a = false;  // use Aᵀ: a is stored [K, M] (or [B, K, M])
+  bool transpose_b = false;  // use Bᵀ: b is stored [N, K] (or [B, N, K])
+  float alpha = 1.0f;
+  float beta = 0.0f;             // C = act(alpha·op(A)·op(B) + beta·C + bias)
+  const Tensor* bias = nullptr;  // [N], added to every row of C
+  Activation activation = Activation::none;
+  Tensor* pre_activation = nullptr;  // if given: receives the value before the activation (shape of C)
+};
+
+// C = alpha·op(A)·op(B) + beta·C (+ bias, then activation).
+//   plain:   a [M, K], b [K, N], c [M, N]
+//   batched: a [B, M, K], b [B, K, N] or [K, N] (shared by all batches), c [B, M, N]
+// a and b share a dtype; c has that dtype or f32.
+void matmul(const Tensor& a, const Tensor& b, Tensor& c, const MatmulOptions& options = {});
+
+// Gradients of C = op(A)·op(B) given dC, in A's and B's stored layouts:
+//   grad_a = dC·op(B)ᵀ (transposed back if transpose_a), grad_b = op(A)ᵀ·dC (likewise).
+// Either output may be null. For batched A with a shared 2-D B, grad_b sums over the batch.
+void matmul_backward(const Tensor& grad_c, const Tensor& a, const Tensor& b, Tensor* grad_a, Tensor* grad_b,
+                     bool transpose_a = false, bool transpose_b = false, bool accumulate = false);
+
+// y = x + bias on every row. x, y [R, C] (y may be x); bias [C].
+void bias_add(const Tensor& x, const Tensor& bias, Tensor& y);
+// grad_bias [C] = Σ_rows grad_y [R, C].
+void bias_add_backward(const Tensor& grad_y, Tensor& grad_bias, bool accumulate = false);
+
+// ---------------------------------------------------------------------------
+// Elementwise activations (any shape; y / grad_x may alias the input)
+// ---------------------------------------------------------------------------
+void relu_forward(const Tensor& x, Tensor& y);
+void relu_backward(const Tensor& x, const Tensor& grad_y, Tensor& grad_x);
+// GELU, tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+void gelu_forward(const Tensor& x, Tensor& y);
+void gelu_backward(const Tensor& x, const Tensor& grad_y, Tensor& grad_x);
+
+// ---------------------------------------------------------------------------
+// Row-wise operators (over the last dimension D; rows = numel / D)
+// ---------------------------------------------------------------------------
+void softmax_forward(const Tensor& x, Tensor& y);
+void softmax_backward(const Tensor& y, const Tensor& grad_y, Tensor& grad_x);  // grad_x may alias grad_y
+
+// Fused log-softmax + cross-entropy. logits [N, V]; targets [N] i32/i64;
+// losses [N] f32 (0 where target == ignore_index); logsumexp [N] f32, kept for
+// the backward pass. A target outside [0, V) that is not ignore_index gives a
+// NaN loss (so it surfaces in the loss, on any device).
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& logsumexp,
+                           int64_t ignore_index = -100);
+// grad_logits[n, v] = grad_losses[n]·(softmax(logits[n])[v] − [v == targets[n]]), zero rows where ignored.
+// grad_logits may be the logits tensor itself: the backward then overwrites
+// the only copy of the logits, which is never materialised twice.
+void cross_entropy_backward(const Tensor& logits, const Tensor& logsumexp, const Tensor& targets,
+                            const Tensor& grad_losses, Tensor& grad_logits, int64_t ignore_index = -100);
+
+// LayerNorm: y = (x − mean)·rstd·weight + bias. x, y [R, D]; weight, bias [D]
+// (bias may be undefined); mean, rstd [R] f32, kept for the backward pass.
+void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean, Tensor& rstd,
+                       float eps = 1e-5f);
+// grad_bias may be null (no bias).
+void layernorm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd, Tensor& grad_x, Tensor& grad_weight, Tensor* grad_bias,
+                        bool accumulate = false);
+// RMSNorm: y = x·rstd·weight, rstd = 1/√(mean(x²) + eps). rstd [R] f32.
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps = 1e-5f);
+void rmsnorm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& grad_x,
+                      Tensor& grad_weight, bool accumulate = false);
+
+// ---------------------------------------------------------------------------
+// Dropout (counter-based: nothing is stored, the backward regenerates the mask)
+// ---------------------------------------------------------------------------
+// y[i] = keep(i) ? x[i] / (1 − p) : 0, keep(i) = U(seed, kDropoutRngStream, offset + i) ≥ p.
+inline constexpr uint64_t kDropoutRngStream = 0x64726f70;  // "drop"
+void dropout_forward(const Tensor& x, Tensor& y, float p, uint64_t seed, uint64_t offset);
+void dropout_backward(const Tensor& grad_y, Tensor& grad_x, float p, uint64_t seed, uint64_t offset);
+
+// ---------------------------------------------------------------------------
+// Embedding
+// ---------------------------------------------------------------------------
+// out[n, :] = table[ids[n], :]. ids: any shape, N elements, i32/i64; table [V, D]; out [N, D].
+void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out);
+// grad_table[ids[n], :] += grad_out[n, :] (always accumulates; deterministic).
+void embedding_backward(const Tensor& ids, const Tensor& grad_out, Tensor& grad_table);
+
+// ---------------------------------------------------------------------------
+// Causal scaled-dot-product attention over packed projections
+// ---------------------------------------------------------------------------
+// qkv [B, T, 3, H, Dh] holds query, key and value of every head; out [B, T, H, Dh];
+// logsumexp [B, H, T] f32, kept for the backward pass.
+//   out[b,t,h] = Σ_{s≤t} softmax_s(scale·q[b,t,h]·k[b,s,h])·v[b,s,h],  scale = 1/√Dh if scale ≤ 0.
+// Never materialises a T×T matrix for long T.
+void attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale = 0.0f);
+// grad_qkv [B, T, 3, H, Dh].
+void attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out, const Tensor& logsumexp,
+                        Tensor& grad_qkv, float scale = 0.0f);
+
+// ---------------------------------------------------------------------------
+// Convolution and pooling (NCHW)
+// ---------------------------------------------------------------------------
+struct Conv2dParams {
+  int stride_h = 1, stride_w = 1;
+  int pad_h = 0, pad_w = 0;
+};
+// x [N, C, H, W], weight [K, C, R, S], bias [K] (may be undefined), y [N, K, P, Q].
+Shape conv2d_output_shape(const Shape& x, const Shape& weight, const Conv2dParams& params);
+void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, const Conv2dParams& params);
+// Any of grad_x, grad_weight, grad_bias may be null.
+void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, Tensor* grad_x, Tensor* grad_weight,
+                     Tensor* grad_bias, const Conv2dParams& params, bool accumulate = false);
+
+struct Pool2dParams {
+  int kernel_h = 2, kernel_w = 2;
+  int stride_h = 2, stride_w = 2;
+  int pad_h = 0, pad_w = 0;
+};
+// x [N, C, H, W], y [N, C, P, Q]; indices [N, C, P, Q] i32: position (h·W + w)
+// of each maximum within its input plane, kept for the backward pass.
+Shape maxpool2d_output_shape(const Shape& x, const Pool2dParams& params);
+void maxpool2d_forward(const Tensor& x, Tensor& y, Tensor& indices, const Pool2dParams& params);
+void maxpool2d_backward(const Tensor& grad_y, const Tensor& indices, Tensor& grad_x, const Pool2dParams& params);
+
+// ---------------------------------------------------------------------------
+// Whole-tensor reductions, into a one-element f32 tensor `out` [1] on the same device
+// ---------------------------------------------------------------------------
+void sum(const Tensor& x, Tensor& out);
+void mean(const Tensor& x, Tensor& out);
+void max(const Tensor& x, Tensor& out);
+void sum_squares(const Tensor& x, Tensor& out);
+// Gradients given grad_out [1] f32: sum → grad_out everywhere; mean → grad_out / n;
+// sum_squares → 2·x·grad_out; max → grad_out at the first maximum, 0 elsewhere.
+void sum_backward(const Tensor& grad_out, Tensor& grad_x);
+void mean_backward(const Tensor& grad_out, Tensor& grad_x);
+void sum_squares_backward(const Tensor& x, const Tensor& grad_out, Tensor& grad_x);
+void max_backward(const Tensor& x, const Tensor& grad_out, Tensor& grad_x);
+
+// ---------------------------------------------------------------------------
+// Fused optimizer steps, one call per parameter buffer
+// ---------------------------------------------------------------------------
+struct AdamWParams {
+  float lr = 1e-3f;
+  float beta1 = 0.9f, beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;  // decoupled: param −= lr·weight_decay·param
+  int64_t step = 1;           // 1-based, for bias correction
+  float grad_scale = 1.0f;    // gradients are multiplied by this first (loss-scale unscaling, clipping)
+};
+// param, m, v: f32 [n] (param is the master copy); grad [n] any floating dtype.
+// param_copy, if given ([n] bf16/f16/f32), receives the updated parameter (the model's low-precision weights).
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& params,
+                Tensor* param_copy = nullptr);
+
+struct SgdParams {
+  float lr = 1e-2f;
+  float momentum = 0.0f;
+  float dampening = 0.0f;
+  float weight_decay = 0.0f;  // L2: added to the gradient
+  bool nesterov = false;
+  bool first_step = false;  // the momentum buffer starts as the gradient (PyTorch's rule)
+  float grad_scale = 1.0f;
+};
+// param f32 [n], grad [n] any floating dtype, momentum_buffer f32 [n] (unused when momentum == 0).
+void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdParams& params,
+              Tensor* param_copy = nullptr);
+
+// ---------------------------------------------------------------------------
+// Casts and BLAS-1 style helpers (any shape, same number of elements)
+// ---------------------------------------------------------------------------
+void cast(const Tensor& x, Tensor& y);                    // between f32, bf16, f16 (round to nearest even)
+void scale_(Tensor& x, float alpha);                      // x ·= alpha
+void axpy(float alpha, const Tensor& x, Tensor& y);       // y += alpha·x
+void add(const Tensor& a, const Tensor& b, Tensor& out);  // out = a + b (out may alias a or b)
+
+}  // namespace tessera::ops
