@@ -88,7 +88,9 @@ template <typename T>
 inline constexpr DType dtype_v = dtype_of<T>::value;
 
 // Lets test frameworks and logs print a DType by name.
-inline std::ostream& operator<<(std::ostream& out, DType dtype) { return out << dtype_name(dtype); }
+inline std::ostream& operator<<(std::ostream& out, DType dtype) {
+  return out << dtype_name(dtype);
+}
 
 [[noreturn]] void throw_unsupported_dtype(DType dtype, std::string_view what);
 

@@ -3,6 +3,7 @@
 // the CPU and by core/cuda/tensor_fill.cu on a GPU.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "core/half.h"
@@ -17,14 +18,16 @@ struct FillConstant {
   TESSERA_HD void operator()(int64_t i) const { out[i] = value; }
 };
 
-// out[i] = low + (high - low) * U(seed, stream, first_index + i)
+// out[i] = low + (high - low) * U(seed, stream, first_index + i), kept below
+// `high` (float rounding of the product can otherwise land exactly on it).
 template <typename T>
 struct FillUniform {
   T* out;
   uint64_t seed, stream, first_index;
   float low, high;
   TESSERA_HD void operator()(int64_t i) const {
-    out[i] = from_float<T>(low + (high - low) * philox_uniform(seed, stream, first_index + uint64_t(i)));
+    const float value = low + (high - low) * philox_uniform(seed, stream, first_index + uint64_t(i));
+    out[i] = from_float<T>(value < high ? value : nextafterf(high, low));
   }
 };
 

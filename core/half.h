@@ -1,11 +1,24 @@
 // 16-bit floating point storage types: bf16 (bfloat16) and f16 (IEEE half).
 // Both are plain 16-bit values that convert to and from float with
-// round-to-nearest-even; all arithmetic is done in float. The same code runs on
-// the host and on the device, so CPU and GPU round identically.
+// round-to-nearest-even; all arithmetic is done in float. CPU and GPU round
+// identically:
+//   - bf16 uses the same bit manipulation everywhere;
+//   - f16 uses the portable bit manipulation on the device and in host code
+//     that nvcc compiles, and the compiler's _Float16 (F16C / AVX512-FP16
+//     instructions, which loops vectorise) in host code the host compiler
+//     compiles. The two give the same bits for every input
+//     (tests/core/test_half.cpp checks the portable code against _Float16).
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
+
+#if !defined(__CUDACC__) && defined(__FLT16_MANT_DIG__)
+#define TESSERA_HOST_FLOAT16 1
+#else
+#define TESSERA_HOST_FLOAT16 0
+#endif
 
 #include "core/host_device.h"
 
@@ -59,6 +72,21 @@ struct f16 {
   TESSERA_HD explicit f16(float value) : bits(from_float_bits(value)) {}
   TESSERA_HD explicit operator float() const { return to_float_value(bits); }
 
+  static TESSERA_HD uint16_t from_float_bits(float value) {
+#if TESSERA_HOST_FLOAT16
+    return std::bit_cast<uint16_t>(static_cast<_Float16>(value));
+#else
+    return from_float_bits_portable(value);
+#endif
+  }
+  static TESSERA_HD float to_float_value(uint16_t h) {
+#if TESSERA_HOST_FLOAT16
+    return static_cast<float>(std::bit_cast<_Float16>(h));
+#else
+    return to_float_value_portable(h);
+#endif
+  }
+
   static TESSERA_HD f16 from_bits(uint16_t b) {
     f16 h;
     h.bits = b;
@@ -67,7 +95,7 @@ struct f16 {
 
   // IEEE binary32 -> binary16, round to nearest even, with subnormals,
   // overflow to infinity and NaN preserved.
-  static TESSERA_HD uint16_t from_float_bits(float value) {
+  static TESSERA_HD uint16_t from_float_bits_portable(float value) {
     const uint32_t u = float_bits(value);
     const uint32_t sign = (u >> 16) & 0x8000u;
     const uint32_t abs = u & 0x7fffffffu;
@@ -89,7 +117,7 @@ struct f16 {
     return uint16_t(sign | (rounded >> 13));
   }
 
-  static TESSERA_HD float to_float_value(uint16_t h) {
+  static TESSERA_HD float to_float_value_portable(uint16_t h) {
     const uint32_t sign = uint32_t(h & 0x8000u) << 16;
     const uint32_t exponent = (h >> 10) & 0x1fu;
     const uint32_t mantissa = h & 0x3ffu;

@@ -3,6 +3,8 @@
 
 namespace tessera {
 
-Backend& backend_for(Device device) { return device.is_cpu() ? cpu_backend() : cuda_backend(); }
+Backend& backend_for(Device device) {
+  return device.is_cpu() ? cpu_backend() : cuda_backend();
+}
 
 }  // namespace tessera

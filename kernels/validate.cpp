@@ -54,8 +54,8 @@ void check_shape(std::string_view op, const Arg& arg, const Shape& expected) {
 
 void check_numel(std::string_view op, const Arg& arg, int64_t expected) {
   check_defined(op, arg);
-  TESSERA_CHECK(arg.tensor.numel() == expected, op, ": '", arg.name, "' has ", arg.tensor.numel(),
-                " elements (shape ", arg.tensor.shape().to_string(), "), expected ", expected);
+  TESSERA_CHECK(arg.tensor.numel() == expected, op, ": '", arg.name, "' has ", arg.tensor.numel(), " elements (shape ",
+                arg.tensor.shape().to_string(), "), expected ", expected);
 }
 
 void check_ndim(std::string_view op, const Arg& arg, int ndim) {
@@ -64,7 +64,9 @@ void check_ndim(std::string_view op, const Arg& arg, int ndim) {
                 arg.tensor.shape().to_string());
 }
 
-int64_t last_dim(const Tensor& t) { return t.ndim() == 0 ? 1 : t.shape()[-1]; }
+int64_t last_dim(const Tensor& t) {
+  return t.ndim() == 0 ? 1 : t.shape()[-1];
+}
 
 int64_t rows(const Tensor& t) {
   const int64_t d = last_dim(t);

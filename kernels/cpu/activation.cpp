@@ -1,7 +1,8 @@
 // CpuBackend: ReLU and GELU (functors in kernels/functors/activation.h).
+#include "kernels/functors/activation.h"
+
 #include "core/parallel_for.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "kernels/functors/activation.h"
 
 namespace tessera {
 namespace {
@@ -24,11 +25,15 @@ void run_backward(const Tensor& x, const Tensor& grad_y, Tensor& grad_x, std::st
 
 }  // namespace
 
-void CpuBackend::relu_forward(const Tensor& x, Tensor& y) { run_forward<relu>(x, y, "relu_forward"); }
+void CpuBackend::relu_forward(const Tensor& x, Tensor& y) {
+  run_forward<relu>(x, y, "relu_forward");
+}
 void CpuBackend::relu_backward(const Tensor& x, const Tensor& grad_y, Tensor& grad_x) {
   run_backward<relu_grad>(x, grad_y, grad_x, "relu_backward");
 }
-void CpuBackend::gelu_forward(const Tensor& x, Tensor& y) { run_forward<gelu>(x, y, "gelu_forward"); }
+void CpuBackend::gelu_forward(const Tensor& x, Tensor& y) {
+  run_forward<gelu>(x, y, "gelu_forward");
+}
 void CpuBackend::gelu_backward(const Tensor& x, const Tensor& grad_y, Tensor& grad_x) {
   run_backward<gelu_grad>(x, grad_y, grad_x, "gelu_backward");
 }

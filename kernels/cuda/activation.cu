@@ -20,18 +20,21 @@ void run_backward(const Tensor& x, const Tensor& grad_y, Tensor& grad_x, std::st
   const cudaStream_t stream = cuda::device_stream(x);
   dispatch_float(x.dtype(), what, [&](auto tag) {
     using T = decltype(tag);
-    cuda::for_each_index(x.numel(), ActivationBackward<T, DF>{x.data<T>(), grad_y.data<T>(), grad_x.data<T>()},
-                         stream);
+    cuda::for_each_index(x.numel(), ActivationBackward<T, DF>{x.data<T>(), grad_y.data<T>(), grad_x.data<T>()}, stream);
   });
 }
 
 }  // namespace
 
-void CudaBackend::relu_forward(const Tensor& x, Tensor& y) { run_forward<relu>(x, y, "relu_forward"); }
+void CudaBackend::relu_forward(const Tensor& x, Tensor& y) {
+  run_forward<relu>(x, y, "relu_forward");
+}
 void CudaBackend::relu_backward(const Tensor& x, const Tensor& grad_y, Tensor& grad_x) {
   run_backward<relu_grad>(x, grad_y, grad_x, "relu_backward");
 }
-void CudaBackend::gelu_forward(const Tensor& x, Tensor& y) { run_forward<gelu>(x, y, "gelu_forward"); }
+void CudaBackend::gelu_forward(const Tensor& x, Tensor& y) {
+  run_forward<gelu>(x, y, "gelu_forward");
+}
 void CudaBackend::gelu_backward(const Tensor& x, const Tensor& grad_y, Tensor& grad_x) {
   run_backward<gelu_grad>(x, grad_y, grad_x, "gelu_backward");
 }

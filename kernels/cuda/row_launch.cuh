@@ -14,7 +14,7 @@
 namespace tessera::cuda {
 
 struct WarpGroup {
-  static constexpr int size() { return 32; }
+  static TESSERA_HD constexpr int size() { return 32; }
   // Host bodies exist only so the functors' __host__ __device__ templates
   // compile for the host too; a WarpGroup is only ever used on the device.
   TESSERA_HD int lane() const {

@@ -6,28 +6,35 @@
 #include <cstdint>
 
 #include "core/half.h"
+#include "kernels/functors/float_math.h"
 
 namespace tessera {
 
-TESSERA_HD float relu(float x) { return x > 0.0f ? x : 0.0f; }
+TESSERA_HD_INLINE float relu(float x) {
+  return x > 0.0f ? x : 0.0f;
+}
 // d relu / dx, taking 0 at x = 0 (as PyTorch does).
-TESSERA_HD float relu_grad(float x) { return x > 0.0f ? 1.0f : 0.0f; }
+TESSERA_HD_INLINE float relu_grad(float x) {
+  return x > 0.0f ? 1.0f : 0.0f;
+}
 
-// GELU, tanh approximation (Hendrycks & Gimpel): 0.5·x·(1 + tanh(u)), u = √(2/π)·(x + 0.044715·x³).
+// GELU, tanh approximation (Hendrycks & Gimpel): 0.5·x·(1 + tanh(u)), u = √(2/π)·(x + 0.044715·x³),
+// computed as x·σ(2u), which is the same function: it avoids the cancellation
+// in 1 + tanh(u) for negative x, and with exp_f32 it vectorises on the host.
 inline constexpr float kGeluSqrt2OverPi = 0.7978845608028654f;
 inline constexpr float kGeluCubic = 0.044715f;
 
-TESSERA_HD float gelu(float x) {
+TESSERA_HD_INLINE float gelu(float x) {
   const float u = kGeluSqrt2OverPi * (x + kGeluCubic * x * x * x);
-  return 0.5f * x * (1.0f + tanhf(u));
+  return x / (1.0f + exp_f32(-2.0f * u));
 }
 
-// d gelu / dx = 0.5·(1 + tanh u) + 0.5·x·(1 − tanh² u)·√(2/π)·(1 + 3·0.044715·x²).
-TESSERA_HD float gelu_grad(float x) {
+// d gelu / dx = σ(2u) + 2·x·σ(2u)·(1 − σ(2u))·du/dx, du/dx = √(2/π)·(1 + 3·0.044715·x²).
+TESSERA_HD_INLINE float gelu_grad(float x) {
   const float u = kGeluSqrt2OverPi * (x + kGeluCubic * x * x * x);
-  const float t = tanhf(u);
+  const float s = 1.0f / (1.0f + exp_f32(-2.0f * u));
   const float du_dx = kGeluSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du_dx;
+  return s + 2.0f * x * s * (1.0f - s) * du_dx;
 }
 
 // y[i] = f(x[i]) for an activation f.

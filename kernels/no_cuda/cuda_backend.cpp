@@ -6,8 +6,9 @@
 namespace tessera {
 
 Backend& cuda_backend() {
-  TESSERA_THROW("a CUDA tensor reached an operator, but this Tessera was built without the CUDA backend; "
-                "rebuild with -DTESSERA_CUDA=ON (needs nvcc)");
+  TESSERA_THROW(
+      "a CUDA tensor reached an operator, but this Tessera was built without the CUDA backend; "
+      "rebuild with -DTESSERA_CUDA=ON (needs nvcc)");
 }
 
 }  // namespace tessera

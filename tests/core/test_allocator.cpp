@@ -110,8 +110,8 @@ TEST(CachingAllocator, CountsAllocatedReservedAndPeak) {
 TEST(CachingAllocator, FreesItsCacheAndRetriesBeforeRunningOutOfMemory) {
   Fixture f(10 << 20);
   void* a = f.allocator->allocate(6 << 20, kStreamA);
-  f.allocator->deallocate(a);                           // cached: 6 MiB reserved
-  void* b = f.allocator->allocate(8 << 20, kStreamB);   // needs the cache released first
+  f.allocator->deallocate(a);                          // cached: 6 MiB reserved
+  void* b = f.allocator->allocate(8 << 20, kStreamB);  // needs the cache released first
   EXPECT_NE(b, nullptr);
   EXPECT_EQ(f.allocator->stats().reserved_bytes, size_t(8 << 20));
   try {

@@ -66,7 +66,8 @@ TEST(Philox, DistributionsHaveTheRightMoments) {
   g.normal_at_(test_seed(), 1, 0, 1.0f, 3.0f);
   double su = 0, su2 = 0, sg = 0, sg2 = 0;
   double lo = 1e9, hi = -1e9;
-  for (float v : u.to_vector<float>()) su += v, su2 += v * v, lo = std::min(lo, double(v)), hi = std::max(hi, double(v));
+  for (float v : u.to_vector<float>())
+    su += v, su2 += v * v, lo = std::min(lo, double(v)), hi = std::max(hi, double(v));
   for (float v : g.to_vector<float>()) sg += v, sg2 += v * v;
   const double mu = su / n, vu = su2 / n - mu * mu, mg = sg / n, vg = sg2 / n - mg * mg;
   // Standard errors: uniform mean 0.87/sqrt(n) ≈ 8.5e-4, normal mean 3/sqrt(n) ≈ 3e-3; allow ~6 sigma.

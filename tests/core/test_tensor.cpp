@@ -77,7 +77,10 @@ TEST(Tensor, GpuRoundTripAndDeviceAllocatorCounters) {
   }
   Allocator& device = ctx.allocator(Device::cuda(0));
   const size_t before = device.stats().allocated_bytes;
-  { Tensor big = ctx.empty(Shape{1 << 20}, DType::f32, Device::cuda(0)); EXPECT_GE(device.stats().allocated_bytes, before + (4 << 20)); }
+  {
+    Tensor big = ctx.empty(Shape{1 << 20}, DType::f32, Device::cuda(0));
+    EXPECT_GE(device.stats().allocated_bytes, before + (4 << 20));
+  }
   EXPECT_EQ(device.stats().allocated_bytes, before);
 }
 
@@ -131,7 +134,8 @@ TEST(Errors, CudaTensorWithoutADeviceSaysWhy) {
     FAIL() << "no throw";
   } catch (const Error& error) {
     const std::string what = error.what();
-    EXPECT_TRUE(what.find("0 CUDA device") != std::string::npos || what.find("without the CUDA backend") != std::string::npos)
+    EXPECT_TRUE(what.find("0 CUDA device") != std::string::npos ||
+                what.find("without the CUDA backend") != std::string::npos)
         << what;
   }
 }

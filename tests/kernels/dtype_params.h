@@ -30,31 +30,40 @@ inline std::string dtype_param_name(const ::testing::TestParamInfo<DType>& info)
   return std::string(dtype_name(info.param));
 }
 
-#define INSTANTIATE_FLOAT_DTYPES(suite)                                                                    \
+#define INSTANTIATE_FLOAT_DTYPES(suite)                                                           \
   INSTANTIATE_TEST_SUITE_P(Dtypes, suite, ::testing::Values(DType::f32, DType::bf16, DType::f16), \
                            ::tessera::testing::dtype_param_name)
 
 inline Tolerance forward_tolerance(DType dtype) {
   switch (dtype) {
-    case DType::bf16: return {1e-2, 1e-2};
-    case DType::f16: return {2e-3, 1e-3};
-    default: return {1e-5, 1e-6};
+    case DType::bf16:
+      return {1e-2, 1e-2};
+    case DType::f16:
+      return {2e-3, 1e-3};
+    default:
+      return {1e-5, 1e-6};
   }
 }
 
 inline Tolerance backward_tolerance(DType dtype) {
   switch (dtype) {
-    case DType::bf16: return {1e-2, 1e-2};
-    case DType::f16: return {2e-3, 2e-3};
-    default: return {1e-5, 1e-5};
+    case DType::bf16:
+      return {1e-2, 1e-2};
+    case DType::f16:
+      return {2e-3, 2e-3};
+    default:
+      return {1e-5, 1e-5};
   }
 }
 
 inline Tolerance device_tolerance(DType dtype) {
   switch (dtype) {
-    case DType::bf16: return {8e-3, 1e-3};
-    case DType::f16: return {1e-3, 1e-4};
-    default: return {1e-5, 1e-6};
+    case DType::bf16:
+      return {8e-3, 1e-3};
+    case DType::f16:
+      return {1e-3, 1e-4};
+    default:
+      return {1e-5, 1e-6};
   }
 }
 

@@ -16,7 +16,9 @@ double gelu_reference(double x) {
   const double u = std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x);
   return 0.5 * x * (1.0 + std::tanh(u));
 }
-double relu_reference(double x) { return x > 0 ? x : 0; }
+double relu_reference(double x) {
+  return x > 0 ? x : 0;
+}
 
 std::vector<double> map_values(double (*f)(double), const std::vector<double>& x) {
   std::vector<double> y(x.size());
@@ -48,7 +50,8 @@ void check_forward(const Activation& act, DType dtype) {
 
   // In place: y may be x.
   act.forward(x.tensor, x.tensor);
-  EXPECT_TRUE(all_close(x.tensor, map_values(act.reference, x.values), forward_tolerance(dtype))) << act.name << " in place";
+  EXPECT_TRUE(all_close(x.tensor, map_values(act.reference, x.values), forward_tolerance(dtype)))
+      << act.name << " in place";
 }
 
 void check_backward(const Activation& act, DType dtype) {
@@ -83,15 +86,27 @@ void check_gpu(const Activation& act, DType dtype) {
 }
 
 class Relu : public DtypeTest {};
-TEST_P(Relu, Forward) { check_forward(kRelu, GetParam()); }
-TEST_P(Relu, Backward) { check_backward(kRelu, GetParam()); }
-TEST_P(Relu, GpuMatchesCpu) { check_gpu(kRelu, GetParam()); }
+TEST_P(Relu, Forward) {
+  check_forward(kRelu, GetParam());
+}
+TEST_P(Relu, Backward) {
+  check_backward(kRelu, GetParam());
+}
+TEST_P(Relu, GpuMatchesCpu) {
+  check_gpu(kRelu, GetParam());
+}
 INSTANTIATE_FLOAT_DTYPES(Relu);
 
 class Gelu : public DtypeTest {};
-TEST_P(Gelu, Forward) { check_forward(kGelu, GetParam()); }
-TEST_P(Gelu, Backward) { check_backward(kGelu, GetParam()); }
-TEST_P(Gelu, GpuMatchesCpu) { check_gpu(kGelu, GetParam()); }
+TEST_P(Gelu, Forward) {
+  check_forward(kGelu, GetParam());
+}
+TEST_P(Gelu, Backward) {
+  check_backward(kGelu, GetParam());
+}
+TEST_P(Gelu, GpuMatchesCpu) {
+  check_gpu(kGelu, GetParam());
+}
 INSTANTIATE_FLOAT_DTYPES(Gelu);
 
 TEST(Activation, RejectsMismatchedShapes) {

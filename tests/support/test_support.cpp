@@ -13,7 +13,8 @@ namespace tessera::testing {
 
 uint64_t test_seed() {
   static const uint64_t seed = [] {
-    if (const char* text = std::getenv("TESSERA_TEST_SEED"); text && *text) return uint64_t(std::strtoull(text, nullptr, 10));
+    if (const char* text = std::getenv("TESSERA_TEST_SEED"); text && *text)
+      return uint64_t(std::strtoull(text, nullptr, 10));
     std::random_device device;
     return (uint64_t(device()) << 32) ^ device();
   }();
@@ -30,17 +31,25 @@ std::mt19937_64 make_rng() {
 std::vector<double> round_to(DType dtype, std::vector<double> values) {
   for (double& v : values) {
     switch (dtype) {
-      case DType::f32: v = double(float(v)); break;
-      case DType::bf16: v = double(float(bf16(float(v)))); break;
-      case DType::f16: v = double(float(f16(float(v)))); break;
-      default: v = std::trunc(v); break;
+      case DType::f32:
+        v = double(float(v));
+        break;
+      case DType::bf16:
+        v = double(float(bf16(float(v))));
+        break;
+      case DType::f16:
+        v = double(float(f16(float(v))));
+        break;
+      default:
+        v = std::trunc(v);
+        break;
     }
   }
   return values;
 }
 
-RandomTensor random_tensor(Context& ctx, const Shape& shape, DType dtype, std::mt19937_64& rng, double low,
-                           double high, Device device) {
+RandomTensor random_tensor(Context& ctx, const Shape& shape, DType dtype, std::mt19937_64& rng, double low, double high,
+                           Device device) {
   std::uniform_real_distribution<double> dist(low, high);
   std::vector<double> values(size_t(shape.numel()));
   for (double& v : values) v = dist(rng);
@@ -94,15 +103,18 @@ Tensor poisoned(Context& ctx, const Shape& shape, DType dtype, Device device) {
 
 ::testing::AssertionResult all_close(const Tensor& actual, const Tensor& expected, Tolerance tolerance) {
   if (actual.shape() != expected.shape())
-    return ::testing::AssertionFailure() << "shape " << actual.shape().to_string() << " != "
-                                         << expected.shape().to_string();
+    return ::testing::AssertionFailure() << "shape " << actual.shape().to_string()
+                                         << " != " << expected.shape().to_string();
   return all_close(actual.to_doubles(), expected.to_doubles(), tolerance);
 }
 
-bool gpu_available(const Context& ctx) { return ctx.cuda_device_count() > 0; }
+bool gpu_available(const Context& ctx) {
+  return ctx.cuda_device_count() > 0;
+}
 
 std::string no_gpu_reason() {
-  if (!cuda_runtime::compiled()) return "skipped: this build has no CUDA backend (configured with TESSERA_CUDA=OFF or without nvcc)";
+  if (!cuda_runtime::compiled())
+    return "skipped: this build has no CUDA backend (configured with TESSERA_CUDA=OFF or without nvcc)";
   return "skipped: no CUDA device on this machine (the CUDA backend is built; this test runs where a GPU exists)";
 }
 

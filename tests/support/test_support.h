@@ -36,8 +36,8 @@ struct RandomTensor {
 };
 
 // Uniform values in [low, high), rounded to `dtype`; never all zeros.
-RandomTensor random_tensor(Context& ctx, const Shape& shape, DType dtype, std::mt19937_64& rng,
-                           double low = -1.0, double high = 1.0, Device device = Device::cpu());
+RandomTensor random_tensor(Context& ctx, const Shape& shape, DType dtype, std::mt19937_64& rng, double low = -1.0,
+                           double high = 1.0, Device device = Device::cpu());
 // Integers uniform in [low, high) (ids, targets, labels).
 RandomTensor random_indices(Context& ctx, const Shape& shape, DType dtype, std::mt19937_64& rng, int64_t low,
                             int64_t high, Device device = Device::cpu());

@@ -1,0 +1,30 @@
+// The HDF5 error stack as text, for tessera::Error messages.
+#include "io/hdf5_check.h"
+
+#include <sstream>
+
+namespace tessera::detail {
+namespace {
+
+herr_t append_entry(unsigned depth, const H5E_error2_t* entry, void* context) {
+  auto& text = *static_cast<std::ostringstream*>(context);
+  char major[128] = {0}, minor[128] = {0};
+  H5Eget_msg(entry->maj_num, nullptr, major, sizeof major);
+  H5Eget_msg(entry->min_num, nullptr, minor, sizeof minor);
+  if (depth > 0) text << "; ";
+  text << "#" << depth << " " << (entry->func_name ? entry->func_name : "?") << ": " << (entry->desc ? entry->desc : "")
+       << " (" << major << ": " << minor << ")";
+  return 0;
+}
+
+}  // namespace
+
+std::string hdf5_error_stack() {
+  std::ostringstream text;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, append_entry, &text);
+  H5Eclear2(H5E_DEFAULT);
+  const std::string result = text.str();
+  return result.empty() ? std::string("HDF5 call failed") : result;
+}
+
+}  // namespace tessera::detail

@@ -1,0 +1,411 @@
+// CpuBackend: causal attention, blocked like flash attention so that no T×T
+// matrix ever exists. Tiles of 64 query rows meet tiles of 64 keys up to the
+// diagonal; each tile's products run in a register-blocked f32 micro-kernel
+// (GCC vector extensions: AVX-512 with -march=native) on contiguous,
+// zero-padded f32 copies of the rows (bf16/f16 are converted when gathered).
+// The per-row math (online softmax, probabilities, score gradients) is the
+// shared code of kernels/functors/attention.h.
+//
+// Forward: one task per (b, h, query tile), online softmax over key tiles.
+// Backward: one task per (b, h): for each key tile, dK and dV accumulate over
+// the query tiles at or below the diagonal, dQ accumulates in a per-task
+// buffer; no two tasks write the same output, so results are deterministic.
+// Tasks are dealt to one scratch slot per thread, largest first.
+#include "kernels/functors/attention.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "core/context.h"
+#include "core/parallel_for.h"
+#include "kernels/cpu/cpu_backend.h"
+
+namespace tessera {
+namespace {
+
+constexpr int64_t kBlock = 64;  // query rows and keys per tile
+constexpr int64_t kLanes = 16;  // floats per vector; tile row lengths are multiples of it
+
+using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
+
+int64_t round_up(int64_t n, int64_t multiple) {
+  return (n + multiple - 1) / multiple * multiple;
+}
+
+// C[kRows × 16·kVecs] (+)= op(A)[kRows × k]·B[k × 16·kVecs], accumulators in
+// registers; op(A) is A (element (r, p) at a[r·lda + p]) or, with kTransA, Aᵀ
+// (at a[p·lda + r]): either way one broadcast per FMA row, so no tile is ever
+// transposed in memory.
+template <int kRows, int kVecs, bool kTransA, bool kAccumulate>
+inline void gemm_micro(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, int64_t k) {
+  Vec acc[kRows][kVecs];
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < kVecs; ++v) {
+      if constexpr (kAccumulate)
+        std::memcpy(&acc[r][v], c + r * ldc + v * kLanes, sizeof(Vec));
+      else
+        acc[r][v] = Vec{};
+    }
+  for (int64_t p = 0; p < k; ++p) {
+    Vec bv[kVecs];
+#pragma GCC unroll 8
+    for (int v = 0; v < kVecs; ++v) std::memcpy(&bv[v], b + p * ldb + v * kLanes, sizeof(Vec));
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      const float s = kTransA ? a[p * lda + r] : a[r * lda + p];
+#pragma GCC unroll 8
+      for (int v = 0; v < kVecs; ++v) acc[r][v] += s * bv[v];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < kVecs; ++v) std::memcpy(c + r * ldc + v * kLanes, &acc[r][v], sizeof(Vec));
+}
+
+template <int kVecs, bool kTransA, bool kAccumulate>
+void gemm_columns(int64_t m, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+                  int64_t ldc) {
+  constexpr int kRows = 4;
+  // Row r of op(A) starts at a + r·lda, or at a + r when transposed.
+  const int64_t row_step = kTransA ? 1 : lda;
+  int64_t i = 0;
+  for (; i + kRows <= m; i += kRows)
+    gemm_micro<kRows, kVecs, kTransA, kAccumulate>(a + i * row_step, lda, b, ldb, c + i * ldc, ldc, k);
+  switch (m - i) {
+    case 3:
+      gemm_micro<3, kVecs, kTransA, kAccumulate>(a + i * row_step, lda, b, ldb, c + i * ldc, ldc, k);
+      break;
+    case 2:
+      gemm_micro<2, kVecs, kTransA, kAccumulate>(a + i * row_step, lda, b, ldb, c + i * ldc, ldc, k);
+      break;
+    case 1:
+      gemm_micro<1, kVecs, kTransA, kAccumulate>(a + i * row_step, lda, b, ldb, c + i * ldc, ldc, k);
+      break;
+    default:
+      break;
+  }
+}
+
+// C[m × n] (+)= op(A)[m × k]·B[k × n], row-major with leading dimensions lda,
+// ldb, ldc; op(A) = A [m × k] or, with kTransA, Aᵀ for A stored [k × m].
+// n, ldb and ldc are multiples of kLanes.
+template <bool kTransA, bool kAccumulate>
+void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+          int64_t ldc) {
+  for (int64_t j = 0; j < n; j += 4 * kLanes) {
+    switch (std::min<int64_t>(4, (n - j) / kLanes)) {
+      case 4:
+        gemm_columns<4, kTransA, kAccumulate>(m, k, a, lda, b + j, ldb, c + j, ldc);
+        break;
+      case 3:
+        gemm_columns<3, kTransA, kAccumulate>(m, k, a, lda, b + j, ldb, c + j, ldc);
+        break;
+      case 2:
+        gemm_columns<2, kTransA, kAccumulate>(m, k, a, lda, b + j, ldb, c + j, ldc);
+        break;
+      default:
+        gemm_columns<1, kTransA, kAccumulate>(m, k, a, lda, b + j, ldb, c + j, ldc);
+        break;
+    }
+  }
+}
+
+// Where one head's rows live in the packed tensors.
+struct Layout {
+  int64_t batch, seq_len, heads, head_dim;
+  int64_t padded_dim;  // head_dim rounded up to kLanes: the row length of f32 tiles
+
+  int64_t qkv_row_stride() const { return 3 * heads * head_dim; }  // from token t to t + 1 in qkv
+  int64_t out_row_stride() const { return heads * head_dim; }
+  // Element offset of (b, t, which ∈ {q, k, v}, h, 0) in qkv [B, T, 3, H, Dh].
+  int64_t qkv_offset(int64_t b, int64_t t, int which, int64_t h) const {
+    return ((b * seq_len + t) * 3 + which) * heads * head_dim + h * head_dim;
+  }
+  int64_t out_offset(int64_t b, int64_t t, int64_t h) const { return ((b * seq_len + t) * heads + h) * head_dim; }
+  int64_t stats_offset(int64_t b, int64_t h) const { return (b * heads + h) * seq_len; }  // into [B, H, T]
+};
+
+Layout layout_of(const Tensor& qkv) {
+  const int64_t head_dim = qkv.size(4);
+  return Layout{qkv.size(0), qkv.size(1), qkv.size(3), head_dim, round_up(head_dim, kLanes)};
+}
+
+// dst[r][d] = scale·src[r·stride + d] for r < rows, d < dim; zero for dim ≤ d < ld.
+template <typename T>
+void gather_rows(const T* src, int64_t stride, int64_t rows, int64_t dim, float scale, float* dst, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* s = src + r * stride;
+    float* d = dst + r * ld;
+    for (int64_t i = 0; i < dim; ++i) d[i] = scale * to_float(s[i]);
+    for (int64_t i = dim; i < ld; ++i) d[i] = 0.0f;
+  }
+}
+
+// dst[d][r] = scale·src[r·stride + d] for r < rows, d < dim; zero for rows ≤ r < kBlock.
+template <typename T>
+void gather_transposed(const T* src, int64_t stride, int64_t rows, int64_t dim, float scale, float* dst) {
+  for (int64_t d = 0; d < dim; ++d) std::fill(dst + d * kBlock + rows, dst + (d + 1) * kBlock, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* s = src + r * stride;
+    for (int64_t d = 0; d < dim; ++d) dst[d * kBlock + r] = scale * to_float(s[d]);
+  }
+}
+
+// Whether key j of a key tile is masked for query i of a query tile: only on
+// the diagonal tile pair, where key j is token s0 + j and query i token s0 + i.
+inline bool masked(bool diagonal, int64_t i, int64_t j) {
+  return diagonal && j > i;
+}
+
+// Deals tasks to `slots` lists, largest cost first, each to the least loaded slot.
+std::vector<std::vector<int64_t>> deal_tasks(const std::vector<int64_t>& costs, int64_t slots) {
+  std::vector<int64_t> order(costs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int64_t(i);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return costs[a] > costs[b]; });
+  std::vector<std::vector<int64_t>> lists(static_cast<size_t>(slots));
+  std::vector<int64_t> load(static_cast<size_t>(slots), 0);
+  for (const int64_t task : order) {
+    const size_t slot = size_t(std::min_element(load.begin(), load.end()) - load.begin());
+    lists[slot].push_back(task);
+    load[slot] += costs[task];
+  }
+  return lists;
+}
+
+// Runs fn(task, scratch) for every task, one scratch area of `scratch_floats`
+// (64-byte aligned) per thread, drawn from the context's host allocator.
+template <typename Fn>
+void run_tasks(Context& ctx, const std::vector<int64_t>& costs, int64_t scratch_floats, Fn&& fn) {
+  const int64_t tasks = int64_t(costs.size());
+  if (tasks == 0) return;
+  const int64_t threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const int64_t slots = std::max<int64_t>(1, std::min(threads, tasks));
+  const int64_t slot_floats = round_up(scratch_floats, kLanes);
+  Tensor scratch = ctx.empty(Shape{slots * slot_floats + kLanes}, DType::f32);
+  float* base = scratch.data<float>();
+  base += (kLanes - (reinterpret_cast<uintptr_t>(base) / sizeof(float)) % kLanes) % kLanes;
+  const auto lists = deal_tasks(costs, slots);
+  parallel_for(slots, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t slot = begin; slot < end; ++slot)
+      for (const int64_t task : lists[size_t(slot)]) fn(task, base + slot * slot_floats);
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Forward
+// ---------------------------------------------------------------------------
+
+struct ForwardScratch {
+  float *q_t, *k, *v, *scores_t, *acc;
+  float *max, *sum, *factor, *tile_max, *tile_sum;  // per query row [kBlock]
+  static int64_t floats(int64_t dp) { return 4 * kBlock * dp + kBlock * kBlock + 5 * kBlock; }
+  ForwardScratch(float* base, int64_t dp)
+      : q_t(base),
+        k(q_t + kBlock * dp),
+        v(k + kBlock * dp),
+        scores_t(v + kBlock * dp),
+        acc(scores_t + kBlock * kBlock),
+        max(acc + kBlock * dp),
+        sum(max + kBlock),
+        factor(sum + kBlock),
+        tile_max(factor + kBlock),
+        tile_sum(tile_max + kBlock) {}
+};
+
+// Query tile qb of head (b, h): out rows and logsumexp. Scores are formed
+// transposed, Sᵀ = K·(scale·Q)ᵀ [keys × queries], so the online softmax runs
+// down the columns with one vector lane per query row, and the keys need no
+// transposing; O += P·V reads Sᵀ as a transposed A.
+template <typename T>
+void forward_tile(const Layout& g, const T* qkv, T* out, float* logsumexp, int64_t b, int64_t h, int64_t qb,
+                  float scale, float* scratch) {
+  const int64_t dp = g.padded_dim, dh = g.head_dim, stride = g.qkv_row_stride();
+  const ForwardScratch s(scratch, dp);
+  const int64_t t0 = qb * kBlock, rows = std::min(kBlock, g.seq_len - t0);
+  gather_transposed(qkv + g.qkv_offset(b, t0, 0, h), stride, rows, dh, scale, s.q_t);
+  std::fill(s.acc, s.acc + rows * dp, 0.0f);
+  std::fill(s.max, s.max + kBlock, -INFINITY);
+  std::fill(s.sum, s.sum + kBlock, 0.0f);
+
+  for (int64_t kb = 0; kb <= qb; ++kb) {
+    const int64_t s0 = kb * kBlock, keys = std::min(kBlock, g.seq_len - s0);
+    const bool diagonal = kb == qb;
+    gather_rows(qkv + g.qkv_offset(b, s0, 1, h), stride, keys, dh, 1.0f, s.k, dp);
+    gather_rows(qkv + g.qkv_offset(b, s0, 2, h), stride, keys, dh, 1.0f, s.v, dp);
+    gemm<false, false>(keys, kBlock, dh, s.k, dp, s.q_t, kBlock, s.scores_t, kBlock);
+
+    std::fill(s.tile_max, s.tile_max + kBlock, -INFINITY);
+    for (int64_t j = 0; j < keys; ++j) {
+      const float* row = s.scores_t + j * kBlock;
+#pragma omp simd simdlen(16)
+      for (int64_t i = 0; i < kBlock; ++i) {
+        const float x = masked(diagonal, i, j) ? -INFINITY : row[i];
+        s.tile_max[i] = x > s.tile_max[i] ? x : s.tile_max[i];
+      }
+    }
+#pragma omp simd simdlen(16)
+    for (int64_t i = 0; i < kBlock; ++i) {
+      s.factor[i] = online_softmax_raise_max(s.max[i], s.sum[i], s.tile_max[i]);
+      s.tile_sum[i] = 0.0f;
+    }
+    for (int64_t j = 0; j < keys; ++j) {
+      float* row = s.scores_t + j * kBlock;
+#pragma omp simd simdlen(16)
+      for (int64_t i = 0; i < kBlock; ++i) {
+        const float p = masked(diagonal, i, j) ? 0.0f : online_softmax_weight(row[i], s.max[i]);
+        row[i] = p;
+        s.tile_sum[i] += p;
+      }
+    }
+#pragma omp simd simdlen(16)
+    for (int64_t i = 0; i < kBlock; ++i) s.sum[i] += s.tile_sum[i];
+    for (int64_t i = 0; i < rows; ++i) {
+      float* acc = s.acc + i * dp;
+      const float factor = s.factor[i];
+#pragma omp simd simdlen(16)
+      for (int64_t d = 0; d < dp; ++d) acc[d] *= factor;
+    }
+    gemm<true, true>(rows, dp, keys, s.scores_t, kBlock, s.v, dp, s.acc, dp);  // O += P·V, P = (Sᵀ)ᵀ
+  }
+
+  for (int64_t i = 0; i < rows; ++i) {
+    T* o = out + g.out_offset(b, t0 + i, h);
+    const float* acc = s.acc + i * dp;
+    const float normaliser = 1.0f / s.sum[i];
+    for (int64_t d = 0; d < dh; ++d) o[d] = from_float<T>(acc[d] * normaliser);
+    logsumexp[g.stats_offset(b, h) + t0 + i] = online_softmax_logsumexp(s.max[i], s.sum[i]);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Backward
+// ---------------------------------------------------------------------------
+
+struct BackwardScratch {
+  float *q, *grad_out, *grad_q;            // whole head: [padded T, dp]; q pre-multiplied by the scale
+  float *k, *k_t, *v_t, *grad_k, *grad_v;  // one key tile
+  float *p, *grad_s;                       // [kBlock, kBlock]: queries × keys
+
+  static int64_t floats(int64_t tp, int64_t dp) { return 3 * tp * dp + 5 * kBlock * dp + 2 * kBlock * kBlock; }
+  BackwardScratch(float* base, int64_t tp, int64_t dp)
+      : q(base),
+        grad_out(q + tp * dp),
+        grad_q(grad_out + tp * dp),
+        k(grad_q + tp * dp),
+        k_t(k + kBlock * dp),
+        v_t(k_t + kBlock * dp),
+        grad_k(v_t + kBlock * dp),
+        grad_v(grad_k + kBlock * dp),
+        p(grad_v + kBlock * dp),
+        grad_s(p + kBlock * kBlock) {}
+};
+
+template <typename T>
+void backward_head(const Layout& g, const T* grad_out, const T* qkv, const float* logsumexp, const float* delta,
+                   T* grad_qkv, int64_t b, int64_t h, float scale, float* scratch) {
+  const int64_t dp = g.padded_dim, dh = g.head_dim, stride = g.qkv_row_stride(), seq = g.seq_len;
+  const int64_t tiles = (seq + kBlock - 1) / kBlock;
+  const BackwardScratch s(scratch, tiles * kBlock, dp);
+  gather_rows(qkv + g.qkv_offset(b, 0, 0, h), stride, seq, dh, scale, s.q, dp);
+  gather_rows(grad_out + g.out_offset(b, 0, h), g.out_row_stride(), seq, dh, 1.0f, s.grad_out, dp);
+  std::fill(s.grad_q, s.grad_q + seq * dp, 0.0f);
+  const float* lse = logsumexp + g.stats_offset(b, h);
+  const float* dl = delta + g.stats_offset(b, h);
+
+  for (int64_t kb = 0; kb < tiles; ++kb) {
+    const int64_t s0 = kb * kBlock, keys = std::min(kBlock, seq - s0);
+    gather_rows(qkv + g.qkv_offset(b, s0, 1, h), stride, keys, dh, 1.0f, s.k, dp);
+    gather_transposed(qkv + g.qkv_offset(b, s0, 1, h), stride, keys, dh, 1.0f, s.k_t);
+    gather_transposed(qkv + g.qkv_offset(b, s0, 2, h), stride, keys, dh, 1.0f, s.v_t);
+    std::fill(s.grad_k, s.grad_k + keys * dp, 0.0f);
+    std::fill(s.grad_v, s.grad_v + keys * dp, 0.0f);
+
+    for (int64_t qb = kb; qb < tiles; ++qb) {
+      const int64_t t0 = qb * kBlock, rows = std::min(kBlock, seq - t0);
+      const bool diagonal = qb == kb;
+      const float* q = s.q + t0 * dp;
+      const float* dout = s.grad_out + t0 * dp;
+      gemm<false, false>(rows, kBlock, dh, q, dp, s.k_t, kBlock, s.p, kBlock);          // scaled scores S
+      gemm<false, false>(rows, kBlock, dh, dout, dp, s.v_t, kBlock, s.grad_s, kBlock);  // dP = dO·Vᵀ
+      for (int64_t i = 0; i < rows; ++i) {
+        float* p = s.p + i * kBlock;
+        float* ds = s.grad_s + i * kBlock;
+        const float row_lse = lse[t0 + i], row_delta = dl[t0 + i];
+#pragma omp simd simdlen(16)
+        for (int64_t j = 0; j < kBlock; ++j) {
+          const float prob = masked(diagonal, i, j) ? 0.0f : attention_probability(p[j], row_lse);
+          p[j] = prob;
+          ds[j] = attention_score_grad(prob, ds[j], row_delta);
+        }
+      }
+      gemm<true, true>(keys, dp, rows, s.p, kBlock, dout, dp, s.grad_v, dp);                 // dV += Pᵀ·dO
+      gemm<false, true>(rows, dp, keys, s.grad_s, kBlock, s.k, dp, s.grad_q + t0 * dp, dp);  // dQ += dS·K
+      gemm<true, true>(keys, dp, rows, s.grad_s, kBlock, q, dp, s.grad_k, dp);               // dK += dSᵀ·(scale·Q)
+    }
+
+    for (int64_t r = 0; r < keys; ++r) {
+      T* gk = grad_qkv + g.qkv_offset(b, s0 + r, 1, h);
+      T* gv = grad_qkv + g.qkv_offset(b, s0 + r, 2, h);
+      for (int64_t d = 0; d < dh; ++d) gk[d] = from_float<T>(s.grad_k[r * dp + d]);
+      for (int64_t d = 0; d < dh; ++d) gv[d] = from_float<T>(s.grad_v[r * dp + d]);
+    }
+  }
+  for (int64_t t = 0; t < seq; ++t) {
+    T* gq = grad_qkv + g.qkv_offset(b, t, 0, h);
+    for (int64_t d = 0; d < dh; ++d) gq[d] = from_float<T>(scale * s.grad_q[t * dp + d]);
+  }
+}
+
+}  // namespace
+
+void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale) {
+  const Layout g = layout_of(qkv);
+  const float s = attention_scale(scale, g.head_dim);
+  const int64_t tiles = (g.seq_len + kBlock - 1) / kBlock;
+  std::vector<int64_t> costs(size_t(g.batch * g.heads * tiles));
+  for (size_t i = 0; i < costs.size(); ++i) costs[i] = int64_t(i) % tiles + 1;  // key tiles visited
+  dispatch_float(qkv.dtype(), "attention_forward", [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = qkv.data<T>();
+    T* y = out.data<T>();
+    float* lse = logsumexp.data<float>();
+    run_tasks(qkv.context(), costs, ForwardScratch::floats(g.padded_dim), [&](int64_t task, float* scratch) {
+      const int64_t bh = task / tiles;
+      forward_tile(g, x, y, lse, bh / g.heads, bh % g.heads, task % tiles, s, scratch);
+    });
+  });
+}
+
+void CpuBackend::attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out,
+                                    const Tensor& logsumexp, Tensor& grad_qkv, float scale) {
+  const Layout g = layout_of(qkv);
+  const float s = attention_scale(scale, g.head_dim);
+  const int64_t tiles = (g.seq_len + kBlock - 1) / kBlock;
+  Context& ctx = qkv.context();
+  Tensor delta = ctx.empty(Shape{g.batch, g.heads, g.seq_len}, DType::f32);
+  const std::vector<int64_t> costs(size_t(g.batch * g.heads), 1);
+  dispatch_float(qkv.dtype(), "attention_backward", [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t rows = g.batch * g.seq_len * g.heads;
+    const AttentionDelta<T> delta_op{grad_out.data<T>(), out.data<T>(), delta.data<float>(),
+                                     g.seq_len,          g.heads,       g.head_dim};
+    cpu_for_each_index(rows, delta_op, std::max<int64_t>(1, (int64_t(1) << 14) / g.head_dim));
+    const T* dy = grad_out.data<T>();
+    const T* x = qkv.data<T>();
+    const float* lse = logsumexp.data<float>();
+    const float* dl = delta.data<float>();
+    T* dx = grad_qkv.data<T>();
+    run_tasks(ctx, costs, BackwardScratch::floats(tiles * kBlock, g.padded_dim), [&](int64_t task, float* scratch) {
+      backward_head(g, dy, x, lse, dl, dx, task / g.heads, task % g.heads, s, scratch);
+    });
+  });
+}
+
+}  // namespace tessera

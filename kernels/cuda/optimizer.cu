@@ -1,0 +1,39 @@
+// CudaBackend: fused AdamW and SGD steps (functors in kernels/functors/optimizer.h),
+// dispatched on the gradient's dtype and on param_copy's (if any).
+#include <type_traits>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/device_stream.h"
+#include "kernels/functors/optimizer.h"
+
+namespace tessera {
+void CudaBackend::adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const ops::AdamWParams& params,
+                             Tensor* param_copy) {
+  const cudaStream_t stream = cuda::device_stream(param);
+  const AdamWConstants constants = adamw_constants(params);
+  dispatch_optimizer_types(grad, param_copy, "adamw_step", [&](auto g, auto* copy) {
+    using G = decltype(g);
+    using C = std::remove_pointer_t<decltype(copy)>;
+    cuda::for_each_index(
+        param.numel(),
+        AdamWStep<G, C>{param.data<float>(), grad.data<G>(), m.data<float>(), v.data<float>(), copy, constants},
+        stream);
+  });
+}
+
+void CudaBackend::sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const ops::SgdParams& params,
+                           Tensor* param_copy) {
+  const cudaStream_t stream = cuda::device_stream(param);
+  float* buffer = params.momentum != 0.0f ? momentum_buffer.data<float>() : nullptr;
+  dispatch_optimizer_types(grad, param_copy, "sgd_step", [&](auto g, auto* copy) {
+    using G = decltype(g);
+    using C = std::remove_pointer_t<decltype(copy)>;
+    cuda::for_each_index(
+        param.numel(),
+        SgdStep<G, C>{param.data<float>(), grad.data<G>(), buffer, copy, params.lr, params.momentum, params.dampening,
+                      params.weight_decay, params.grad_scale, params.nesterov, params.first_step},
+        stream);
+  });
+}
+
+}  // namespace tessera

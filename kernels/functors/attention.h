@@ -1,0 +1,92 @@
+// Causal attention: the per-row math shared by the CPU (blocked, flash-attention
+// style) and CUDA (warp per row) backends: the online softmax (running maximum
+// and sum, with the factor that rescales what was accumulated so far), the
+// probabilities and score gradients of the backward pass recomputed from the
+// saved logsumexp, and the row functor computing delta = rowsum(dO∘O).
+// Exponentials use exp_f32 (kernels/functors/float_math.h), which CPU loops vectorise.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/half.h"
+#include "kernels/functors/float_math.h"
+
+namespace tessera {
+
+// The score scale: `scale`, or 1/√Dh when scale ≤ 0 (see ops::attention_forward).
+TESSERA_HD float attention_scale(float scale, int64_t head_dim) {
+  return scale > 0.0f ? scale : 1.0f / sqrtf(float(head_dim));
+}
+
+// The online softmax of one query row: keys arrive in chunks; the row keeps
+// max = the largest scaled score so far and sum = Σ exp(score − max), and the
+// outputs accumulated so far, Σ exp(score − max)·v, are multiplied by
+// online_softmax_rescale(old max, new max) whenever the maximum grows.
+// The CPU keeps max and sum in arrays (one lane per query row); the GPU keeps
+// an OnlineSoftmax per warp.
+TESSERA_HD float online_softmax_rescale(float old_max, float new_max) {
+  return exp_f32(old_max - new_max);
+}
+TESSERA_HD float online_softmax_weight(float score, float max) {
+  return exp_f32(score - max);
+}
+TESSERA_HD float online_softmax_logsumexp(float max, float sum) {
+  return max + logf(sum);
+}
+// Makes `chunk_max` (the largest scaled score of the next chunk) part of the
+// running maximum and rescales the sum to it; returns the factor (≤ 1) that
+// rescales the accumulated outputs the same way.
+TESSERA_HD float online_softmax_raise_max(float& max, float& sum, float chunk_max) {
+  const float new_max = chunk_max > max ? chunk_max : max;
+  const float factor = online_softmax_rescale(max, new_max);
+  max = new_max;
+  sum *= factor;
+  return factor;
+}
+
+struct OnlineSoftmax {
+  float max = -INFINITY;
+  float sum = 0.0f;
+
+  // See online_softmax_raise_max; returns the factor for the accumulated outputs.
+  TESSERA_HD float raise_max(float chunk_max) { return online_softmax_raise_max(max, sum, chunk_max); }
+  // The unnormalised weight of a key with this scaled score; add() it to the sum.
+  TESSERA_HD float weight(float score) const { return online_softmax_weight(score, max); }
+  TESSERA_HD void add(float weights) { sum += weights; }
+  TESSERA_HD float logsumexp() const { return online_softmax_logsumexp(max, sum); }
+  TESSERA_HD float normaliser() const { return 1.0f / sum; }
+};
+
+// Backward: the softmax probability of a key, recomputed from its scaled score
+// and the row's saved logsumexp.
+TESSERA_HD float attention_probability(float score, float logsumexp) {
+  return online_softmax_weight(score, logsumexp);
+}
+
+// Backward: d loss / d score (before the scale) for probability p, dp = dO·v
+// and the row's delta = rowsum(dO∘O): dS = p·(dp − delta).
+TESSERA_HD float attention_score_grad(float p, float dp, float delta) {
+  return p * (dp - delta);
+}
+
+// delta[b, h, t] = Σ_d grad_out[b, t, h, d]·out[b, t, h, d], an index functor
+// over the rows i = (b·T + t)·H + h of out [B, T, H, Dh]; delta is [B, H, T] f32.
+template <typename T>
+struct AttentionDelta {
+  const T* grad_out;
+  const T* out;
+  float* delta;
+  int64_t seq_len, heads, head_dim;
+
+  TESSERA_HD void operator()(int64_t row) const {
+    const T* dy = grad_out + row * head_dim;
+    const T* y = out + row * head_dim;
+    float total = 0.0f;
+    for (int64_t d = 0; d < head_dim; ++d) total += to_float(dy[d]) * to_float(y[d]);
+    const int64_t h = row % heads, t = (row / heads) % seq_len, b = row / (heads * seq_len);
+    delta[(b * heads + h) * seq_len + t] = total;
+  }
+};
+
+}  // namespace tessera

@@ -1,0 +1,48 @@
+// ops:: embedding lookup and its gradient: argument checks, then the device's
+// backend. Id values are not checked here (that would read device memory):
+// the CPU backend throws on an id outside [0, V); on CUDA such an id gives a
+// NaN row in the forward pass and is skipped by the backward pass.
+#include "kernels/backend.h"
+#include "kernels/ops.h"
+#include "kernels/validate.h"
+
+namespace tessera::ops {
+namespace {
+
+// rows [N, D] (any shape with N·D elements whose last dimension is D, e.g. ids.shape + [D]).
+void check_rows(std::string_view op, const detail::Arg& arg, int64_t tokens, int64_t dim) {
+  detail::check_floating(op, arg);
+  TESSERA_CHECK(arg.tensor.numel() == tokens * dim && (tokens == 0 || detail::last_dim(arg.tensor) == dim), op, ": '",
+                arg.name, "' has shape ", arg.tensor.shape().to_string(), ", expected [", tokens, ", ", dim,
+                "] (one row of the table per id)");
+}
+
+void check_table(std::string_view op, const detail::Arg& table) {
+  detail::check_floating(op, table);
+  detail::check_ndim(op, table, 2);
+}
+
+}  // namespace
+
+void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
+  constexpr std::string_view op = "embedding_forward";
+  detail::check_index(op, {"ids", ids});
+  check_table(op, {"table", table});
+  check_rows(op, {"out", out}, ids.numel(), table.size(1));
+  detail::check_same_dtype(op, {"table", table}, {"out", out});
+  detail::check_same_device(op, {{"ids", ids}, {"table", table}, {"out", out}});
+  backend_for(ids.device()).embedding_forward(ids, table, out);
+}
+
+void embedding_backward(const Tensor& ids, const Tensor& grad_out, Tensor& grad_table) {
+  constexpr std::string_view op = "embedding_backward";
+  detail::check_index(op, {"ids", ids});
+  check_table(op, {"grad_table", grad_table});
+  check_rows(op, {"grad_out", grad_out}, ids.numel(), grad_table.size(1));
+  detail::check_same_dtype(op, {"grad_out", grad_out}, {"grad_table", grad_table});
+  detail::check_same_device(op, {{"ids", ids}, {"grad_out", grad_out}, {"grad_table", grad_table}});
+  TESSERA_CHECK(!grad_out.shares_storage_with(grad_table), op, ": 'grad_out' and 'grad_table' must not share memory");
+  backend_for(ids.device()).embedding_backward(ids, grad_out, grad_table);
+}
+
+}  // namespace tessera::ops

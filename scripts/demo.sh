@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs dependencies (PyTorch included, for comparison), builds, then runs
+# the main job: the kernel self-check on every device here and the GEMM
+# benchmark beside OpenBLAS and PyTorch. Until training lands, this is the
+# most complete thing Tessera does end to end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh --with-benchmarks
+scripts/build.sh
+build/bin/tessera info
+build/bin/tessera selfcheck
+build/bin/benchmarks/gemm
+python3 benchmarks/gemm_torch.py

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs every system package Tessera needs, from Debian's archive, quietly
+# and idempotently: when everything is present it changes nothing and prints
+# nothing. The CUDA toolkit is not a Debian package here; when nvcc is absent
+# the build is CPU-only (TESSERA_CUDA=AUTO).
+#
+#   scripts/install-deps.sh                     build and test dependencies
+#   scripts/install-deps.sh --with-benchmarks   also PyTorch, for side-by-side benchmarks
+set -euo pipefail
+
+packages=(
+  g++ cmake ninja-build pkg-config
+  libopenmpi-dev openmpi-bin          # MPI ranks
+  libhdf5-dev                         # datasets and checkpoints
+  libcli11-dev                        # the command line
+  libopenblas-openmp-dev              # f32 GEMM, sharing OpenMP with our kernels
+  libdnnl-dev ocl-icd-opencl-dev      # oneDNN: bf16 GEMM (AMX), convolutions
+  libgtest-dev                        # tests
+)
+for arg in "$@"; do
+  case "$arg" in
+    --with-benchmarks) packages+=(python3 python3-torch python3-numpy) ;;
+    *) echo "install-deps.sh: unknown option '$arg' (use --with-benchmarks)" >&2; exit 2 ;;
+  esac
+done
+
+missing=()
+for pkg in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+  [[ $status == "install ok installed" ]] || missing+=("$pkg")
+done
+((${#missing[@]} == 0)) && exit 0
+
+sudo=()
+if ((EUID != 0)); then
+  command -v sudo >/dev/null || { echo "install-deps.sh: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  sudo=(sudo)
+fi
+echo "install-deps.sh: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+log=$(mktemp)
+if ! { "${sudo[@]}" apt-get update -qq && "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
+  cat "$log" >&2
+  echo "install-deps.sh: apt-get failed; see the output above" >&2
+  rm -f "$log"
+  exit 1
+fi
+rm -f "$log"

@@ -1,0 +1,319 @@
+// Causal attention: forward against a naive double reference that builds the
+// full score matrix, backward against central differences of that reference
+// and against a naive analytic double backward, GPU against CPU, a long
+// sequence whose scratch memory must stay far below T×T, and argument checks.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/ops.h"
+#include "tests/kernels/dtype_params.h"
+#include "tests/support/gradcheck.h"
+#include "tests/support/test_support.h"
+
+namespace tessera::testing {
+namespace {
+
+struct Dims {
+  int64_t batch, seq_len, heads, head_dim;
+  float scale = 0.0f;  // ≤ 0: 1/√Dh
+
+  Shape qkv() const { return Shape{batch, seq_len, 3, heads, head_dim}; }
+  Shape out() const { return Shape{batch, seq_len, heads, head_dim}; }
+  Shape lse() const { return Shape{batch, heads, seq_len}; }
+  double effective_scale() const { return scale > 0 ? double(scale) : 1.0 / std::sqrt(double(head_dim)); }
+  size_t qkv_index(int64_t b, int64_t t, int which, int64_t h, int64_t d) const {
+    return size_t((((b * seq_len + t) * 3 + which) * heads + h) * head_dim + d);
+  }
+  size_t out_index(int64_t b, int64_t t, int64_t h, int64_t d) const {
+    return size_t(((b * seq_len + t) * heads + h) * head_dim + d);
+  }
+  size_t lse_index(int64_t b, int64_t h, int64_t t) const { return size_t((b * heads + h) * seq_len + t); }
+};
+
+struct Reference {
+  std::vector<double> out, lse;
+  std::vector<double> probs;  // [B, H, T, T], zero above the diagonal
+};
+
+// The textbook computation: the full T×T score matrix per head, masked, softmaxed.
+Reference reference_forward(const Dims& g, const std::vector<double>& qkv) {
+  const int64_t T = g.seq_len, D = g.head_dim;
+  const double scale = g.effective_scale();
+  Reference ref{std::vector<double>(size_t(g.out().numel())), std::vector<double>(size_t(g.lse().numel())),
+                std::vector<double>(size_t(g.batch * g.heads * T * T), 0.0)};
+  std::vector<double> scores(static_cast<size_t>(T));
+  for (int64_t b = 0; b < g.batch; ++b)
+    for (int64_t h = 0; h < g.heads; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        double max = -INFINITY;
+        for (int64_t s = 0; s <= t; ++s) {
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d) dot += qkv[g.qkv_index(b, t, 0, h, d)] * qkv[g.qkv_index(b, s, 1, h, d)];
+          scores[size_t(s)] = scale * dot;
+          max = std::max(max, scores[size_t(s)]);
+        }
+        double sum = 0;
+        for (int64_t s = 0; s <= t; ++s) sum += std::exp(scores[size_t(s)] - max);
+        double* p = &ref.probs[size_t(((b * g.heads + h) * T + t) * T)];
+        for (int64_t s = 0; s <= t; ++s) p[s] = std::exp(scores[size_t(s)] - max) / sum;
+        ref.lse[g.lse_index(b, h, t)] = max + std::log(sum);
+        for (int64_t d = 0; d < D; ++d) {
+          double acc = 0;
+          for (int64_t s = 0; s <= t; ++s) acc += p[s] * qkv[g.qkv_index(b, s, 2, h, d)];
+          ref.out[g.out_index(b, t, h, d)] = acc;
+        }
+      }
+  return ref;
+}
+
+// The textbook backward, from the reference's probabilities:
+//   dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P∘(dP − rowsum(dP∘P)), dQ = scale·dS·K, dK = scale·dSᵀ·Q.
+// `stored_out` is the forward output as the backward receives it (rounded to
+// the dtype): the operator computes D = rowsum(dO∘O) from it, so the
+// reference does too, rather than from the exact output.
+std::vector<double> reference_backward(const Dims& g, const std::vector<double>& qkv,
+                                       const std::vector<double>& grad_out, const std::vector<double>& stored_out) {
+  const int64_t T = g.seq_len, D = g.head_dim;
+  const double scale = g.effective_scale();
+  const Reference ref = reference_forward(g, qkv);
+  std::vector<double> grad(qkv.size(), 0.0), dp(static_cast<size_t>(T));
+  for (int64_t b = 0; b < g.batch; ++b)
+    for (int64_t h = 0; h < g.heads; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const double* p = &ref.probs[size_t(((b * g.heads + h) * T + t) * T)];
+        double row = 0;
+        for (int64_t s = 0; s <= t; ++s) {
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d) dot += grad_out[g.out_index(b, t, h, d)] * qkv[g.qkv_index(b, s, 2, h, d)];
+          dp[size_t(s)] = dot;
+        }
+        for (int64_t d = 0; d < D; ++d) row += grad_out[g.out_index(b, t, h, d)] * stored_out[g.out_index(b, t, h, d)];
+        for (int64_t s = 0; s <= t; ++s) {
+          const double ds = p[s] * (dp[size_t(s)] - row);
+          for (int64_t d = 0; d < D; ++d) {
+            grad[g.qkv_index(b, t, 0, h, d)] += scale * ds * qkv[g.qkv_index(b, s, 1, h, d)];
+            grad[g.qkv_index(b, s, 1, h, d)] += scale * ds * qkv[g.qkv_index(b, t, 0, h, d)];
+            grad[g.qkv_index(b, s, 2, h, d)] += p[s] * grad_out[g.out_index(b, t, h, d)];
+          }
+        }
+      }
+  return grad;
+}
+
+// Scores of O(1) spread, so the softmax is neither flat nor one-hot.
+RandomTensor random_qkv(Context& ctx, const Dims& g, DType dtype, std::mt19937_64& rng, Device device = Device::cpu()) {
+  return random_tensor(ctx, g.qkv(), dtype, rng, -2.0, 2.0, device);
+}
+
+// f32 outputs: a score is a sum of Dh products, rounded to ~Dh·2^-24·Σ|q·k|·scale
+// (≈ 3e-6 for Dh = 80 and scores of spread ~4); exp turns that into a relative
+// error of the weights, and the output, a weighted mean of values of size ~2
+// that may cancel to near 0, inherits it as an absolute error.
+Tolerance output_tolerance(DType dtype) {
+  Tolerance tolerance = forward_tolerance(dtype);
+  tolerance.abs = std::max(tolerance.abs, 2e-5);
+  return tolerance;
+}
+Tolerance gradient_tolerance(DType dtype) {
+  Tolerance tolerance = backward_tolerance(dtype);
+  tolerance.abs = std::max(tolerance.abs, 2e-5);
+  return tolerance;
+}
+
+class Attention : public DtypeTest {};
+
+TEST_P(Attention, Forward) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  auto rng = make_rng();
+  // One token; odd sizes; several 64-row tiles with a partial last one;
+  // head dims covering every micro-kernel width; a custom scale.
+  for (const Dims& g :
+       {Dims{2, 1, 2, 8}, Dims{1, 7, 3, 5}, Dims{2, 130, 2, 64}, Dims{1, 100, 1, 40}, Dims{1, 67, 2, 80, 0.37f}}) {
+    SCOPED_TRACE("B=" + std::to_string(g.batch) + " T=" + std::to_string(g.seq_len) + " H=" + std::to_string(g.heads) +
+                 " Dh=" + std::to_string(g.head_dim));
+    auto qkv = random_qkv(ctx, g, dtype, rng);
+    Tensor out = poisoned(ctx, g.out(), dtype), lse = poisoned(ctx, g.lse(), DType::f32);
+    ops::attention_forward(qkv.tensor, out, lse, g.scale);
+    const Reference ref = reference_forward(g, qkv.values);
+    EXPECT_TRUE(all_close(out, ref.out, output_tolerance(dtype))) << "out";
+    // logsumexp is f32 computed in f32 from the stored inputs whatever their dtype.
+    EXPECT_TRUE(all_close(lse, ref.lse, forward_tolerance(DType::f32))) << "logsumexp";
+  }
+}
+
+TEST_P(Attention, Backward) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  auto rng = make_rng();
+
+  // Against central differences of the reference forward, on a small case.
+  {
+    const Dims g{1, 9, 2, 4};
+    auto qkv = random_qkv(ctx, g, dtype, rng);
+    auto grad_out = random_tensor(ctx, g.out(), dtype, rng);
+    Tensor out = poisoned(ctx, g.out(), dtype), lse = poisoned(ctx, g.lse(), DType::f32);
+    ops::attention_forward(qkv.tensor, out, lse);
+    Tensor grad_qkv = poisoned(ctx, g.qkv(), dtype);
+    ops::attention_backward(grad_out.tensor, qkv.tensor, out, lse, grad_qkv);
+    const auto f = [&](const Inputs& in) { return reference_forward(g, in[0]).out; };
+    const auto expected = numeric_gradient(f, Inputs{qkv.values}, 0, grad_out.values);
+    EXPECT_TRUE(all_close(grad_qkv, expected, gradient_tolerance(dtype))) << "numeric, T=9";
+  }
+
+  // Against the analytic double backward across tile boundaries (T = 64 + 6),
+  // with a custom scale; and twice, bit for bit (deterministic).
+  {
+    const Dims g{2, 70, 2, 24, 0.3f};
+    auto qkv = random_qkv(ctx, g, dtype, rng);
+    auto grad_out = random_tensor(ctx, g.out(), dtype, rng);
+    Tensor out = poisoned(ctx, g.out(), dtype), lse = poisoned(ctx, g.lse(), DType::f32);
+    ops::attention_forward(qkv.tensor, out, lse, g.scale);
+    Tensor grad_qkv = poisoned(ctx, g.qkv(), dtype);
+    ops::attention_backward(grad_out.tensor, qkv.tensor, out, lse, grad_qkv, g.scale);
+    EXPECT_TRUE(all_close(grad_qkv, reference_backward(g, qkv.values, grad_out.values, out.to_doubles()),
+                          gradient_tolerance(dtype)))
+        << "analytic, T=70";
+    Tensor again = poisoned(ctx, g.qkv(), dtype);
+    ops::attention_backward(grad_out.tensor, qkv.tensor, out, lse, again, g.scale);
+    EXPECT_TRUE(all_close(again, grad_qkv, Tolerance{0, 0})) << "not deterministic";
+  }
+}
+
+TEST_P(Attention, GpuMatchesCpu) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  TESSERA_REQUIRE_GPU(ctx);
+  const Device gpu = Device::cuda(0);
+  auto rng = make_rng();
+  for (const Dims& g : {Dims{2, 130, 3, 64}, Dims{1, 37, 2, 5, 0.4f}, Dims{1, 70, 1, 256}, Dims{2, 1, 2, 100}}) {
+    SCOPED_TRACE("T=" + std::to_string(g.seq_len) + " Dh=" + std::to_string(g.head_dim));
+    auto qkv = random_qkv(ctx, g, dtype, rng);
+    auto grad_out = random_tensor(ctx, g.out(), dtype, rng);
+    const Tensor qkv_gpu = qkv.tensor.to(gpu), grad_out_gpu = grad_out.tensor.to(gpu);
+    Tensor out_cpu = poisoned(ctx, g.out(), dtype), lse_cpu = poisoned(ctx, g.lse(), DType::f32);
+    Tensor out_gpu = poisoned(ctx, g.out(), dtype, gpu), lse_gpu = poisoned(ctx, g.lse(), DType::f32, gpu);
+    ops::attention_forward(qkv.tensor, out_cpu, lse_cpu, g.scale);
+    ops::attention_forward(qkv_gpu, out_gpu, lse_gpu, g.scale);
+    // f32: both devices carry the score rounding explained at output_tolerance.
+    Tolerance tolerance = device_tolerance(dtype);
+    tolerance.abs = std::max(tolerance.abs, 2e-5);
+    EXPECT_TRUE(all_close(out_gpu, out_cpu, tolerance)) << "out";
+    EXPECT_TRUE(all_close(lse_gpu, lse_cpu, device_tolerance(DType::f32))) << "logsumexp";
+    // Both backwards from the CPU's forward results, so only the backward differs.
+    const Tensor out_gpu_in = out_cpu.to(gpu), lse_gpu_in = lse_cpu.to(gpu);
+    Tensor grad_cpu = poisoned(ctx, g.qkv(), dtype), grad_gpu = poisoned(ctx, g.qkv(), dtype, gpu);
+    ops::attention_backward(grad_out.tensor, qkv.tensor, out_cpu, lse_cpu, grad_cpu, g.scale);
+    ops::attention_backward(grad_out_gpu, qkv_gpu, out_gpu_in, lse_gpu_in, grad_gpu, g.scale);
+    EXPECT_TRUE(all_close(grad_gpu, grad_cpu, tolerance)) << "grad_qkv";
+  }
+}
+
+// T = 4096: a T×T f32 matrix would be 64 MiB; forward and backward together
+// must allocate less than a sixteenth of that beyond their inputs and outputs.
+TEST_P(Attention, LongSequenceNeedsNoQuadraticMemory) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  auto rng = make_rng();
+  const Dims g{1, 4096, 1, 32};
+  auto qkv = random_qkv(ctx, g, dtype, rng);
+  auto grad_out = random_tensor(ctx, g.out(), dtype, rng);
+  Tensor out = poisoned(ctx, g.out(), dtype), lse = poisoned(ctx, g.lse(), DType::f32);
+  Tensor grad_qkv = poisoned(ctx, g.qkv(), dtype);
+  Allocator& host = ctx.allocator(Device::cpu());
+  host.reset_peak_stats();
+  const size_t before = host.stats().allocated_bytes;
+  ops::attention_forward(qkv.tensor, out, lse);
+  ops::attention_backward(grad_out.tensor, qkv.tensor, out, lse, grad_qkv);
+  const size_t growth = host.stats().peak_allocated_bytes - before;
+  const size_t quadratic = size_t(g.seq_len * g.seq_len) * sizeof(float);
+  EXPECT_LT(growth, quadratic / 16) << "scratch memory grows like T×T";
+
+  // Spot-check a few rows (first, tile edges, last) against the reference row.
+  const auto got = out.to_doubles();
+  const auto got_lse = lse.to_doubles();
+  const double scale = g.effective_scale();
+  for (const int64_t t : {int64_t(0), int64_t(63), int64_t(64), g.seq_len - 1}) {
+    std::vector<double> scores(static_cast<size_t>(t + 1));
+    double max = -INFINITY;
+    for (int64_t s = 0; s <= t; ++s) {
+      double dot = 0;
+      for (int64_t d = 0; d < g.head_dim; ++d)
+        dot += qkv.values[g.qkv_index(0, t, 0, 0, d)] * qkv.values[g.qkv_index(0, s, 1, 0, d)];
+      scores[size_t(s)] = scale * dot;
+      max = std::max(max, scores[size_t(s)]);
+    }
+    double sum = 0;
+    for (const double x : scores) sum += std::exp(x - max);
+    std::vector<double> expected(static_cast<size_t>(g.head_dim)), actual(static_cast<size_t>(g.head_dim));
+    for (int64_t d = 0; d < g.head_dim; ++d) {
+      for (int64_t s = 0; s <= t; ++s)
+        expected[size_t(d)] += std::exp(scores[size_t(s)] - max) / sum * qkv.values[g.qkv_index(0, s, 2, 0, d)];
+      actual[size_t(d)] = got[g.out_index(0, t, 0, d)];
+    }
+    EXPECT_TRUE(all_close(actual, expected, output_tolerance(dtype))) << "row " << t;
+    EXPECT_NEAR(got_lse[size_t(t)], max + std::log(sum), 1e-4) << "logsumexp row " << t;
+  }
+  const auto grads = grad_qkv.to_doubles();
+  EXPECT_TRUE(std::all_of(grads.begin(), grads.end(), [](double x) { return std::isfinite(x); }));
+}
+
+TEST_P(Attention, RejectsBadArguments) {
+  const DType dtype = GetParam();
+  Context ctx;
+  const Dims g{2, 5, 3, 4};
+  Tensor qkv = ctx.zeros(g.qkv(), dtype), out = ctx.zeros(g.out(), dtype), lse = ctx.zeros(g.lse(), DType::f32);
+  Tensor grad_qkv = ctx.zeros(g.qkv(), dtype);
+  EXPECT_NO_THROW(ops::attention_forward(qkv, out, lse));
+  EXPECT_NO_THROW(ops::attention_backward(out, qkv, out, lse, grad_qkv));
+  const Dims empty{2, 0, 3, 4};  // no tokens: nothing to do, but valid
+  Tensor qkv0 = ctx.zeros(empty.qkv(), dtype), out0 = ctx.zeros(empty.out(), dtype);
+  Tensor lse0 = ctx.zeros(empty.lse(), DType::f32), grad0 = ctx.zeros(empty.qkv(), dtype);
+  EXPECT_NO_THROW(ops::attention_forward(qkv0, out0, lse0));
+  EXPECT_NO_THROW(ops::attention_backward(out0, qkv0, out0, lse0, grad0));
+
+  Tensor not_packed = ctx.zeros(Shape{2, 5, 2, 3, 4}, dtype);  // only two projections
+  EXPECT_THROW(ops::attention_forward(not_packed, out, lse), Error);
+  Tensor four_dims = ctx.zeros(Shape{2, 5, 3, 12}, dtype);
+  EXPECT_THROW(ops::attention_forward(four_dims, out, lse), Error);
+  Tensor wrong_out = ctx.zeros(Shape{2, 5, 3, 5}, dtype);
+  EXPECT_THROW(ops::attention_forward(qkv, wrong_out, lse), Error);
+  Tensor other_dtype = ctx.zeros(g.out(), dtype == DType::f32 ? DType::bf16 : DType::f32);
+  EXPECT_THROW(ops::attention_forward(qkv, other_dtype, lse), Error);
+  Tensor lse_low = ctx.zeros(g.lse(), DType::bf16);
+  EXPECT_THROW(ops::attention_forward(qkv, out, lse_low), Error);
+  Tensor lse_shape = ctx.zeros(Shape{2, 5, 3}, DType::f32);  // [B, T, H] instead of [B, H, T]
+  EXPECT_THROW(ops::attention_forward(qkv, out, lse_shape), Error);
+  Tensor ints = ctx.zeros(g.qkv(), DType::i32);
+  EXPECT_THROW(ops::attention_forward(ints, out, lse), Error);
+
+  Tensor wrong_grad = ctx.zeros(Shape{2, 5, 3, 3, 5}, dtype);
+  EXPECT_THROW(ops::attention_backward(out, qkv, out, lse, wrong_grad), Error);
+  EXPECT_THROW(ops::attention_backward(wrong_out, qkv, out, lse, grad_qkv), Error);
+  EXPECT_THROW(ops::attention_backward(out, qkv, out, lse_shape, grad_qkv), Error);
+  EXPECT_THROW(ops::attention_backward(out, qkv, out, lse, qkv), Error);  // grad_qkv overwrites qkv
+}
+
+// The CUDA kernels hold a head in registers: Dh > 256 is refused up front.
+TEST_P(Attention, GpuRejectsLargeHeadDim) {
+  const DType dtype = GetParam();
+  Context ctx;
+  TESSERA_REQUIRE_GPU(ctx);
+  const Device gpu = Device::cuda(0);
+  const Dims g{1, 3, 1, 264};
+  Tensor qkv = ctx.zeros(g.qkv(), dtype, gpu), out = ctx.zeros(g.out(), dtype, gpu);
+  Tensor lse = ctx.zeros(g.lse(), DType::f32, gpu), grad_qkv = ctx.zeros(g.qkv(), dtype, gpu);
+  EXPECT_THROW(ops::attention_forward(qkv, out, lse), Error);
+  EXPECT_THROW(ops::attention_backward(out, qkv, out, lse, grad_qkv), Error);
+}
+
+INSTANTIATE_FLOAT_DTYPES(Attention);
+
+}  // namespace
+}  // namespace tessera::testing
