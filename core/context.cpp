@@ -134,30 +134,11 @@ Tensor Context::from_doubles(const Shape& shape, DType dtype, std::span<const do
   TESSERA_CHECK(int64_t(values.size()) == shape.numel(), "from_doubles: ", values.size(), " values for shape ",
                 shape.to_string());
   Tensor host = empty(shape, dtype, Device::cpu());
-  void* data = host.data_ptr();
-  for (size_t i = 0; i < values.size(); ++i) {
-    const double v = values[i];
-    switch (dtype) {
-      case DType::f32:
-        static_cast<float*>(data)[i] = float(v);
-        break;
-      case DType::bf16:
-        static_cast<bf16*>(data)[i] = bf16(float(v));
-        break;
-      case DType::f16:
-        static_cast<f16*>(data)[i] = f16(float(v));
-        break;
-      case DType::i32:
-        static_cast<int32_t*>(data)[i] = int32_t(v);
-        break;
-      case DType::i64:
-        static_cast<int64_t*>(data)[i] = int64_t(v);
-        break;
-      case DType::u8:
-        static_cast<uint8_t*>(data)[i] = uint8_t(v);
-        break;
-    }
-  }
+  dispatch_any(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* data = host.data<T>();
+    for (size_t i = 0; i < values.size(); ++i) data[i] = scalar_as<T>(values[i]);
+  });
   return device.is_cpu() ? host : host.to(device);
 }
 

@@ -7,6 +7,7 @@
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "core/half.h"
 
@@ -108,6 +109,29 @@ decltype(auto) dispatch_float(DType dtype, std::string_view what, Fn&& fn) {
     default:
       throw_unsupported_dtype(dtype, what);
   }
+}
+
+// Calls `fn(T{})` with T the C++ type of any dtype.
+template <typename Fn>
+decltype(auto) dispatch_any(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::f32: return fn(float{});
+    case DType::bf16: return fn(bf16{});
+    case DType::f16: return fn(f16{});
+    case DType::i32: return fn(int32_t{});
+    case DType::i64: return fn(int64_t{});
+    case DType::u8: return fn(uint8_t{});
+  }
+  throw_unsupported_dtype(dtype, "dispatch_any");
+}
+
+// `value` converted to the storage type T (through float for bf16 and f16).
+template <typename T>
+TESSERA_HD T scalar_as(double value) {
+  if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>)
+    return T(float(value));
+  else
+    return T(value);
 }
 
 // Calls `fn(T{})` with T = int32_t or int64_t (token ids, targets, indices).

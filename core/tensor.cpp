@@ -123,35 +123,10 @@ Tensor& Tensor::fill_(double value) {
                                context().compute_stream(dev).native_handle());
     return *this;
   }
-  auto run = [&](auto tag) {
+  dispatch_any(dtype_, [&](auto tag) {
     using T = decltype(tag);
-    T converted;
-    if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>)
-      converted = T(float(value));
-    else
-      converted = T(value);
-    cpu_for_each_index(numel(), FillConstant<T>{static_cast<T*>(data_ptr()), converted});
-  };
-  switch (dtype_) {
-    case DType::f32:
-      run(float{});
-      break;
-    case DType::bf16:
-      run(bf16{});
-      break;
-    case DType::f16:
-      run(f16{});
-      break;
-    case DType::i32:
-      run(int32_t{});
-      break;
-    case DType::i64:
-      run(int64_t{});
-      break;
-    case DType::u8:
-      run(uint8_t{});
-      break;
-  }
+    cpu_for_each_index(numel(), FillConstant<T>{static_cast<T*>(data_ptr()), scalar_as<T>(value)});
+  });
   return *this;
 }
 
@@ -196,29 +171,16 @@ Tensor& Tensor::normal_at_(uint64_t seed, uint64_t stream, uint64_t first_index,
 std::vector<double> Tensor::to_doubles() const {
   const Tensor host = to(Device::cpu());
   std::vector<double> out(static_cast<size_t>(numel()));
-  const void* data = host.data_ptr();
-  for (size_t i = 0; i < out.size(); ++i) {
-    switch (dtype_) {
-      case DType::f32:
-        out[i] = static_cast<const float*>(data)[i];
-        break;
-      case DType::bf16:
-        out[i] = float(static_cast<const bf16*>(data)[i]);
-        break;
-      case DType::f16:
-        out[i] = float(static_cast<const f16*>(data)[i]);
-        break;
-      case DType::i32:
-        out[i] = static_cast<const int32_t*>(data)[i];
-        break;
-      case DType::i64:
-        out[i] = double(static_cast<const int64_t*>(data)[i]);
-        break;
-      case DType::u8:
-        out[i] = static_cast<const uint8_t*>(data)[i];
-        break;
+  dispatch_any(dtype_, [&](auto tag) {
+    using T = decltype(tag);
+    const T* data = host.data<T>();
+    for (size_t i = 0; i < out.size(); ++i) {
+      if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>)
+        out[i] = double(float(data[i]));
+      else
+        out[i] = double(data[i]);
     }
-  }
+  });
   return out;
 }
 

@@ -10,4 +10,5 @@ scripts/build.sh
 build/bin/tessera info
 build/bin/tessera selfcheck
 build/bin/benchmarks/gemm
-python3 benchmarks/gemm_torch.py
+# Debian's python3-torch lives in the system interpreter, whatever python3 is first on PATH.
+/usr/bin/python3 benchmarks/gemm_torch.py

@@ -79,26 +79,12 @@ int64_t first_max_index(const T* x, int64_t n) {
   return 0;  // not reached: m is one of the elements (n > 0 is checked by ops::)
 }
 
-template <typename Fn>
-void dispatch_kind(ReduceKind kind, Fn&& fn) {
-  switch (kind) {
-    case ReduceKind::sum:
-      return fn(std::integral_constant<ReduceKind, ReduceKind::sum>{});
-    case ReduceKind::mean:
-      return fn(std::integral_constant<ReduceKind, ReduceKind::mean>{});
-    case ReduceKind::max:
-      return fn(std::integral_constant<ReduceKind, ReduceKind::max>{});
-    case ReduceKind::sum_squares:
-      return fn(std::integral_constant<ReduceKind, ReduceKind::sum_squares>{});
-  }
-}
-
 }  // namespace
 
 void CpuBackend::reduce(ReduceKind kind, const Tensor& x, Tensor& out) {
   dispatch_float(x.dtype(), "reduce", [&](auto tag) {
     using T = decltype(tag);
-    dispatch_kind(kind, [&](auto k) { out.data<float>()[0] = reduce_all<decltype(k)::value>(x.data<T>(), x.numel()); });
+    dispatch_reduce_kind(kind, [&](auto k) { out.data<float>()[0] = reduce_all<decltype(k)::value>(x.data<T>(), x.numel()); });
   });
 }
 
@@ -115,7 +101,7 @@ void CpuBackend::reduce_backward(ReduceKind kind, const Tensor& x, const Tensor&
       return;
     }
     const T* xs = x.defined() ? x.data<T>() : nullptr;
-    dispatch_kind(kind, [&](auto k) {
+    dispatch_reduce_kind(kind, [&](auto k) {
       constexpr ReduceKind K = decltype(k)::value;
       if constexpr (K != ReduceKind::max) cpu_for_each_index(n, ReduceBackward<T, K>{xs, g, gx, float(n)});
     });

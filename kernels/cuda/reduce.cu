@@ -93,20 +93,6 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) result[0] = best.index;
 }
 
-template <typename Fn>
-void dispatch_kind(ReduceKind kind, Fn&& fn) {
-  switch (kind) {
-    case ReduceKind::sum:
-      return fn(std::integral_constant<ReduceKind, ReduceKind::sum>{});
-    case ReduceKind::mean:
-      return fn(std::integral_constant<ReduceKind, ReduceKind::mean>{});
-    case ReduceKind::max:
-      return fn(std::integral_constant<ReduceKind, ReduceKind::max>{});
-    case ReduceKind::sum_squares:
-      return fn(std::integral_constant<ReduceKind, ReduceKind::sum_squares>{});
-  }
-}
-
 }  // namespace
 
 void CudaBackend::reduce(ReduceKind kind, const Tensor& x, Tensor& out) {
@@ -116,7 +102,7 @@ void CudaBackend::reduce(ReduceKind kind, const Tensor& x, Tensor& out) {
   Tensor partials = x.context().empty(Shape{blocks}, DType::f32, x.device());
   dispatch_float(x.dtype(), "reduce", [&](auto tag) {
     using T = decltype(tag);
-    dispatch_kind(kind, [&](auto k) {
+    dispatch_reduce_kind(kind, [&](auto k) {
       constexpr ReduceKind K = decltype(k)::value;
       reduce_partials_kernel<T, K><<<blocks, kThreads, 0, stream>>>(x.data<T>(), n, partials.data<float>());
       TESSERA_CUDA_CHECK_LAUNCH();
@@ -149,7 +135,7 @@ void CudaBackend::reduce_backward(ReduceKind kind, const Tensor& x, const Tensor
       return;
     }
     const T* xs = x.defined() ? x.data<T>() : nullptr;
-    dispatch_kind(kind, [&](auto k) {
+    dispatch_reduce_kind(kind, [&](auto k) {
       constexpr ReduceKind K = decltype(k)::value;
       if constexpr (K != ReduceKind::max) cuda::for_each_index(n, ReduceBackward<T, K>{xs, g, gx, float(n)}, stream);
     });

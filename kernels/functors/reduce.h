@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/half.h"
 #include "kernels/backend.h"
@@ -103,5 +104,21 @@ struct MaxBackward {
     grad_x[i] = from_float<T>(i == first ? g : 0.0f);
   }
 };
+
+// Calls fn(std::integral_constant<ReduceKind, kind>{}), so launchers pick a
+// compile-time ReduceKind from the runtime one.
+template <typename Fn>
+void dispatch_reduce_kind(ReduceKind kind, Fn&& fn) {
+  switch (kind) {
+    case ReduceKind::sum:
+      return fn(std::integral_constant<ReduceKind, ReduceKind::sum>{});
+    case ReduceKind::mean:
+      return fn(std::integral_constant<ReduceKind, ReduceKind::mean>{});
+    case ReduceKind::max:
+      return fn(std::integral_constant<ReduceKind, ReduceKind::max>{});
+    case ReduceKind::sum_squares:
+      return fn(std::integral_constant<ReduceKind, ReduceKind::sum_squares>{});
+  }
+}
 
 }  // namespace tessera
