@@ -1,0 +1,101 @@
+// Module: a layer or a model with an explicit forward and backward (no tape).
+//
+//   Saved saved;                                  // what this call keeps for its backward
+//   Tensor y = module.forward(x, saved, pass);
+//   Tensor dx = module.backward(dy, saved);      // adds into every parameter's .grad
+//
+// What a forward keeps is explicit and per call (a `Saved`), so several
+// micro-batches can be in flight (pipeline schedules) and recomputation is a
+// policy of the module (keep the input, re-run forward inside backward), not a
+// rewrite. Backward may release what `saved` holds as soon as it is used.
+//
+// Parameters are created at construction with their global name, in the
+// model's dtype and device (see ModelSpec), and initialised from (seed, name,
+// element index) so the same seed gives the same model under any layout.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/nn/parameter.h"
+#include "core/tensor.h"
+
+namespace tessera::nn {
+
+// What a module kept from one forward call for the matching backward.
+struct Saved {
+  std::vector<Tensor> tensors;
+  std::vector<Saved> children;  // sub-modules' state, in the order the parent chooses
+  Saved& child(size_t index);   // grows `children` as needed
+  void clear();
+};
+
+// Where one forward call sits in training. Dropout derives its mask from
+// (seed, module name, step, micro_batch), so a recomputed forward draws the
+// same mask, and every rank/layout draws the same one for the same element.
+struct Pass {
+  uint64_t seed = 0;
+  uint64_t step = 0;
+  uint64_t micro_batch = 0;
+};
+
+// Where and how a module's parameters live.
+struct ModelSpec {
+  Context* context = nullptr;
+  Device device = Device::cpu();
+  DType dtype = DType::f32;  // parameters and activations (compute dtype); grads are f32
+  uint64_t seed = 1234;      // initialisation seed
+};
+
+class Module {
+ public:
+  Module(const ModelSpec& spec, std::string name);
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  virtual Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) = 0;
+  // Returns the gradient with respect to the input (an undefined Tensor for
+  // inputs without one, e.g. token ids) and adds into parameters' .grad.
+  virtual Tensor backward(const Tensor& grad_output, Saved& saved) = 0;
+
+  // This module's parameters and its children's, in a fixed order.
+  std::vector<Parameter*> parameters();
+  void train(bool training = true);  // also sets every child's mode
+  void eval() { train(false); }
+  bool training() const { return training_; }
+  const std::string& name() const { return name_; }
+  const ModelSpec& spec() const { return spec_; }
+  Context& context() const { return *spec_.context; }
+
+ protected:
+  // Creates a parameter named "<this name>.<local>" of `shape` in the spec's
+  // dtype/device, with a zeroed f32 gradient (values are left to the caller's
+  // initialiser, e.g. init_normal below).
+  Parameter& add_parameter(const std::string& local, const Shape& shape, bool weight_decay);
+  template <typename M, typename... Args>
+  M& add_child(Args&&... args) {
+    auto child = std::make_unique<M>(std::forward<Args>(args)...);
+    M& ref = *child;
+    children_.push_back(std::move(child));
+    return ref;
+  }
+  std::string child_name(const std::string& local) const { return name_.empty() ? local : name_ + "." + local; }
+
+  // Initialisers: element i of parameter p gets a value drawn from
+  // (spec.seed, name_stream(p.name), i).
+  void init_normal(Parameter& p, float stddev);
+  void init_uniform(Parameter& p, float bound);
+  void init_constant(Parameter& p, float value);
+
+ private:
+  ModelSpec spec_;
+  std::string name_;
+  bool training_ = true;
+  std::vector<std::unique_ptr<Parameter>> parameters_;
+  std::vector<std::unique_ptr<Module>> children_;
+};
+
+}  // namespace tessera::nn
