@@ -1,31 +1,63 @@
-// The `tessera` command line. Subcommands so far:
-//   tessera info        what this build and machine offer (devices, libraries)
+// The `tessera` command line:
+//   tessera train       train a model (flags and/or --config FILE.toml)
+//   tessera prepare     turn IDX images or text files into Tessera's HDF5 datasets
+//   tessera plot        draw loss and throughput curves from a metrics file
+//   tessera info        this build's backends, devices and libraries
 //   tessera selfcheck   every operator checked on this machine's CPU (and GPU)
-// Training, data preparation, topology and checkpoint tools arrive with their issues.
+//   tessera --version   the build: version, CUDA, cuDNN, NCCL, MPI, HDF5, BLAS
 // Only main() catches errors: it prints them (with rank and call site) and exits non-zero.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <string>
 
+#include "apps/plot_command.h"
+#include "apps/prepare_command.h"
 #include "apps/selfcheck.h"
+#include "apps/train_config.h"
+#include "apps/trainer.h"
 #include "core/context.h"
+#include "core/cpu_libraries.h"
 #include "core/cuda_runtime.h"
+#include "io/hdf5_version.h"
 #include "parallel/library_versions.h"
+
+namespace {
+
+std::string build_description() {
+  tessera::Context ctx;
+  std::string text = std::string("tessera ") + TESSERA_VERSION + "\n";
+  text += std::string("cuda backend: ") + (tessera::cuda_runtime::compiled() ? "built" : "not built") + "\n";
+  text += ctx.describe() + "\n";
+  text += "cpu libraries: " + tessera::describe_cpu_libraries() + "\n";
+  text += "mpi: " + tessera::mpi_library_version() + "\n";
+  text += "nccl: " + tessera::nccl_library_version() + "\n";
+  text += "hdf5: " + tessera::hdf5_library_version() + "\n";
+  return text;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Tessera: data-, tensor- and pipeline-parallel training on MPI ranks"};
-  app.require_subcommand(1);
+  app.require_subcommand(0, 1);
   int exit_code = 0;
+  bool show_version = false;
+  app.add_flag("--version", show_version, "Print the build (CUDA, cuDNN, NCCL, MPI, HDF5, BLAS) and exit");
+
+  tessera::app::TrainConfig train_config;
+  auto* train = app.add_subcommand("train", "Train a model on a prepared dataset (or --synthetic data)");
+  tessera::app::add_train_options(*train, train_config);
+  train->callback([&] {
+    tessera::app::apply_config_file(*train, train_config);
+    tessera::app::train(train_config);
+  });
+
+  tessera::app::register_prepare_command(app, exit_code);
+  tessera::app::register_plot_command(app, exit_code);
 
   auto* info = app.add_subcommand("info", "Show this build's backends, devices and libraries");
-  info->callback([] {
-    tessera::Context ctx;
-    std::printf("tessera %s\n", TESSERA_VERSION);
-    std::printf("cuda backend: %s\n", tessera::cuda_runtime::compiled() ? "built" : "not built");
-    std::printf("%s\n", ctx.describe().c_str());
-    std::printf("mpi: %s\n", tessera::mpi_library_version().c_str());
-    std::printf("nccl: %s\n", tessera::nccl_library_version().c_str());
-  });
+  info->callback([] { std::printf("%s", build_description().c_str()); });
 
   tessera::app::SelfcheckOptions selfcheck_options;
   auto* selfcheck = app.add_subcommand("selfcheck", "Check every operator's forward and backward on this machine");
@@ -33,7 +65,17 @@ int main(int argc, char** argv) {
   selfcheck->callback([&] { exit_code = tessera::app::run_selfcheck(selfcheck_options); });
 
   try {
-    CLI11_PARSE(app, argc, argv);
+    app.parse(argc, argv);
+    if (show_version) {
+      std::printf("%s", build_description().c_str());
+      return 0;
+    }
+    if (app.get_subcommands().empty()) {
+      std::printf("%s", app.help().c_str());
+      return 2;
+    }
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "tessera: %s\n", error.what());
     return 1;

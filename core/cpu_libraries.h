@@ -3,6 +3,7 @@
 #pragma once
 
 #include <dnnl.hpp>
+#include <string>
 
 namespace tessera {
 
@@ -16,5 +17,9 @@ class CpuLibraries {
   dnnl::engine engine_;
   dnnl::stream stream_;
 };
+
+// The CPU math libraries in use, for logs and `tessera --version`: OpenBLAS's
+// version, kernel (core) and threads, and oneDNN's version and instruction set.
+std::string describe_cpu_libraries();
 
 }  // namespace tessera

@@ -1,7 +1,18 @@
 // The HDF5 error stack as text, for tessera::Error messages.
 #include "io/hdf5_check.h"
+#include "io/hdf5_version.h"
 
 #include <sstream>
+
+namespace tessera {
+
+std::string hdf5_library_version() {
+  unsigned major = 0, minor = 0, release = 0;
+  H5get_libversion(&major, &minor, &release);
+  return "HDF5 " + std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
+}
+
+}  // namespace tessera
 
 namespace tessera::detail {
 namespace {

@@ -195,7 +195,7 @@ void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const 
 // ---------------------------------------------------------------------------
 void cast(const Tensor& x, Tensor& y);                    // between f32, bf16, f16 (round to nearest even)
 void scale_(Tensor& x, float alpha);                      // x ·= alpha
-void axpy(float alpha, const Tensor& x, Tensor& y);       // y += alpha·x
+void axpy(float alpha, const Tensor& x, Tensor& y);       // y += alpha·x; y has x's dtype or f32 (accumulator)
 void add(const Tensor& a, const Tensor& b, Tensor& out);  // out = a + b (out may alias a or b)
 
 }  // namespace tessera::ops

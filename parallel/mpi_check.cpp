@@ -17,7 +17,8 @@ std::string mpi_library_version() {
   int length = 0;
   MPI_Get_library_version(text, &length);
   std::string version(text, size_t(length));
-  if (const auto newline = version.find('\n'); newline != std::string::npos) version.resize(newline);
+  // The reported length may count the terminating NUL; keep the first line.
+  if (const auto end = version.find_first_of(std::string("\n\0", 2)); end != std::string::npos) version.resize(end);
   return version;
 }
 

@@ -16,6 +16,8 @@ packages=(
   libopenblas-openmp-dev              # f32 GEMM, sharing OpenMP with our kernels
   libdnnl-dev ocl-icd-opencl-dev      # oneDNN: bf16 GEMM (AMX), convolutions
   libgtest-dev                        # tests
+  dataset-fashion-mnist               # real-data test and demo (IDX files in /usr/share/datasets/fashion-mnist)
+  fortunes                            # a text corpus for byte-level token preparation (/usr/share/games/fortunes)
 )
 for arg in "$@"; do
   case "$arg" in

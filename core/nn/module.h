@@ -27,8 +27,9 @@ namespace tessera::nn {
 // What a module kept from one forward call for the matching backward.
 struct Saved {
   std::vector<Tensor> tensors;
-  std::vector<Saved> children;  // sub-modules' state, in the order the parent chooses
-  Saved& child(size_t index);   // grows `children` as needed
+  std::vector<int64_t> scalars;  // small host values: input shapes, dropout seeds, a recomputed pass
+  std::vector<Saved> children;   // sub-modules' state, in the order the parent chooses
+  Saved& child(size_t index);    // grows `children` as needed
   void clear();
 };
 
@@ -61,7 +62,8 @@ class Module {
   // inputs without one, e.g. token ids) and adds into parameters' .grad.
   virtual Tensor backward(const Tensor& grad_output, Saved& saved) = 0;
 
-  // This module's parameters and its children's, in a fixed order.
+  // This module's parameters, then its children's (depth first, in the order
+  // the children were added): a fixed order for a given architecture.
   std::vector<Parameter*> parameters();
   void train(bool training = true);  // also sets every child's mode
   void eval() { train(false); }

@@ -27,7 +27,10 @@ void CpuBackend::scale_(Tensor& x, float alpha) {
 void CpuBackend::axpy(float alpha, const Tensor& x, Tensor& y) {
   dispatch_float(x.dtype(), "axpy", [&](auto tag) {
     using T = decltype(tag);
-    cpu_for_each_index(x.numel(), Axpy<T>{x.data<T>(), y.data<T>(), alpha});
+    if (y.dtype() == x.dtype())
+      cpu_for_each_index(x.numel(), Axpy<T>{x.data<T>(), y.data<T>(), alpha});
+    else  // a low-precision x into an f32 y (checked by ops::axpy)
+      cpu_for_each_index(x.numel(), Axpy<T, float>{x.data<T>(), y.data<float>(), alpha});
   });
 }
 

@@ -29,7 +29,10 @@ void CudaBackend::axpy(float alpha, const Tensor& x, Tensor& y) {
   const cudaStream_t stream = cuda::device_stream(x);
   dispatch_float(x.dtype(), "axpy", [&](auto tag) {
     using T = decltype(tag);
-    cuda::for_each_index(x.numel(), Axpy<T>{x.data<T>(), y.data<T>(), alpha}, stream);
+    if (y.dtype() == x.dtype())
+      cuda::for_each_index(x.numel(), Axpy<T>{x.data<T>(), y.data<T>(), alpha}, stream);
+    else  // a low-precision x into an f32 y (checked by ops::axpy)
+      cuda::for_each_index(x.numel(), Axpy<T, float>{x.data<T>(), y.data<float>(), alpha}, stream);
   });
 }
 

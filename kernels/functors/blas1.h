@@ -31,13 +31,15 @@ struct Scale {
   TESSERA_HD void operator()(int64_t i) const { x[i] = from_float<T>(to_float(x[i]) * alpha); }
 };
 
-// y[i] += alpha·x[i].
-template <typename T>
+// y[i] += alpha·x[i]. Y is X (same dtype) or float: a low-precision x added
+// into an f32 accumulator (how modules add a bf16/f16 parameter gradient into
+// the f32 main gradient).
+template <typename X, typename Y = X>
 struct Axpy {
-  const T* x;
-  T* y;
+  const X* x;
+  Y* y;
   float alpha;
-  TESSERA_HD void operator()(int64_t i) const { y[i] = from_float<T>(to_float(y[i]) + alpha * to_float(x[i])); }
+  TESSERA_HD void operator()(int64_t i) const { y[i] = from_float<Y>(to_float(y[i]) + alpha * to_float(x[i])); }
 };
 
 // out[i] = a[i] + b[i] (out may be a or b: each element is read before it is written).

@@ -1,4 +1,6 @@
 // ops:: cast, scale_, axpy and add: argument checks, then the device's backend.
+// axpy also adds a bf16/f16 x into an f32 y (gradient accumulation); add
+// needs one dtype throughout.
 #include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "kernels/validate.h"
@@ -44,7 +46,11 @@ void scale_(Tensor& x, float alpha) {
 
 void axpy(float alpha, const Tensor& x, Tensor& y) {
   constexpr std::string_view op = "axpy";
-  check_like(op, {"x", x}, {"y", y});
+  detail::check_floating(op, {"x", x});
+  detail::check_floating(op, {"y", y});
+  TESSERA_CHECK(y.dtype() == x.dtype() || y.dtype() == DType::f32, op, ": 'y' must be ", dtype_name(x.dtype()),
+                " (the dtype of 'x') or f32 (an accumulator), got ", dtype_name(y.dtype()));
+  detail::check_numel(op, {"y", y}, x.numel());
   detail::check_same_device(op, {{"x", x}, {"y", y}});
   check_alias(op, {"y", y}, {"x", x});
   backend_for(x.device()).axpy(alpha, x, y);

@@ -212,6 +212,36 @@ TEST_P(Axpy, GpuMatchesCpu) {
   EXPECT_TRUE(all_close(y_gpu, y.tensor, device_tolerance(dtype)));
 }
 
+// A bf16/f16 (or f32) x added into an f32 y: how modules accumulate a
+// low-precision parameter gradient into its f32 main gradient. The inputs are
+// exact in f32, so one f32 multiply-add and one rounding: f32 tolerance.
+TEST_P(Axpy, IntoF32) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  auto rng = make_rng();
+  auto x = random_tensor(ctx, kLargeShape, dtype, rng, -4.0, 4.0);
+  auto y = random_tensor(ctx, Shape{kLargeShape.numel()}, DType::f32, rng, -4.0, 4.0);
+  const float alpha = 0.37f;
+  ops::axpy(alpha, x.tensor, y.tensor);
+  EXPECT_TRUE(all_close(y.tensor, sum_of(y.values, scaled(x.values, alpha)), forward_tolerance(DType::f32)));
+}
+
+TEST_P(Axpy, GpuIntoF32MatchesCpu) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  TESSERA_REQUIRE_GPU(ctx);
+  const Device gpu = Device::cuda(0);
+  auto rng = make_rng();
+  auto x = random_tensor(ctx, kLargeShape, dtype, rng, -4.0, 4.0);
+  auto y = random_tensor(ctx, kLargeShape, DType::f32, rng, -4.0, 4.0);
+  Tensor y_gpu = y.tensor.to(gpu);
+  ops::axpy(-1.3f, x.tensor, y.tensor);
+  ops::axpy(-1.3f, x.tensor.to(gpu), y_gpu);
+  EXPECT_TRUE(all_close(y_gpu, y.tensor, device_tolerance(DType::f32)));
+}
+
 INSTANTIATE_FLOAT_DTYPES(Axpy);
 
 class Add : public DtypeTest {};
@@ -282,7 +312,10 @@ TEST(Blas1Arguments, RejectsBadArguments) {
   EXPECT_THROW(ops::cast(x, short_y), Error);
   EXPECT_THROW(ops::scale_(ints, 2.0f), Error);
   EXPECT_THROW(ops::axpy(1.0f, x, short_y), Error);
-  EXPECT_THROW(ops::axpy(1.0f, x, bf16_y), Error);
+  EXPECT_THROW(ops::axpy(1.0f, x, bf16_y), Error);  // only a low-precision x into an f32 y mixes dtypes
+  Tensor f16_y = ctx.zeros(Shape{4, 5}, DType::f16);
+  EXPECT_THROW(ops::axpy(1.0f, bf16_y, f16_y), Error);
+  EXPECT_THROW(ops::axpy(1.0f, ints, x), Error);
   EXPECT_THROW(ops::add(x, bf16_y, bf16_y), Error);
   EXPECT_THROW(ops::add(x, x, short_y), Error);
   // Partial overlaps are refused; a cast into different bytes of the same storage is fine.

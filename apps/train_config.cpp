@@ -1,0 +1,161 @@
+// TrainConfig: flags, the TOML file, validation and the start-up echo.
+#include "apps/train_config.h"
+
+#include <filesystem>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace tessera::app {
+
+void add_train_options(CLI::App& command, TrainConfig& c) {
+  command.add_option("--config", c.config_file, "TOML file of settings (keys are flag names); flags override it")
+      ->check(CLI::ExistingFile);
+
+  const std::string model = "Model";
+  command.add_option("--model", c.model, "Model: mlp, cnn or gpt")
+      ->check(CLI::IsMember({"mlp", "cnn", "gpt"}))
+      ->group(model);
+  command.add_option("--hidden", c.hidden, "MLP hidden sizes, e.g. 1024,1024")->delimiter(',')->group(model);
+  command.add_option("--vocab-size", c.vocab_size, "GPT vocabulary size")->group(model);
+  command.add_option("--seq-length", c.seq_length, "GPT context length")->group(model);
+  command.add_option("--num-layers", c.num_layers, "GPT Transformer blocks")->group(model);
+  command.add_option("--num-heads", c.num_heads, "GPT attention heads")->group(model);
+  command.add_option("--hidden-size", c.hidden_size, "GPT model width")->group(model);
+  command.add_option("--ffn-hidden-size", c.ffn_hidden_size, "GPT MLP width (0: 4 x hidden size)")->group(model);
+  command.add_option("--hidden-dropout", c.hidden_dropout, "Dropout after attention and MLP (GPT)")->group(model);
+  command.add_flag("--recompute", c.recompute, "Recompute each Transformer block's activations in backward")
+      ->group(model);
+
+  const std::string data = "Data";
+  command.add_option("--data", c.data, "Training data: an HDF5 file made by `tessera prepare`")->group(data);
+  command.add_option("--eval-data", c.eval_data, "Held-out data for evaluation (same format)")->group(data);
+  command.add_flag("--synthetic", c.synthetic, "Random data of the model's shapes (smoke runs, benchmarks)")
+      ->group(data);
+
+  const std::string schedule = "Batches and schedule";
+  command.add_option("--micro-batch-size", c.micro_batch_size, "Samples per forward/backward pass")->group(schedule);
+  command.add_option("--global-batch-size", c.global_batch_size,
+                     "Samples per optimizer step (a multiple of the micro-batch size; 0: one micro-batch)")
+      ->group(schedule);
+  command.add_option("--train-steps", c.train_steps, "Optimizer steps to run")->group(schedule);
+  command.add_option("--epochs", c.epochs, "Passes over the training data (instead of --train-steps)")
+      ->group(schedule);
+  command.add_option("--optimizer", c.optimizer, "adamw or sgd")
+      ->check(CLI::IsMember({"adamw", "sgd"}))
+      ->group(schedule);
+  command.add_option("--lr", c.lr, "Peak learning rate")->group(schedule);
+  command.add_option("--min-lr", c.min_lr, "Learning rate at the end of the decay")->group(schedule);
+  command.add_option("--warmup-steps", c.warmup_steps, "Steps of linear warm-up from 0 to --lr")->group(schedule);
+  command.add_option("--lr-decay-style", c.lr_decay_style, "cosine or constant")
+      ->check(CLI::IsMember({"cosine", "constant"}))
+      ->group(schedule);
+  command.add_option("--weight-decay", c.weight_decay, "Decoupled (AdamW) or L2 (SGD) weight decay")
+      ->group(schedule);
+  command.add_option("--adam-beta1", c.adam_beta1)->group(schedule);
+  command.add_option("--adam-beta2", c.adam_beta2)->group(schedule);
+  command.add_option("--adam-eps", c.adam_eps)->group(schedule);
+  command.add_option("--sgd-momentum", c.sgd_momentum)->group(schedule);
+  command.add_flag("--nesterov", c.nesterov, "Nesterov momentum (SGD)")->group(schedule);
+  command.add_option("--clip-grad", c.clip_grad, "Clip the global gradient norm to this (0: off)")->group(schedule);
+  command.add_option("--max-skipped-steps", c.max_skipped_steps,
+                     "Consecutive steps with non-finite gradients before the run stops")
+      ->group(schedule);
+
+  const std::string machine = "Precision and machine";
+  command.add_option("--precision", c.precision, "fp32, bf16 (f32 master weights) or fp16 (with loss scaling)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->group(machine);
+  command.add_option("--device", c.device, "cpu, cuda or cuda:N")->group(machine);
+  command.add_option("--threads", c.threads, "CPU threads (0: OpenMP's default)")->group(machine);
+  command.add_option("--seed", c.seed, "Seed of initialisation, data order and dropout")->group(machine);
+
+  const std::string output = "Evaluation and output";
+  command.add_option("--eval-interval", c.eval_interval, "Steps between evaluations (0: every epoch and at the end)")
+      ->group(output);
+  command.add_option("--eval-iters", c.eval_iters, "Batches per evaluation (0: the whole eval set)")->group(output);
+  command.add_option("--log-interval", c.log_interval, "Steps between progress lines when not on a terminal")
+      ->group(output);
+  command.add_option("--metrics", c.metrics, "Write metrics as JSON lines to this file")->group(output);
+  command.add_option("--trace", c.trace, "Write a Chrome-trace (Perfetto) timeline to this file")->group(output);
+}
+
+void apply_config_file(CLI::App& command, TrainConfig& config) {
+  if (config.config_file.empty()) return;
+  std::vector<CLI::ConfigItem> items;
+  try {
+    items = CLI::ConfigTOML().from_file(config.config_file);
+  } catch (const CLI::Error& error) {
+    TESSERA_THROW("--config ", config.config_file, ": cannot read it as TOML: ", error.what());
+  }
+  for (const CLI::ConfigItem& item : items) {
+    if (item.name == "++" || item.name == "--") continue;  // CLI11's section markers
+    std::string name = item.name;
+    for (char& ch : name)
+      if (ch == '_') ch = '-';
+    CLI::Option* option = command.get_option_no_throw("--" + name);
+    TESSERA_CHECK(option != nullptr && name != "config", "--config ", config.config_file, ": unknown setting '",
+                  item.fullname(), "'; keys are the flags of `tessera train --help` without the dashes");
+    if (option->count() > 0) continue;  // given on the command line: the flag wins
+    try {
+      option->add_result(item.inputs);
+      option->run_callback();
+    } catch (const CLI::Error& error) {
+      TESSERA_THROW("--config ", config.config_file, ": bad value for '", item.name, "': ", error.what());
+    }
+  }
+}
+
+void validate(const TrainConfig& c) {
+  TESSERA_CHECK(c.synthetic || !c.data.empty(),
+                "no training data: give --data FILE (made by `tessera prepare`) or --synthetic");
+  TESSERA_CHECK(!(c.synthetic && !c.data.empty()), "--synthetic and --data exclude each other; pick one");
+  for (const std::string* path : {&c.data, &c.eval_data})
+    TESSERA_CHECK(path->empty() || std::filesystem::exists(*path), "data file ", *path,
+                  " does not exist; make it with `tessera prepare idx|text ... -o ", *path, "`");
+  TESSERA_CHECK(c.micro_batch_size > 0, "--micro-batch-size must be positive, got ", c.micro_batch_size);
+  TESSERA_CHECK(c.global_batch_size >= 0 && c.global_batch_size % c.micro_batch_size == 0,
+                "--global-batch-size ", c.global_batch_size, " is not a multiple of --micro-batch-size ",
+                c.micro_batch_size);
+  TESSERA_CHECK((c.train_steps > 0) != (c.epochs > 0),
+                "give exactly one of --train-steps N and --epochs E (both positive); got --train-steps ",
+                c.train_steps, " and --epochs ", c.epochs);
+  TESSERA_CHECK(!(c.synthetic && c.epochs > 0), "--synthetic data has no epochs: use --train-steps");
+  TESSERA_CHECK(c.lr > 0, "--lr must be positive, got ", c.lr);
+  TESSERA_CHECK(c.min_lr >= 0 && c.min_lr <= c.lr, "--min-lr ", c.min_lr, " must be in [0, --lr ", c.lr, "]");
+  TESSERA_CHECK(c.warmup_steps >= 0, "--warmup-steps must not be negative, got ", c.warmup_steps);
+  TESSERA_CHECK(c.weight_decay >= 0, "--weight-decay must not be negative, got ", c.weight_decay);
+  TESSERA_CHECK(c.clip_grad >= 0, "--clip-grad must not be negative (0 turns clipping off), got ", c.clip_grad);
+  TESSERA_CHECK(c.threads >= 0, "--threads must not be negative, got ", c.threads);
+  TESSERA_CHECK(c.eval_interval >= 0 && c.eval_iters >= 0 && c.log_interval > 0,
+                "--eval-interval and --eval-iters must not be negative and --log-interval must be positive");
+  TESSERA_CHECK(c.max_skipped_steps > 0, "--max-skipped-steps must be positive, got ", c.max_skipped_steps);
+  TESSERA_CHECK(c.hidden_dropout >= 0 && c.hidden_dropout < 1, "--hidden-dropout must be in [0, 1), got ",
+                c.hidden_dropout);
+}
+
+std::string describe(const TrainConfig& c) {
+  std::ostringstream out;
+  auto list = [](const std::vector<int64_t>& values) {
+    std::string text;
+    for (size_t i = 0; i < values.size(); ++i) text += (i ? "," : "") + std::to_string(values[i]);
+    return text;
+  };
+  out << "model=" << c.model;
+  if (c.model == "mlp") out << " hidden=" << list(c.hidden);
+  if (c.model == "gpt")
+    out << " vocab_size=" << c.vocab_size << " seq_length=" << c.seq_length << " num_layers=" << c.num_layers
+        << " num_heads=" << c.num_heads << " hidden_size=" << c.hidden_size << " ffn_hidden_size=" << c.ffn_hidden_size
+        << " hidden_dropout=" << c.hidden_dropout << " recompute=" << c.recompute;
+  out << "\ndata=" << (c.synthetic ? "synthetic" : c.data) << " eval_data=" << c.eval_data
+      << "\nmicro_batch_size=" << c.micro_batch_size << " global_batch_size=" << c.global_batch_size
+      << " train_steps=" << c.train_steps << " epochs=" << c.epochs << "\noptimizer=" << c.optimizer << " lr=" << c.lr
+      << " min_lr=" << c.min_lr << " warmup_steps=" << c.warmup_steps << " lr_decay_style=" << c.lr_decay_style
+      << " weight_decay=" << c.weight_decay << " clip_grad=" << c.clip_grad << "\nprecision=" << c.precision
+      << " device=" << c.device << " threads=" << c.threads << " seed=" << c.seed
+      << "\neval_interval=" << c.eval_interval << " eval_iters=" << c.eval_iters << " metrics=" << c.metrics
+      << " trace=" << c.trace;
+  return out.str();
+}
+
+}  // namespace tessera::app

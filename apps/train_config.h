@@ -1,0 +1,82 @@
+// TrainConfig: everything `tessera train` is told, from flags and a TOML file
+// (`--config FILE`; flags given on the command line win). Flag names follow
+// Megatron-LM where it has one (--micro-batch-size, --global-batch-size, --lr,
+// --min-lr, --weight-decay, --clip-grad, --eval-interval, --seed, --num-layers,
+// --hidden-size, ...). Parsed in one place, validated with messages that name
+// the flag, and echoed by rank 0.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tessera::app {
+
+struct TrainConfig {
+  // Model.
+  std::string model = "mlp";                  // --model mlp|cnn|gpt
+  std::vector<int64_t> hidden = {1024, 1024};  // --hidden (mlp)
+  int64_t vocab_size = 256;                   // gpt (checked against the dataset)
+  int64_t seq_length = 256;
+  int64_t num_layers = 4;
+  int64_t num_heads = 4;
+  int64_t hidden_size = 256;
+  int64_t ffn_hidden_size = 0;  // 0: 4 × hidden size
+  float hidden_dropout = 0.0f;
+  bool recompute = false;
+
+  // Data.
+  std::string data;       // prepared HDF5 file (tessera prepare ...)
+  std::string eval_data;  // held-out file; evaluation is skipped without one
+  bool synthetic = false;  // random inputs of the model's shapes (smoke runs, benchmarks)
+
+  // Batches and length of training.
+  int64_t micro_batch_size = 64;
+  int64_t global_batch_size = 0;  // 0: one micro-batch per step; otherwise a multiple (gradient accumulation)
+  int64_t train_steps = 0;        // one of --train-steps and --epochs
+  double epochs = 0;
+
+  // Optimizer and schedule.
+  std::string optimizer = "adamw";  // adamw | sgd
+  float lr = 1e-3f;
+  float min_lr = 0.0f;
+  int64_t warmup_steps = 0;
+  std::string lr_decay_style = "cosine";  // cosine | constant
+  float weight_decay = 0.0f;
+  float adam_beta1 = 0.9f, adam_beta2 = 0.999f, adam_eps = 1e-8f;
+  float sgd_momentum = 0.9f;
+  bool nesterov = false;
+  float clip_grad = 1.0f;  // 0 disables clipping
+  int64_t max_skipped_steps = 10;  // consecutive non-finite steps before the run stops
+
+  // Precision and machine.
+  std::string precision = "fp32";  // fp32 | bf16 | fp16
+  std::string device = "cpu";      // cpu | cuda | cuda:N
+  int threads = 0;                 // CPU threads; 0: OpenMP's default
+  uint64_t seed = 1234;
+
+  // Evaluation and output.
+  int64_t eval_interval = 0;  // steps between evaluations; 0: at the end of every epoch and at the end
+  int64_t eval_iters = 0;     // batches per evaluation; 0: the whole eval set
+  int64_t log_interval = 10;  // steps between plain progress lines when stdout is not a terminal
+  std::string metrics;        // JSON-lines metrics file
+  std::string trace;          // Chrome-trace/Perfetto timeline file
+  std::string config_file;    // --config
+};
+
+// Adds every flag to the `train` subcommand, bound to `config`.
+void add_train_options(CLI::App& command, TrainConfig& config);
+
+// Applies the TOML file named by --config (if any) to the options the command
+// line did not set; an unknown key or a bad value names the file and the key.
+void apply_config_file(CLI::App& command, TrainConfig& config);
+
+// Checks values that no single flag's validator can (combinations,
+// positivity); throws tessera::Error naming the flag and the fix.
+void validate(const TrainConfig& config);
+
+// "key=value" lines of every setting, for rank 0's start-up echo.
+std::string describe(const TrainConfig& config);
+
+}  // namespace tessera::app

@@ -1,0 +1,288 @@
+// Layers: the Modules that MLPs, CNNs and GPTs are built from, each an
+// explicit forward/backward over kernels/ops.h. Parameters are named
+// "<module name>.weight" / ".bias".
+//
+// Conventions shared by every layer here:
+//   - Activations (inputs, outputs, input gradients) are in the model's compute
+//     dtype (ModelSpec::dtype: f32, bf16 or f16); per-row statistics are f32.
+//   - Parameter gradients ACCUMULATE (+=) into the f32 Parameter::grad, so
+//     micro-batches add up; the trainer zeroes them once per optimizer step.
+//     Where an op can write f32 gradients itself (matmul_backward, bias_add_backward,
+//     embedding_backward on an f32 gradient), it accumulates directly; otherwise
+//     (conv, norms in bf16/f16) the gradient is computed in the compute dtype and
+//     added with ops::axpy into the f32 gradient.
+//   - A forward's outputs must not be modified in place before the matching
+//     backward (a layer may keep its output, e.g. Linear with ReLU).
+//   - backward releases what `saved` holds once it is used.
+//   - Default initialisation is PyTorch's (documented per layer); model builders
+//     re-initialise where a model prescribes otherwise (GPT-2).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/nn/module.h"
+#include "kernels/ops.h"
+
+namespace tessera::nn {
+
+// The dropout seed of one module in one pass: a 64-bit mix (splitmix64
+// finaliser, chained) of (pass.seed, name_stream(name), pass.step,
+// pass.micro_batch). The mask of element i is then
+//   keep(i) = philox_uniform(seed, ops::kDropoutRngStream, i) >= p   (offset 0),
+// a function of the pass and the module's name only: a recomputed forward and
+// its backward draw the same mask, and different steps, micro-batches and
+// modules draw independent ones.
+uint64_t dropout_seed(const Pass& pass, const std::string& name);
+
+// y = act(x·Wᵀ + b) over the last dimension: x [..., in] → y [..., out].
+// weight [out, in] (PyTorch's layout), bias [out]. The activation is fused into
+// the matmul epilogue; backward needs the value before it: for GELU the
+// pre-activation is saved, for ReLU the output itself (relu(z) > 0 exactly when
+// z > 0, and the output is kept anyway as the next layer's input).
+// Init (PyTorch): weight and bias uniform(±1/√in).
+class Linear : public Module {
+ public:
+  Linear(const ModelSpec& spec, std::string name, int64_t in_features, int64_t out_features, bool bias = true,
+         ops::Activation activation = ops::Activation::none);
+  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+
+  // False: backward returns no input gradient (the first layer of a network
+  // over data), saving one GEMM.
+  void set_input_grad(bool needed) { input_grad_ = needed; }
+  Parameter& weight() { return *weight_; }
+  Parameter* bias() { return bias_; }
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+
+ private:
+  int64_t in_, out_;
+  ops::Activation activation_;
+  bool input_grad_ = true;
+  Parameter* weight_;
+  Parameter* bias_ = nullptr;
+};
+
+// 2-D convolution, NCHW: x [N, C, H, W] → y [N, K, P, Q]; weight [K, C, R, R],
+// bias [K]. Init (PyTorch): uniform(±1/√(C·R·R)) for weight and bias.
+class Conv2d : public Module {
+ public:
+  Conv2d(const ModelSpec& spec, std::string name, int64_t in_channels, int64_t out_channels, int kernel_size,
+         int stride = 1, int padding = 0, bool bias = true);
+  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  void set_input_grad(bool needed) { input_grad_ = needed; }
+  Parameter& weight() { return *weight_; }
+  Parameter* bias() { return bias_; }
+
+ private:
+  ops::Conv2dParams params_;
+  bool input_grad_ = true;
+  Parameter* weight_;
+  Parameter* bias_ = nullptr;
+};
+
+// Max pooling, NCHW (stride defaults to the kernel size).
+class MaxPool2d : public Module {
+ public:
+  MaxPool2d(const ModelSpec& spec, std::string name, int kernel_size, int stride = 0, int padding = 0);
+  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+
+ private:
+  ops::Pool2dParams params_;
+};
+
+class ReLU : public Module {
+ public:
+  ReLU(const ModelSpec& spec, std::string name) : Module(spec, std::move(name)) {}
+  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+};
+
+// GELU, tanh approximation (ops::gelu_forward).
+class GELU : public Module {
+ public:
+  GELU(const ModelSpec& spec, std::string name) : Module(spec, std::move(name)) {}
+  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+};
+
+// LayerNorm over the last dimension: x [..., D]; weight [D] (init 1), bias [D] (init 0).
+class LayerNorm : public Module {
+ public:
+  LayerNorm(const ModelSpec& spec, std::string name, int64_t dim, float eps = 1e-5f, bool bias = true);
+  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  Parameter& weight() { return *weight_; }
+  Parameter* bias() { return bias_; }
+
+ private:
+  int64_t dim_;
+  float eps_;
+  Parameter* weight_;
+  Parameter* bias_ = nullptr;
+};
+
+// RMSNorm over the last dimension: x [..., D]; weight [D] (init 1).
+class RMSNorm : public Module {
+ public:
+  RMSNorm(const ModelSpec& spec, std::string name, int64_t dim, float eps = 1e-5f);
+  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  Parameter& weight() { return *weight_; }
+
+ private:
+  int64_t dim_;
+  float eps_;
+  Parameter* weight_;
+};
+
+// Dropout with probability p in [0, 1): in training, y = mask·x/(1 − p) with the
+// mask of dropout_seed(pass, name()) at offset 0; the identity in eval mode or
+// when p == 0 (the input tensor itself is returned).
+class Dropout : public Module {
+ public:
+  Dropout(const ModelSpec& spec, std::string name, float p);
+  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  float p() const { return p_; }
+
+ private:
+  float p_;
+};
+
+// Token embedding: ids [...] (i32/i64) → out [..., dim]; weight [vocab, dim].
+// Init (PyTorch): normal(0, 1). Returns no input gradient.
+class Embedding : public Module {
+ public:
+  Embedding(const ModelSpec& spec, std::string name, int64_t vocab_size, int64_t dim);
+  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  Parameter& weight() { return *weight_; }
+
+ private:
+  int64_t vocab_, dim_;
+  Parameter* weight_;
+};
+
+// Learned positions: x [B, T, C] → x + weight[t] for t < T; weight [max_tokens, C].
+// Init (PyTorch's Embedding): normal(0, 1). The input gradient passes through.
+class PositionEmbedding : public Module {
+ public:
+  PositionEmbedding(const ModelSpec& spec, std::string name, int64_t max_tokens, int64_t dim);
+  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  Parameter& weight() { return *weight_; }
+
+ private:
+  int64_t max_tokens_, dim_;
+  Parameter* weight_;
+};
+
+// [N, ...] → [N, rest] (a view).
+class Flatten : public Module {
+ public:
+  Flatten(const ModelSpec& spec, std::string name) : Module(spec, std::move(name)) {}
+  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+};
+
+// Converts a floating input (e.g. f32 images) to the model's compute dtype;
+// the identity when it already has it. Backward casts the gradient back.
+class InputCast : public Module {
+ public:
+  InputCast(const ModelSpec& spec, std::string name) : Module(spec, std::move(name)) {}
+  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+};
+
+// Causal multi-head self-attention: x [B, T, C] → qkv = Linear(C → 3C) viewed
+// as [B, T, 3, H, C/H] → ops::attention → proj Linear(C → C) → Dropout(p).
+// Children: "<name>.qkv", "<name>.proj", "<name>.dropout".
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(const ModelSpec& spec, std::string name, int64_t hidden, int64_t heads, float dropout = 0.0f);
+  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  Linear& qkv() { return *qkv_; }
+  Linear& proj() { return *proj_; }
+
+ private:
+  int64_t hidden_, heads_;
+  Linear* qkv_;
+  Linear* proj_;
+  Dropout* dropout_;
+};
+
+// x [..., C] → fc Linear(C → F, fused GELU) → proj Linear(F → C) → Dropout(p).
+// Children: "<name>.fc", "<name>.proj", "<name>.dropout".
+class MlpBlock : public Module {
+ public:
+  MlpBlock(const ModelSpec& spec, std::string name, int64_t hidden, int64_t ffn_hidden, float dropout = 0.0f);
+  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  Linear& fc() { return *fc_; }
+  Linear& proj() { return *proj_; }
+
+ private:
+  Linear* fc_;
+  Linear* proj_;
+  Dropout* dropout_;
+};
+
+// Pre-LN transformer block on x [B, T, C]:
+//   h = x + attn(ln1(x)),  y = h + mlp(ln2(h)).
+// Children: "<name>.ln1", "<name>.attn", "<name>.ln2", "<name>.mlp".
+// With `recompute`, forward keeps only its input (and the pass); backward
+// re-runs the same forward into a fresh Saved, then the ordinary backward, so
+// its gradients are bit-identical to recompute off, at the cost of one more
+// forward.
+class TransformerBlock : public Module {
+ public:
+  TransformerBlock(const ModelSpec& spec, std::string name, int64_t hidden, int64_t heads, int64_t ffn_hidden,
+                   float dropout = 0.0f, bool recompute = false);
+  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  void set_recompute(bool recompute) { recompute_ = recompute; }
+  bool recompute() const { return recompute_; }
+  LayerNorm& ln1() { return *ln1_; }
+  LayerNorm& ln2() { return *ln2_; }
+  CausalSelfAttention& attn() { return *attn_; }
+  MlpBlock& mlp() { return *mlp_; }
+
+ private:
+  Tensor forward_all(const Tensor& input, Saved& saved, const Pass& pass);  // keeps everything
+  Tensor backward_all(const Tensor& grad_output, Saved& saved);
+
+  bool recompute_;
+  LayerNorm* ln1_;
+  CausalSelfAttention* attn_;
+  LayerNorm* ln2_;
+  MlpBlock* mlp_;
+};
+
+// Children run in the order added; saved.child(i) holds child i's state. A
+// child whose backward returns no input gradient (an undefined Tensor) ends
+// the backward pass: the children before it must have nothing to learn.
+class Sequential : public Module {
+ public:
+  Sequential(const ModelSpec& spec, std::string name) : Module(spec, std::move(name)) {}
+  template <typename M, typename... Args>
+  M& add(Args&&... args) {
+    M& child = add_child<M>(std::forward<Args>(args)...);
+    layers_.push_back(&child);
+    return child;
+  }
+  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  size_t size() const { return layers_.size(); }
+  Module& operator[](size_t index) { return *layers_.at(index); }
+
+ private:
+  std::vector<Module*> layers_;
+};
+
+}  // namespace tessera::nn

@@ -1,0 +1,47 @@
+// Losses for training and counts for evaluation: cross-entropy over logits
+// with an ignore index (mean over the counted targets, backward written in
+// place into the logits), and top-1 accuracy counting for classifiers.
+#pragma once
+
+#include <cstdint>
+
+#include "core/nn/module.h"
+#include "core/tensor.h"
+
+namespace tessera::nn {
+
+struct LossValue {
+  double loss = 0.0;  // mean over the counted (non-ignored) targets; 0 when none is counted
+  int64_t count = 0;  // targets counted
+};
+
+// Cross-entropy of logits [N, V] or [B, T, V] (f32, bf16 or f16) against
+// targets [N] or [B, T] (i32/i64, same device). The log-softmax is fused and
+// computed in f32; per-row losses are summed in f32 and returned as a double.
+// The count is read from the targets on the host (one small copy; the loss
+// value is read back anyway). A target outside [0, V) that is not
+// ignore_index gives a NaN loss.
+class CrossEntropyLoss {
+ public:
+  explicit CrossEntropyLoss(int64_t ignore_index = -100) : ignore_index_(ignore_index) {}
+
+  // Keeps the per-row logsumexp and the count in `saved` for backward.
+  LossValue forward(const Tensor& logits, const Tensor& targets, Saved& saved) const;
+  // Overwrites `logits` with d(scale·loss)/d(logits), loss being the mean that
+  // forward returned (scale: 1/num_micro_batches, times the loss scale under
+  // mixed precision). Ignored rows get zero gradient.
+  void backward(Tensor& logits, const Tensor& targets, float scale, Saved& saved) const;
+
+  int64_t ignore_index() const { return ignore_index_; }
+
+ private:
+  int64_t ignore_index_;
+};
+
+// Number of rows whose argmax over the last dimension (the first maximum on a
+// tie) equals the target, skipping ignore_index targets. logits [N, C] or
+// [..., C]; targets [N] or [...] i32/i64. For evaluation: a host loop over a
+// host copy of the logits (classifier logits are small).
+int64_t count_correct(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+
+}  // namespace tessera::nn

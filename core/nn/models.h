@@ -1,0 +1,87 @@
+// Models: the configuration the CLI fills (ModelConfig, validated with
+// messages that name the flag), and build_model, which turns it into a Module:
+//
+//   mlp  InputCast → Flatten → [Linear + fused ReLU]* → Linear(num_classes)
+//        parameters "layers.<i>.weight/bias"; PyTorch's Linear init
+//        (uniform ±1/√fan_in for weights and biases).
+//   cnn  (LeNet-style, for 28×28-ish images) InputCast → conv1 5×5·32 pad 2 →
+//        ReLU → maxpool 2 → conv2 5×5·64 pad 2 → ReLU → maxpool 2 → Flatten →
+//        fc1 1024 + fused ReLU → fc2 num_classes; PyTorch's default init.
+//   gpt  ids [B, T] (i32/i64) → wte [V, C] + wpe [T, C] → dropout → blocks.<i>
+//        (pre-LN TransformerBlock) → ln_f → logits [B, T, V] = x·wteᵀ (tied:
+//        wte gets gradients from both uses). GPT-2 init: normal(0, 0.02) for
+//        weights and embeddings, zero biases, unit norm weights, and the
+//        residual projections (attn.proj, mlp.proj) normal(0, 0.02/√(2·layers)).
+//
+// Weight decay is on for matrices and embeddings, off for biases and norm weights.
+// Inputs of mlp/cnn are [N, C, H, W] (or [N, C·H·W] for the mlp) in any
+// floating dtype; logits come out in the model's compute dtype.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/nn/layers.h"
+#include "core/nn/module.h"
+
+namespace tessera::nn {
+
+struct ModelConfig {
+  std::string kind = "mlp";  // "mlp" | "cnn" | "gpt"  (--model)
+
+  // mlp: hidden layer widths (--hidden 1024,1024).
+  std::vector<int64_t> hidden{1024, 1024};
+  // mlp, cnn: the dataset's input shape (C, H, W) and number of classes.
+  int64_t channels = 1, height = 28, width = 28;
+  int64_t num_classes = 10;
+
+  // gpt
+  int64_t vocab_size = 256;     // --vocab-size (from the dataset)
+  int64_t seq_length = 256;     // --seq-length: the longest sequence (positions in wpe)
+  int64_t num_layers = 4;       // --num-layers
+  int64_t num_heads = 4;        // --num-heads
+  int64_t hidden_size = 256;    // --hidden-size
+  int64_t ffn_hidden_size = 0;  // --ffn-hidden-size; 0 means 4·hidden_size
+  float dropout = 0.0f;         // --dropout (embeddings, attention and MLP outputs)
+  bool recompute = false;       // --recompute: blocks keep only their input and recompute in backward
+
+  int64_t ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
+  // Throws tessera::Error naming the flag and the value at fault.
+  void validate() const;
+};
+
+// The GPT of the header comment.
+class Gpt : public Module {
+ public:
+  Gpt(const ModelConfig& config, const ModelSpec& spec);
+  // ids [B, T] with T ≤ seq_length → logits [B, T, V] in the compute dtype.
+  Tensor forward(const Tensor& ids, Saved& saved, const Pass& pass) override;
+  // grad_logits [B, T, V]; returns an undefined Tensor (ids have no gradient).
+  Tensor backward(const Tensor& grad_logits, Saved& saved) override;
+
+  void set_recompute(bool recompute);
+  Embedding& wte() { return *wte_; }
+  PositionEmbedding& wpe() { return *wpe_; }
+  TransformerBlock& block(size_t index) { return *blocks_.at(index); }
+  size_t num_blocks() const { return blocks_.size(); }
+  LayerNorm& ln_f() { return *ln_f_; }
+
+ private:
+  ModelConfig config_;
+  Embedding* wte_;
+  PositionEmbedding* wpe_;
+  Dropout* dropout_;
+  std::vector<TransformerBlock*> blocks_;
+  LayerNorm* ln_f_;
+};
+
+// Validates `config` and builds the model with its parameters on spec.device
+// in spec.dtype (a Sequential for mlp/cnn, a Gpt for gpt).
+std::unique_ptr<Module> build_model(const ModelConfig& config, const ModelSpec& spec);
+
+// Total number of parameter elements.
+int64_t parameter_count(Module& model);
+
+}  // namespace tessera::nn

@@ -1,0 +1,69 @@
+// Module and Saved: parameter creation and naming, the parameter walk, the
+// train/eval switch, and the initialisers that make a parameter's values a
+// function of (seed, name, element index) only.
+#include "core/nn/module.h"
+
+#include "core/context.h"
+
+namespace tessera::nn {
+
+Saved& Saved::child(size_t index) {
+  if (children.size() <= index) children.resize(index + 1);
+  return children[index];
+}
+
+void Saved::clear() {
+  tensors.clear();
+  scalars.clear();
+  children.clear();
+}
+
+Module::Module(const ModelSpec& spec, std::string name) : spec_(spec), name_(std::move(name)) {
+  TESSERA_CHECK(spec_.context != nullptr, "module '", name_,
+                "': ModelSpec.context is null; pass the Context that will own the parameters");
+  TESSERA_CHECK(is_floating(spec_.dtype), "module '", name_, "': the model dtype must be f32, bf16 or f16, got ",
+                dtype_name(spec_.dtype));
+}
+
+std::vector<Parameter*> Module::parameters() {
+  std::vector<Parameter*> out;
+  for (const auto& p : parameters_) out.push_back(p.get());
+  for (const auto& child : children_) {
+    const std::vector<Parameter*> inner = child->parameters();
+    out.insert(out.end(), inner.begin(), inner.end());
+  }
+  return out;
+}
+
+void Module::train(bool training) {
+  training_ = training;
+  for (const auto& child : children_) child->train(training);
+}
+
+Parameter& Module::add_parameter(const std::string& local, const Shape& shape, bool weight_decay) {
+  const std::string full = child_name(local);
+  for (const auto& p : parameters_)
+    TESSERA_CHECK(p->name != full, "module '", name_, "': parameter '", full, "' is created twice");
+  Context& ctx = context();
+  auto p = std::make_unique<Parameter>();
+  p->name = full;
+  p->value = ctx.empty(shape, spec_.dtype, spec_.device);
+  p->grad = ctx.zeros(shape, DType::f32, spec_.device);
+  p->weight_decay = weight_decay;
+  parameters_.push_back(std::move(p));
+  return *parameters_.back();
+}
+
+void Module::init_normal(Parameter& p, float stddev) {
+  p.value.normal_at_(spec_.seed, name_stream(p.name), 0, 0.0f, stddev);
+}
+
+void Module::init_uniform(Parameter& p, float bound) {
+  p.value.uniform_at_(spec_.seed, name_stream(p.name), 0, -bound, bound);
+}
+
+void Module::init_constant(Parameter& p, float value) {
+  p.value.fill_(double(value));
+}
+
+}  // namespace tessera::nn

@@ -1,0 +1,288 @@
+// Dataset preparation: IDX (MNIST format, plain or gzip) to a classification
+// file, text files to a byte-level token stream with a held-out tail.
+#include "io/prepare.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <system_error>
+
+#include "core/error.h"
+#include "io/hdf5_file.h"
+
+namespace tessera::io {
+namespace {
+
+constexpr int64_t kImagesPerChunk = 4096;              // IDX images converted per write
+constexpr int64_t kTextChunkBytes = int64_t(1) << 20;  // text bytes read per write
+
+void report(const PrepareProgress& progress, std::string_view stage, int64_t done, int64_t total) {
+  if (progress) progress(stage, done, total);
+}
+
+// Writes go to "<path>.partial", renamed onto `path` by commit(); removed if
+// the preparation fails first.
+class PartialFile {
+ public:
+  explicit PartialFile(std::string path) : path_(std::move(path)), partial_(path_ + ".partial") {}
+  ~PartialFile() {
+    if (!committed_) {
+      std::error_code ignored;
+      std::filesystem::remove(partial_, ignored);
+    }
+  }
+  PartialFile(const PartialFile&) = delete;
+  PartialFile& operator=(const PartialFile&) = delete;
+
+  const std::string& partial() const { return partial_; }
+  void commit() {
+    std::error_code error;
+    std::filesystem::rename(partial_, path_, error);
+    TESSERA_CHECK(!error, "cannot rename ", partial_, " to ", path_, ": ", error.message());
+    committed_ = true;
+  }
+
+ private:
+  std::string path_, partial_;
+  bool committed_ = false;
+};
+
+void check_input_file(const std::string& path, const char* what) {
+  std::error_code error;
+  TESSERA_CHECK(std::filesystem::exists(path, error), what, " ", path, " does not exist; check the path");
+  TESSERA_CHECK(std::filesystem::is_regular_file(path, error), what, " ", path, " is not a regular file");
+}
+
+// Reads an IDX file, decompressing it when it is gzip (zlib detects the gzip
+// magic 1f 8b and reads other files as they are).
+class IdxReader {
+ public:
+  IdxReader(std::string path, const char* flag) : path_(std::move(path)), flag_(flag) {
+    check_input_file(path_, flag_);
+    file_ = gzopen(path_.c_str(), "rb");
+    TESSERA_CHECK(file_ != nullptr, "cannot open ", flag_, " ", path_, ": ", std::strerror(errno));
+    gzbuffer(file_, 1 << 18);
+  }
+  ~IdxReader() {
+    if (file_) gzclose(file_);
+  }
+  IdxReader(const IdxReader&) = delete;
+  IdxReader& operator=(const IdxReader&) = delete;
+
+  const std::string& path() const { return path_; }
+
+  // Reads exactly `bytes` bytes; a short read is a truncated or corrupt file.
+  void read(void* out, int64_t bytes, const char* what) {
+    auto* cursor = static_cast<char*>(out);
+    int64_t done = 0;
+    while (done < bytes) {
+      const unsigned request = unsigned(std::min<int64_t>(bytes - done, int64_t(1) << 30));
+      const int got = gzread(file_, cursor + done, request);
+      if (got < 0) {
+        int code = 0;
+        const char* message = gzerror(file_, &code);
+        TESSERA_THROW(flag_, " ", path_, ": cannot read ", what, ": ", message,
+                      " (corrupt gzip data? download the file again)");
+      }
+      if (got == 0) break;
+      done += got;
+    }
+    TESSERA_CHECK(done == bytes, flag_, " ", path_, " ends after ", done, " of the ", bytes, " bytes of ", what,
+                  ": the file is truncated; download it again");
+  }
+
+  // True if bytes remain after what was read.
+  bool has_more() {
+    char extra;
+    return gzread(file_, &extra, 1) == 1;
+  }
+
+  // The IDX header: magic (0, 0, type, rank) then `rank` big-endian sizes.
+  std::vector<int64_t> read_header(int expected_rank, const char* content) {
+    uint8_t magic[4];
+    read(magic, 4, "the IDX magic number");
+    const uint32_t value = uint32_t(magic[0]) << 24 | uint32_t(magic[1]) << 16 | uint32_t(magic[2]) << 8 | magic[3];
+    const uint32_t expected = 0x0800u | uint32_t(expected_rank);
+    if (value != expected) {
+      char text[64];
+      std::snprintf(text, sizeof text, "0x%08x, expected 0x%08x", value, expected);
+      TESSERA_THROW(flag_, " ", path_, ": IDX magic number is ", text, " (unsigned bytes, ", expected_rank,
+                    "-D: ", content, "); ",
+                    value == 0x0801u || value == 0x0803u ? "were --images and --labels swapped?"
+                                                         : "is this an IDX file (e.g. train-images-idx3-ubyte.gz)?");
+    }
+    std::vector<int64_t> dims(static_cast<size_t>(expected_rank));
+    for (auto& dim : dims) {
+      uint8_t bytes[4];
+      read(bytes, 4, "the IDX header");
+      dim = int64_t(uint32_t(bytes[0]) << 24 | uint32_t(bytes[1]) << 16 | uint32_t(bytes[2]) << 8 | bytes[3]);
+    }
+    return dims;
+  }
+
+ private:
+  std::string path_;
+  const char* flag_;
+  gzFile file_ = nullptr;
+};
+
+void write_root_attributes(const std::string& path, hid_t file, const char* kind) {
+  write_int64_attribute(path, file, "tessera_schema", kSchemaVersion);
+  write_string_attribute(path, file, "kind", kind);
+}
+
+}  // namespace
+
+DatasetInfo prepare_idx(const std::string& images_idx, const std::string& labels_idx, const std::string& out_h5,
+                        const PrepareProgress& progress, int64_t num_classes) {
+  TESSERA_CHECK(num_classes >= 0, "prepare idx: --num-classes is ", num_classes,
+                "; give a positive count, or 0 to use the largest label + 1");
+  IdxReader image_file(images_idx, "--images");
+  IdxReader label_file(labels_idx, "--labels");
+  const std::vector<int64_t> image_dims = image_file.read_header(3, "images [N, H, W]");
+  const std::vector<int64_t> label_dims = label_file.read_header(1, "labels [N]");
+  const int64_t count = image_dims[0], height = image_dims[1], width = image_dims[2];
+  TESSERA_CHECK(count == label_dims[0], "prepare idx: --images ", images_idx, " holds ", count, " images but --labels ",
+                labels_idx, " holds ", label_dims[0], " labels; pass the matching pair (e.g. t10k-images with ",
+                "t10k-labels)");
+  TESSERA_CHECK(count > 0 && height > 0 && width > 0, "prepare idx: --images ", images_idx, " has shape [", count, ", ",
+                height, ", ", width, "]; every size must be at least 1");
+
+  // Labels first: they are small, and num_classes must be known before writing.
+  report(progress, "labels", 0, count);
+  std::vector<uint8_t> label_bytes(static_cast<size_t>(count));
+  label_file.read(label_bytes.data(), count, "the labels");
+  TESSERA_CHECK(!label_file.has_more(), "--labels ", labels_idx, " has data after its ", count,
+                " labels; is it an IDX label file?");
+  const int64_t largest = *std::max_element(label_bytes.begin(), label_bytes.end());
+  if (num_classes == 0) num_classes = largest + 1;
+  TESSERA_CHECK(largest < num_classes, "prepare idx: --labels ", labels_idx, " holds label ", largest,
+                " but --num-classes is ", num_classes, "; raise --num-classes or omit it");
+  const std::vector<int64_t> labels(label_bytes.begin(), label_bytes.end());
+  report(progress, "labels", count, count);
+
+  PartialFile output(out_h5);
+  {
+    const std::string& path = output.partial();
+    Hdf5QuietErrors quiet;
+    Hdf5Handle file = create_hdf5_file(path);
+    const int64_t image_shape[] = {count, 1, height, width};
+    Hdf5Handle images = create_dataset(path, file.get(), "images", H5T_STD_U8LE, image_shape);
+    const int64_t label_shape[] = {count};
+    Hdf5Handle label_set = create_dataset(path, file.get(), "labels", H5T_STD_I64LE, label_shape);
+    write_rows(path, label_set.get(), 0, count, H5T_NATIVE_INT64, labels.data());
+
+    const int64_t image_bytes = height * width;
+    std::vector<uint8_t> chunk(size_t(std::min(count, kImagesPerChunk) * image_bytes));
+    report(progress, "images", 0, count);
+    for (int64_t begin = 0; begin < count; begin += kImagesPerChunk) {
+      const int64_t rows = std::min(kImagesPerChunk, count - begin);
+      image_file.read(chunk.data(), rows * image_bytes, "the images");
+      write_rows(path, images.get(), begin, rows, H5T_NATIVE_UINT8, chunk.data());
+      report(progress, "images", begin + rows, count);
+    }
+    TESSERA_CHECK(!image_file.has_more(), "--images ", images_idx, " has data after its ", count,
+                  " images; is it an IDX image file?");
+    write_root_attributes(path, file.get(), "classification");
+    write_int64_attribute(path, file.get(), "num_classes", num_classes);
+    TESSERA_HDF5_CHECK_AT(path, H5Fflush(file.get(), H5F_SCOPE_GLOBAL));
+  }
+  output.commit();
+  return inspect_dataset(out_h5);
+}
+
+int64_t text_eval_tokens(int64_t total, double eval_fraction) {
+  return int64_t(std::floor(double(total) * eval_fraction));
+}
+
+TextPrepareResult prepare_text(const std::vector<std::string>& files, const std::string& out_h5,
+                               const std::string& eval_out_h5, double eval_fraction, const PrepareProgress& progress) {
+  TESSERA_CHECK(!files.empty(), "prepare text: no input files; pass one or more text files");
+  TESSERA_CHECK(eval_fraction >= 0.0 && eval_fraction < 1.0, "prepare text: --eval-fraction is ", eval_fraction,
+                "; it must be in [0, 1)");
+  TESSERA_CHECK(!eval_out_h5.empty() || eval_fraction == 0.0, "prepare text: --eval-fraction ", eval_fraction,
+                " holds bytes out but no eval file was given; pass --eval-output FILE");
+  if (!eval_out_h5.empty()) {
+    TESSERA_CHECK(eval_fraction > 0.0, "prepare text: --eval-output ", eval_out_h5,
+                  " was given with --eval-fraction 0; give a fraction in (0, 1)");
+    std::error_code error;
+    TESSERA_CHECK(eval_out_h5 != out_h5 && !std::filesystem::equivalent(eval_out_h5, out_h5, error),
+                  "prepare text: -o and --eval-output are the same file (", out_h5, "); give two names");
+  }
+
+  std::vector<int64_t> sizes;
+  int64_t total = 0;
+  for (const std::string& file : files) {
+    check_input_file(file, "text file");
+    sizes.push_back(int64_t(std::filesystem::file_size(file)));
+    total += sizes.back();
+  }
+  const int64_t eval_count = eval_out_h5.empty() ? 0 : text_eval_tokens(total, eval_fraction);
+  const int64_t train_count = total - eval_count;
+  TESSERA_CHECK(train_count >= 2, "prepare text: the input holds ", total, " bytes, leaving ", train_count,
+                " for training; at least 2 are needed (give more text or a smaller --eval-fraction)");
+  TESSERA_CHECK(eval_out_h5.empty() || eval_count >= 2, "prepare text: --eval-fraction ", eval_fraction, " of ", total,
+                " bytes holds out ", eval_count, "; at least 2 are needed (give more text or a larger fraction)");
+
+  Hdf5QuietErrors quiet;
+  PartialFile train_output(out_h5);
+  std::optional<PartialFile> eval_output;
+  if (!eval_out_h5.empty()) eval_output.emplace(eval_out_h5);
+  {
+    const std::string& train_path = train_output.partial();
+    Hdf5Handle train_file = create_hdf5_file(train_path);
+    const int64_t train_shape[] = {train_count};
+    Hdf5Handle train_tokens = create_dataset(train_path, train_file.get(), "tokens", H5T_STD_U8LE, train_shape);
+    Hdf5Handle eval_file, eval_tokens;
+    if (eval_output) {
+      eval_file = create_hdf5_file(eval_output->partial());
+      const int64_t eval_shape[] = {eval_count};
+      eval_tokens = create_dataset(eval_output->partial(), eval_file.get(), "tokens", H5T_STD_U8LE, eval_shape);
+    }
+
+    std::vector<char> chunk(size_t(std::min(kTextChunkBytes, total)));
+    int64_t position = 0;  // in the concatenated stream
+    report(progress, "text", 0, total);
+    for (size_t index = 0; index < files.size(); ++index) {
+      std::ifstream in(files[index], std::ios::binary);
+      TESSERA_CHECK(in, "cannot open text file ", files[index], ": ", std::strerror(errno));
+      int64_t file_done = 0;
+      while (file_done < sizes[index]) {
+        const int64_t want = std::min<int64_t>(int64_t(chunk.size()), sizes[index] - file_done);
+        in.read(chunk.data(), want);
+        TESSERA_CHECK(in.gcount() == want, "text file ", files[index], " ended after ", file_done + in.gcount(),
+                      " of its ", sizes[index], " bytes; did it change while being read?");
+        // Split the chunk at the train/eval boundary.
+        const int64_t to_train = std::clamp<int64_t>(train_count - position, 0, want);
+        write_rows(train_path, train_tokens.get(), position, to_train, H5T_NATIVE_UINT8, chunk.data());
+        if (want > to_train)
+          write_rows(eval_output->partial(), eval_tokens.get(), position + to_train - train_count, want - to_train,
+                     H5T_NATIVE_UINT8, chunk.data() + to_train);
+        position += want;
+        file_done += want;
+        report(progress, "text", position, total);
+      }
+    }
+    write_root_attributes(train_path, train_file.get(), "tokens");
+    write_int64_attribute(train_path, train_file.get(), "vocab_size", 256);
+    if (eval_output) {
+      write_root_attributes(eval_output->partial(), eval_file.get(), "tokens");
+      write_int64_attribute(eval_output->partial(), eval_file.get(), "vocab_size", 256);
+    }
+  }
+  train_output.commit();
+  if (eval_output) eval_output->commit();
+  TextPrepareResult result;
+  result.train = inspect_dataset(out_h5);
+  if (eval_output) result.eval = inspect_dataset(eval_out_h5);
+  return result;
+}
+
+}  // namespace tessera::io
