@@ -2,6 +2,8 @@
 // a terminal progress line, and a summary of what was written.
 #include "apps/prepare_command.h"
 
+#include <filesystem>
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -71,17 +73,20 @@ void register_prepare_command(CLI::App& app, int& exit_code) {
   text->add_option("files", text_arguments->files, "Text files, concatenated in this order")->required();
   text->add_option("-o,--output", text_arguments->output, "The training HDF5 file to write")->required();
   text->add_option("--eval-output", text_arguments->eval_output,
-                   "The evaluation HDF5 file: the last --eval-fraction of the bytes");
-  auto* fraction = text->add_option("--eval-fraction", text_arguments->eval_fraction,
-                                    "Fraction of the bytes (the tail) held out when --eval-output is given")
-                       ->capture_default_str();
-  text->callback([text_arguments, fraction, &exit_code] {
-    const TextArguments& args = *text_arguments;
-    // The default fraction applies only with an eval file; an explicit one
-    // without it is passed on, and refused with a message saying what is missing.
-    const double eval_fraction = args.eval_output.empty() && fraction->count() == 0 ? 0.0 : args.eval_fraction;
+                   "The evaluation HDF5 file: the last --eval-fraction of the bytes (default: the output's name "
+                   "with .eval.h5)");
+  text->add_option("--eval-fraction", text_arguments->eval_fraction,
+                   "Fraction of the bytes (the tail) held out for evaluation; 0: no eval file")
+      ->capture_default_str();
+  text->callback([text_arguments, &exit_code] {
+    TextArguments args = *text_arguments;
+    // A held-out split by default: out.h5 -> out.eval.h5.
+    if (args.eval_output.empty() && args.eval_fraction > 0) {
+      const std::filesystem::path out(args.output);
+      args.eval_output = (out.parent_path() / (out.stem().string() + ".eval.h5")).string();
+    }
     const io::TextPrepareResult result =
-        io::prepare_text(args.files, args.output, args.eval_output, eval_fraction, terminal_progress());
+        io::prepare_text(args.files, args.output, args.eval_output, args.eval_fraction, terminal_progress());
     std::printf("wrote %s: %s\n", result.train.path.c_str(), result.train.describe().c_str());
     if (!result.eval.path.empty())
       std::printf("wrote %s: %s\n", result.eval.path.c_str(), result.eval.describe().c_str());

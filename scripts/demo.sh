@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# Installs dependencies (PyTorch included, for comparison), builds, then runs
-# the main job: the kernel self-check on every device here and the GEMM
-# benchmark beside OpenBLAS and PyTorch. Until training lands, this is the
-# most complete thing Tessera does end to end.
+# The README's first command: installs dependencies, builds, prepares
+# Fashion-MNIST (Debian's dataset-fashion-mnist) and trains the MLP
+# 784-1024-1024-10 on it for a few hundred steps with evaluation, then draws
+# the curves. Everything it writes goes to runs/demo/ (and runs/data/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh --with-benchmarks
+scripts/install-deps.sh
 scripts/build.sh
-build/bin/tessera info
-build/bin/tessera selfcheck
-build/bin/benchmarks/gemm
-# Debian's python3-torch lives in the system interpreter, whatever python3 is first on PATH.
-/usr/bin/python3 benchmarks/gemm_torch.py
+tessera=build/bin/tessera
+fmnist=/usr/share/datasets/fashion-mnist
+mkdir -p runs/data runs/demo
+[[ -f runs/data/fashion-mnist-train.h5 ]] || $tessera prepare idx --images $fmnist/train-images-idx3-ubyte.gz \
+  --labels $fmnist/train-labels-idx1-ubyte.gz -o runs/data/fashion-mnist-train.h5
+[[ -f runs/data/fashion-mnist-test.h5 ]] || $tessera prepare idx --images $fmnist/t10k-images-idx3-ubyte.gz \
+  --labels $fmnist/t10k-labels-idx1-ubyte.gz -o runs/data/fashion-mnist-test.h5
+$tessera train --model mlp --hidden 1024,1024 \
+  --data runs/data/fashion-mnist-train.h5 --eval-data runs/data/fashion-mnist-test.h5 \
+  --micro-batch-size 128 --train-steps 400 --lr 1e-3 --warmup-steps 20 --eval-interval 100 \
+  --metrics runs/demo/metrics.jsonl --trace runs/demo/trace.json
+$tessera plot runs/demo/metrics.jsonl -o runs/demo/curves.svg
+echo "demo: metrics in runs/demo/metrics.jsonl, curves in runs/demo/curves.svg, timeline in runs/demo/trace.json"

@@ -1,0 +1,208 @@
+// The trainer end to end, in-process: a short real run on Fashion-MNIST,
+// gradient accumulation against one bigger batch, the TOML config file, and
+// the errors a user meets with bad flags or data.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "apps/train_config.h"
+#include "apps/trainer.h"
+#include "io/metrics.h"
+#include "io/prepare.h"
+#include "tests/support/test_support.h"
+
+namespace tessera::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path kFashionMnist = "/usr/share/datasets/fashion-mnist";
+
+// A scratch directory removed at the end of the test.
+struct ScratchDir {
+  ScratchDir() : path(fs::temp_directory_path() / ("tessera_train_" + std::to_string(::getpid()) + "_" +
+                                                   ::testing::UnitTest::GetInstance()->current_test_info()->name())) {
+    fs::create_directories(path);
+  }
+  ~ScratchDir() { fs::remove_all(path); }
+  fs::path path;
+};
+
+// Fashion-MNIST's training and test sets prepared into `dir`; fails (not
+// skips) without Debian's dataset-fashion-mnist: scripts/install-deps.sh installs it.
+std::pair<std::string, std::string> prepare_fashion_mnist(const fs::path& dir) {
+  if (!fs::exists(kFashionMnist / "train-images-idx3-ubyte.gz")) {
+    ADD_FAILURE() << kFashionMnist << " is missing: run scripts/install-deps.sh (Debian package dataset-fashion-mnist)";
+    return {};
+  }
+  const std::string train = (dir / "train.h5").string(), test = (dir / "test.h5").string();
+  io::prepare_idx((kFashionMnist / "train-images-idx3-ubyte.gz").string(),
+                  (kFashionMnist / "train-labels-idx1-ubyte.gz").string(), train);
+  io::prepare_idx((kFashionMnist / "t10k-images-idx3-ubyte.gz").string(),
+                  (kFashionMnist / "t10k-labels-idx1-ubyte.gz").string(), test);
+  return {train, test};
+}
+
+TEST(Train, MlpOnFashionMnistReachesEightyPercentInOneEpoch) {
+  ScratchDir dir;
+  const auto [train_path, test_path] = prepare_fashion_mnist(dir.path);
+  if (train_path.empty()) return;
+  app::TrainConfig c;
+  c.model = "mlp";
+  c.hidden = {256};
+  c.data = train_path;
+  c.eval_data = test_path;
+  c.micro_batch_size = 128;
+  c.epochs = 1;
+  c.lr = 2e-3f;
+  c.metrics = (dir.path / "metrics.jsonl").string();
+  const app::TrainResult result = app::train(c);
+  ASSERT_TRUE(result.final_eval.has_value());
+  EXPECT_EQ(result.final_eval->count, 10000);
+  EXPECT_GE(*result.final_eval->accuracy, 0.80) << "test accuracy after one epoch";
+  EXPECT_EQ(result.steps, 60000 / 128);
+  const io::MetricsLog log = io::read_metrics(c.metrics);
+  EXPECT_EQ(int64_t(log.steps.size()), result.steps);
+  ASSERT_FALSE(log.evals.empty());
+  EXPECT_DOUBLE_EQ(log.evals.back().eval_accuracy.value(), *result.final_eval->accuracy);
+  EXPECT_LT(log.steps.back().loss, log.steps.front().loss);
+}
+
+// Two micro-batches of 32 per step and one batch of 64 see the same samples
+// (the permutation depends on the seed and epoch only), so every step's loss
+// must agree: each depends on all the updates before it.
+TEST(Train, AccumulationEqualsOneBiggerBatch) {
+  ScratchDir dir;
+  const auto [train_path, test_path] = prepare_fashion_mnist(dir.path);
+  if (train_path.empty()) return;
+  auto run = [&](int64_t micro, int64_t global, const std::string& name) {
+    app::TrainConfig c;
+    c.model = "mlp";
+    c.hidden = {64};
+    c.data = train_path;
+    c.micro_batch_size = micro;
+    c.global_batch_size = global;
+    c.train_steps = 6;
+    c.optimizer = "sgd";
+    c.lr = 0.05f;
+    c.metrics = (dir.path / name).string();
+    app::train(c);
+    return io::read_metrics(c.metrics).steps;
+  };
+  const auto accumulated = run(32, 64, "accumulated.jsonl");
+  const auto single = run(64, 0, "single.jsonl");
+  ASSERT_EQ(accumulated.size(), single.size());
+  for (size_t i = 0; i < single.size(); ++i) {
+    // f32 sums in another order: agree to a few ulp of the loss.
+    EXPECT_NEAR(accumulated[i].loss, single[i].loss, 1e-5 * std::abs(single[i].loss)) << "step " << i + 1;
+    EXPECT_NEAR(accumulated[i].grad_norm.value(), single[i].grad_norm.value(), 1e-4 * single[i].grad_norm.value());
+  }
+}
+
+TEST(Train, SyntheticGptTrainsInEveryPrecision) {
+  for (const char* precision : {"fp32", "bf16", "fp16"}) {
+    SCOPED_TRACE(precision);
+    app::TrainConfig c;
+    c.model = "gpt";
+    c.synthetic = true;
+    c.vocab_size = 31;
+    c.seq_length = 16;
+    c.num_layers = 2;
+    c.num_heads = 2;
+    c.hidden_size = 32;
+    c.micro_batch_size = 4;
+    c.train_steps = 30;
+    c.lr = 1e-2f;
+    c.precision = precision;
+    const app::TrainResult result = app::train(c);
+    EXPECT_TRUE(std::isfinite(result.last_loss));
+    // One fixed random batch: a working model memorises it.
+    EXPECT_LT(result.last_loss, std::log(31.0) - 0.5);
+  }
+}
+
+TEST(Train, ConfigFileSetsWhatFlagsDoNotAndRejectsUnknownKeys) {
+  ScratchDir dir;
+  const fs::path toml = dir.path / "run.toml";
+  std::ofstream(toml) << "model = \"gpt\"\nnum-layers = 3\nlr = 0.5\nhidden_size = 48\n";
+  app::TrainConfig c;
+  CLI::App command;
+  app::add_train_options(command, c);
+  command.parse(std::vector<std::string>{"0.25", "--lr", toml.string(), "--config"});  // reversed: CLI11 pops from the back
+  app::apply_config_file(command, c);
+  EXPECT_EQ(c.model, "gpt");
+  EXPECT_EQ(c.num_layers, 3);
+  EXPECT_EQ(c.hidden_size, 48);
+  EXPECT_FLOAT_EQ(c.lr, 0.25f);  // the flag wins over the file
+
+  std::ofstream(toml) << "learning-rate = 0.1\n";
+  app::TrainConfig d;
+  CLI::App other;
+  app::add_train_options(other, d);
+  other.parse(std::vector<std::string>{toml.string(), "--config"});
+  try {
+    app::apply_config_file(other, d);
+    FAIL() << "no error for an unknown key";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("learning-rate"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find(toml.string()), std::string::npos) << error.what();
+  }
+}
+
+void expect_train_error(const app::TrainConfig& c, const std::string& fragment) {
+  try {
+    app::train(c);
+    ADD_FAILURE() << "no error; expected one mentioning '" << fragment << "'";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos) << error.what();
+  }
+}
+
+TEST(Train, BadSettingsAndDataNameTheFlagOrFile) {
+  ScratchDir dir;
+  app::TrainConfig none;
+  none.train_steps = 1;
+  expect_train_error(none, "--synthetic");
+
+  app::TrainConfig missing;
+  missing.data = (dir.path / "nope.h5").string();
+  missing.train_steps = 1;
+  expect_train_error(missing, "nope.h5");
+
+  app::TrainConfig both;
+  both.synthetic = true;
+  both.train_steps = 5;
+  both.epochs = 1;
+  expect_train_error(both, "--epochs");
+
+  app::TrainConfig accumulation;
+  accumulation.synthetic = true;
+  accumulation.train_steps = 1;
+  accumulation.micro_batch_size = 16;
+  accumulation.global_batch_size = 40;
+  expect_train_error(accumulation, "--global-batch-size");
+
+  app::TrainConfig heads;
+  heads.synthetic = true;
+  heads.train_steps = 1;
+  heads.model = "gpt";
+  heads.hidden_size = 30;
+  heads.num_heads = 4;
+  expect_train_error(heads, "--num-heads");
+
+  // A token file given to an image model.
+  const fs::path text = dir.path / "text.txt";
+  std::ofstream(text) << std::string(5000, 'a');
+  io::prepare_text({text.string()}, (dir.path / "tokens.h5").string(), "", 0.0);
+  app::TrainConfig mismatch;
+  mismatch.model = "mlp";
+  mismatch.data = (dir.path / "tokens.h5").string();
+  mismatch.train_steps = 1;
+  expect_train_error(mismatch, "tokens.h5");
+}
+
+}  // namespace
+}  // namespace tessera::testing
