@@ -131,7 +131,7 @@ Tensor Linear::forward(const Tensor& input, Saved& saved, const Pass&) {
   return y.view(with_last(input.shape(), out_));
 }
 
-Tensor Linear::backward(const Tensor& grad_output, Saved& saved) {
+Tensor Linear::backward_impl(const Tensor& grad_output, Saved& saved) {
   check_saved(*this, saved, 2, 1);
   const Tensor x = saved.tensors[0], kept = saved.tensors[1];
   const Shape input_shape = read_shape(saved);
@@ -183,7 +183,7 @@ Tensor Conv2d::forward(const Tensor& input, Saved& saved, const Pass&) {
   return y;
 }
 
-Tensor Conv2d::backward(const Tensor& grad_output, Saved& saved) {
+Tensor Conv2d::backward_impl(const Tensor& grad_output, Saved& saved) {
   check_saved(*this, saved, 1);
   const Tensor x = saved.tensors[0];
   saved.clear();
@@ -225,7 +225,7 @@ Tensor MaxPool2d::forward(const Tensor& input, Saved& saved, const Pass&) {
   return y;
 }
 
-Tensor MaxPool2d::backward(const Tensor& grad_output, Saved& saved) {
+Tensor MaxPool2d::backward_impl(const Tensor& grad_output, Saved& saved) {
   check_saved(*this, saved, 1, 1);
   const Tensor indices = saved.tensors[0];
   const Shape input_shape = read_shape(saved);
@@ -243,7 +243,7 @@ Tensor ReLU::forward(const Tensor& input, Saved& saved, const Pass&) {
   return y;
 }
 
-Tensor ReLU::backward(const Tensor& grad_output, Saved& saved) {
+Tensor ReLU::backward_impl(const Tensor& grad_output, Saved& saved) {
   check_saved(*this, saved, 1);
   const Tensor y = saved.tensors[0];
   saved.clear();
@@ -260,7 +260,7 @@ Tensor GELU::forward(const Tensor& input, Saved& saved, const Pass&) {
   return y;
 }
 
-Tensor GELU::backward(const Tensor& grad_output, Saved& saved) {
+Tensor GELU::backward_impl(const Tensor& grad_output, Saved& saved) {
   check_saved(*this, saved, 1);
   const Tensor x = saved.tensors[0];
   saved.clear();
@@ -295,7 +295,7 @@ Tensor LayerNorm::forward(const Tensor& input, Saved& saved, const Pass&) {
   return y;
 }
 
-Tensor LayerNorm::backward(const Tensor& grad_output, Saved& saved) {
+Tensor LayerNorm::backward_impl(const Tensor& grad_output, Saved& saved) {
   check_saved(*this, saved, 3);
   const Tensor x = saved.tensors[0], mean = saved.tensors[1], rstd = saved.tensors[2];
   saved.clear();
@@ -332,7 +332,7 @@ Tensor RMSNorm::forward(const Tensor& input, Saved& saved, const Pass&) {
   return y;
 }
 
-Tensor RMSNorm::backward(const Tensor& grad_output, Saved& saved) {
+Tensor RMSNorm::backward_impl(const Tensor& grad_output, Saved& saved) {
   check_saved(*this, saved, 2);
   const Tensor x = saved.tensors[0], rstd = saved.tensors[1];
   saved.clear();
@@ -368,7 +368,7 @@ Tensor Dropout::forward(const Tensor& input, Saved& saved, const Pass& pass) {
   return y;
 }
 
-Tensor Dropout::backward(const Tensor& grad_output, Saved& saved) {
+Tensor Dropout::backward_impl(const Tensor& grad_output, Saved& saved) {
   if (saved.scalars.empty()) return grad_output;
   const uint64_t seed = uint64_t(saved.scalars[0]);
   saved.clear();
@@ -396,7 +396,7 @@ Tensor Embedding::forward(const Tensor& input, Saved& saved, const Pass&) {
   return out;
 }
 
-Tensor Embedding::backward(const Tensor& grad_output, Saved& saved) {
+Tensor Embedding::backward_impl(const Tensor& grad_output, Saved& saved) {
   check_saved(*this, saved, 1);
   const Tensor ids = saved.tensors[0];
   saved.clear();
@@ -436,7 +436,7 @@ Tensor PositionEmbedding::forward(const Tensor& input, Saved& saved, const Pass&
   return y;
 }
 
-Tensor PositionEmbedding::backward(const Tensor& grad_output, Saved& saved) {
+Tensor PositionEmbedding::backward_impl(const Tensor& grad_output, Saved& saved) {
   check_saved(*this, saved, 0, 1);
   const int64_t tokens = saved.scalars[0];
   saved.clear();
@@ -456,7 +456,7 @@ Tensor Flatten::forward(const Tensor& input, Saved& saved, const Pass&) {
   return input.view(Shape{input.size(0), input.numel() / std::max<int64_t>(1, input.size(0))});
 }
 
-Tensor Flatten::backward(const Tensor& grad_output, Saved& saved) {
+Tensor Flatten::backward_impl(const Tensor& grad_output, Saved& saved) {
   check_saved(*this, saved, 0, 1);
   const Shape shape = read_shape(saved);
   saved.clear();
@@ -474,7 +474,7 @@ Tensor InputCast::forward(const Tensor& input, Saved& saved, const Pass&) {
   return y;
 }
 
-Tensor InputCast::backward(const Tensor& grad_output, Saved& saved) {
+Tensor InputCast::backward_impl(const Tensor& grad_output, Saved& saved) {
   if (saved.scalars.empty() || !grad_output.defined()) return grad_output;
   const DType input_dtype = DType(saved.scalars[0]);
   saved.clear();
@@ -511,7 +511,7 @@ Tensor CausalSelfAttention::forward(const Tensor& input, Saved& saved, const Pas
   return y;
 }
 
-Tensor CausalSelfAttention::backward(const Tensor& grad_output, Saved& saved) {
+Tensor CausalSelfAttention::backward_impl(const Tensor& grad_output, Saved& saved) {
   check_saved(*this, saved, 3);
   Tensor grad = dropout_->backward(grad_output, saved.child(2));
   grad = proj_->backward(grad, saved.child(1));
@@ -538,7 +538,7 @@ Tensor MlpBlock::forward(const Tensor& input, Saved& saved, const Pass& pass) {
   return dropout_->forward(y, saved.child(2), pass);
 }
 
-Tensor MlpBlock::backward(const Tensor& grad_output, Saved& saved) {
+Tensor MlpBlock::backward_impl(const Tensor& grad_output, Saved& saved) {
   Tensor grad = dropout_->backward(grad_output, saved.child(2));
   grad = proj_->backward(grad, saved.child(1));
   grad = fc_->backward(grad, saved.child(0));
@@ -595,7 +595,7 @@ Tensor TransformerBlock::forward(const Tensor& input, Saved& saved, const Pass& 
   return y;
 }
 
-Tensor TransformerBlock::backward(const Tensor& grad_output, Saved& saved) {
+Tensor TransformerBlock::backward_impl(const Tensor& grad_output, Saved& saved) {
   if (saved.scalars.empty()) return backward_all(grad_output, saved);  // recompute was off at forward time
   check_saved(*this, saved, 1, 3);
   const Tensor input = saved.tensors[0];
@@ -615,7 +615,7 @@ Tensor Sequential::forward(const Tensor& input, Saved& saved, const Pass& pass) 
   return x;
 }
 
-Tensor Sequential::backward(const Tensor& grad_output, Saved& saved) {
+Tensor Sequential::backward_impl(const Tensor& grad_output, Saved& saved) {
   Tensor grad = grad_output;
   for (size_t i = layers_.size(); i-- > 0;) {
     grad = layers_[i]->backward(grad, saved.child(i));

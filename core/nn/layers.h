@@ -47,7 +47,7 @@ class Linear : public Module {
   Linear(const ModelSpec& spec, std::string name, int64_t in_features, int64_t out_features, bool bias = true,
          ops::Activation activation = ops::Activation::none);
   Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
-  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
 
   // False: backward returns no input gradient (the first layer of a network
   // over data), saving one GEMM.
@@ -72,7 +72,7 @@ class Conv2d : public Module {
   Conv2d(const ModelSpec& spec, std::string name, int64_t in_channels, int64_t out_channels, int kernel_size,
          int stride = 1, int padding = 0, bool bias = true);
   Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
-  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
   void set_input_grad(bool needed) { input_grad_ = needed; }
   Parameter& weight() { return *weight_; }
   Parameter* bias() { return bias_; }
@@ -89,7 +89,7 @@ class MaxPool2d : public Module {
  public:
   MaxPool2d(const ModelSpec& spec, std::string name, int kernel_size, int stride = 0, int padding = 0);
   Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
-  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
 
  private:
   ops::Pool2dParams params_;
@@ -99,7 +99,7 @@ class ReLU : public Module {
  public:
   ReLU(const ModelSpec& spec, std::string name) : Module(spec, std::move(name)) {}
   Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
-  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
 };
 
 // GELU, tanh approximation (ops::gelu_forward).
@@ -107,7 +107,7 @@ class GELU : public Module {
  public:
   GELU(const ModelSpec& spec, std::string name) : Module(spec, std::move(name)) {}
   Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
-  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
 };
 
 // LayerNorm over the last dimension: x [..., D]; weight [D] (init 1), bias [D] (init 0).
@@ -115,7 +115,7 @@ class LayerNorm : public Module {
  public:
   LayerNorm(const ModelSpec& spec, std::string name, int64_t dim, float eps = 1e-5f, bool bias = true);
   Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
-  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
   Parameter& weight() { return *weight_; }
   Parameter* bias() { return bias_; }
 
@@ -131,7 +131,7 @@ class RMSNorm : public Module {
  public:
   RMSNorm(const ModelSpec& spec, std::string name, int64_t dim, float eps = 1e-5f);
   Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
-  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
   Parameter& weight() { return *weight_; }
 
  private:
@@ -147,7 +147,7 @@ class Dropout : public Module {
  public:
   Dropout(const ModelSpec& spec, std::string name, float p);
   Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
-  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
   float p() const { return p_; }
 
  private:
@@ -160,7 +160,7 @@ class Embedding : public Module {
  public:
   Embedding(const ModelSpec& spec, std::string name, int64_t vocab_size, int64_t dim);
   Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
-  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
   Parameter& weight() { return *weight_; }
 
  private:
@@ -174,7 +174,7 @@ class PositionEmbedding : public Module {
  public:
   PositionEmbedding(const ModelSpec& spec, std::string name, int64_t max_tokens, int64_t dim);
   Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
-  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
   Parameter& weight() { return *weight_; }
 
  private:
@@ -187,7 +187,7 @@ class Flatten : public Module {
  public:
   Flatten(const ModelSpec& spec, std::string name) : Module(spec, std::move(name)) {}
   Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
-  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
 };
 
 // Converts a floating input (e.g. f32 images) to the model's compute dtype;
@@ -196,7 +196,7 @@ class InputCast : public Module {
  public:
   InputCast(const ModelSpec& spec, std::string name) : Module(spec, std::move(name)) {}
   Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
-  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
 };
 
 // Causal multi-head self-attention: x [B, T, C] → qkv = Linear(C → 3C) viewed
@@ -206,7 +206,7 @@ class CausalSelfAttention : public Module {
  public:
   CausalSelfAttention(const ModelSpec& spec, std::string name, int64_t hidden, int64_t heads, float dropout = 0.0f);
   Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
-  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
   Linear& qkv() { return *qkv_; }
   Linear& proj() { return *proj_; }
 
@@ -223,7 +223,7 @@ class MlpBlock : public Module {
  public:
   MlpBlock(const ModelSpec& spec, std::string name, int64_t hidden, int64_t ffn_hidden, float dropout = 0.0f);
   Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
-  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
   Linear& fc() { return *fc_; }
   Linear& proj() { return *proj_; }
 
@@ -245,7 +245,7 @@ class TransformerBlock : public Module {
   TransformerBlock(const ModelSpec& spec, std::string name, int64_t hidden, int64_t heads, int64_t ffn_hidden,
                    float dropout = 0.0f, bool recompute = false);
   Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
-  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
   void set_recompute(bool recompute) { recompute_ = recompute; }
   bool recompute() const { return recompute_; }
   LayerNorm& ln1() { return *ln1_; }
@@ -277,7 +277,7 @@ class Sequential : public Module {
     return child;
   }
   Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
-  Tensor backward(const Tensor& grad_output, Saved& saved) override;
+  Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
   size_t size() const { return layers_.size(); }
   Module& operator[](size_t index) { return *layers_.at(index); }
 

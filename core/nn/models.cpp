@@ -93,7 +93,7 @@ Tensor Gpt::forward(const Tensor& ids, Saved& saved, const Pass& pass) {
   return logits.view(Shape{batch, tokens, vocab});
 }
 
-Tensor Gpt::backward(const Tensor& grad_logits, Saved& saved) {
+Tensor Gpt::backward_impl(const Tensor& grad_logits, Saved& saved) {
   TESSERA_CHECK(saved.tensors.size() == 1 && saved.scalars.size() == 2, "gpt: backward without a matching forward");
   const Tensor features = saved.tensors[0];
   const int64_t batch = saved.scalars[0], tokens = saved.scalars[1];

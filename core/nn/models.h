@@ -59,7 +59,7 @@ class Gpt : public Module {
   // ids [B, T] with T ≤ seq_length → logits [B, T, V] in the compute dtype.
   Tensor forward(const Tensor& ids, Saved& saved, const Pass& pass) override;
   // grad_logits [B, T, V]; returns an undefined Tensor (ids have no gradient).
-  Tensor backward(const Tensor& grad_logits, Saved& saved) override;
+  Tensor backward_impl(const Tensor& grad_logits, Saved& saved) override;
 
   void set_recompute(bool recompute);
   Embedding& wte() { return *wte_; }

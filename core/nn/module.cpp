@@ -35,6 +35,13 @@ std::vector<Parameter*> Module::parameters() {
   return out;
 }
 
+Tensor Module::backward(const Tensor& grad_output, Saved& saved) {
+  Tensor grad_input = backward_impl(grad_output, saved);
+  for (const auto& p : parameters_)
+    if (p->on_grad_ready) p->on_grad_ready(*p);
+  return grad_input;
+}
+
 void Module::train(bool training) {
   training_ = training;
   for (const auto& child : children_) child->train(training);

@@ -59,8 +59,11 @@ class Module {
 
   virtual Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) = 0;
   // Returns the gradient with respect to the input (an undefined Tensor for
-  // inputs without one, e.g. token ids) and adds into parameters' .grad.
-  virtual Tensor backward(const Tensor& grad_output, Saved& saved) = 0;
+  // inputs without one, e.g. token ids) and adds into parameters' .grad;
+  // then calls the on_grad_ready hook of each of this module's own
+  // parameters (their gradient is complete for this micro-batch: the
+  // data-parallel reducer starts a bucket's all-reduce from there).
+  Tensor backward(const Tensor& grad_output, Saved& saved);
 
   // This module's parameters, then its children's (depth first, in the order
   // the children were added): a fixed order for a given architecture.
@@ -73,6 +76,9 @@ class Module {
   Context& context() const { return *spec_.context; }
 
  protected:
+  // The module's own backward (see backward()).
+  virtual Tensor backward_impl(const Tensor& grad_output, Saved& saved) = 0;
+
   // Creates a parameter named "<this name>.<local>" of `shape` in the spec's
   // dtype/device, with a zeroed f32 gradient (values are left to the caller's
   // initialiser, e.g. init_normal below).

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,9 @@ struct Parameter {
   Tensor value;      // in the model's compute dtype (f32, bf16 or f16), on the model's device
   Tensor grad;       // always f32, same shape: the "main" gradient that micro-batches accumulate into
   bool weight_decay = true;  // false for biases and normalisation weights (AdamW/SGD skip decay)
+  // Called when a backward pass has finished adding into `grad` (by the
+  // module that owns the parameter, after its backward); empty by default.
+  std::function<void(Parameter&)> on_grad_ready;
 };
 
 // A stable 64-bit hash of a parameter's name (FNV-1a), used as its random
