@@ -5,10 +5,13 @@
 //   tessera info        this build's backends, devices and libraries
 //   tessera selfcheck   every operator checked on this machine's CPU (and GPU)
 //   tessera --version   the build: version, CUDA, cuDNN, NCCL, MPI, HDF5, BLAS
-// Only main() catches errors: it prints them (with rank and call site) and exits non-zero.
+// Only main() catches errors: it prints them (with rank and call site) and exits non-zero;
+// under several MPI ranks it then calls MPI_Abort, so a rank that fails never
+// leaves the others waiting in a collective.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <string>
 
 #include "apps/plot_command.h"
@@ -21,6 +24,7 @@
 #include "core/cuda_runtime.h"
 #include "io/hdf5_version.h"
 #include "parallel/library_versions.h"
+#include "parallel/mpi_env.h"
 
 namespace {
 
@@ -45,10 +49,14 @@ int main(int argc, char** argv) {
   bool show_version = false;
   app.add_flag("--version", show_version, "Print the build (CUDA, cuDNN, NCCL, MPI, HDF5, BLAS) and exit");
 
+  // MPI for the life of the process, started by `train` only (the other
+  // subcommands need no MPI); declared here so it outlives the catch below.
+  std::optional<tessera::parallel::MpiEnv> mpi;
   tessera::app::TrainConfig train_config;
   auto* train = app.add_subcommand("train", "Train a model on a prepared dataset (or --synthetic data)");
   tessera::app::add_train_options(*train, train_config);
   train->callback([&] {
+    mpi.emplace();
     tessera::app::apply_config_file(*train, train_config);
     tessera::app::train(train_config);
   });
@@ -77,6 +85,12 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& error) {
     return app.exit(error);
   } catch (const std::exception& error) {
+    if (mpi && mpi->world_size() > 1) {
+      std::fprintf(stderr, "tessera: %s\ntessera: rank %d failed; aborting all %d ranks\n", error.what(),
+                   mpi->world_rank(), mpi->world_size());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);  // the other ranks may be waiting in a collective
+    }
     std::fprintf(stderr, "tessera: %s\n", error.what());
     return 1;
   }

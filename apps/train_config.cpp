@@ -35,12 +35,12 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
 
   const std::string schedule = "Batches and schedule";
   command.add_option("--micro-batch-size", c.micro_batch_size, "Samples per forward/backward pass")->group(schedule);
-  command.add_option("--global-batch-size", c.global_batch_size,
-                     "Samples per optimizer step (a multiple of the micro-batch size; 0: one micro-batch)")
+  command
+      .add_option("--global-batch-size", c.global_batch_size,
+                  "Samples per optimizer step (a multiple of the micro-batch size; 0: one micro-batch)")
       ->group(schedule);
   command.add_option("--train-steps", c.train_steps, "Optimizer steps to run")->group(schedule);
-  command.add_option("--epochs", c.epochs, "Passes over the training data (instead of --train-steps)")
-      ->group(schedule);
+  command.add_option("--epochs", c.epochs, "Passes over the training data (instead of --train-steps)")->group(schedule);
   command.add_option("--optimizer", c.optimizer, "adamw or sgd")
       ->check(CLI::IsMember({"adamw", "sgd"}))
       ->group(schedule);
@@ -50,16 +50,16 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
   command.add_option("--lr-decay-style", c.lr_decay_style, "cosine or constant")
       ->check(CLI::IsMember({"cosine", "constant"}))
       ->group(schedule);
-  command.add_option("--weight-decay", c.weight_decay, "Decoupled (AdamW) or L2 (SGD) weight decay")
-      ->group(schedule);
+  command.add_option("--weight-decay", c.weight_decay, "Decoupled (AdamW) or L2 (SGD) weight decay")->group(schedule);
   command.add_option("--adam-beta1", c.adam_beta1)->group(schedule);
   command.add_option("--adam-beta2", c.adam_beta2)->group(schedule);
   command.add_option("--adam-eps", c.adam_eps)->group(schedule);
   command.add_option("--sgd-momentum", c.sgd_momentum)->group(schedule);
   command.add_flag("--nesterov", c.nesterov, "Nesterov momentum (SGD)")->group(schedule);
   command.add_option("--clip-grad", c.clip_grad, "Clip the global gradient norm to this (0: off)")->group(schedule);
-  command.add_option("--max-skipped-steps", c.max_skipped_steps,
-                     "Consecutive steps with non-finite gradients before the run stops")
+  command
+      .add_option("--max-skipped-steps", c.max_skipped_steps,
+                  "Consecutive steps with non-finite gradients before the run stops")
       ->group(schedule);
 
   const std::string machine = "Precision and machine";
@@ -69,6 +69,19 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
   command.add_option("--device", c.device, "cpu, cuda or cuda:N")->group(machine);
   command.add_option("--threads", c.threads, "CPU threads (0: OpenMP's default)")->group(machine);
   command.add_option("--seed", c.seed, "Seed of initialisation, data order and dropout")->group(machine);
+
+  const std::string parallel = "Data parallelism (one replica per MPI rank; launch with mpirun -np N)";
+  command.add_option("--zero", c.zero, "0: plain data parallelism; 1: optimizer state sharded over ranks (ZeRO-1)")
+      ->check(CLI::IsMember({0, 1}))
+      ->group(parallel);
+  command
+      .add_option("--bucket-size-mb", c.bucket_size_mb,
+                  "MiB of f32 gradients per all-reduce bucket (each starts as soon as backward fills it)")
+      ->group(parallel);
+  command
+      .add_option("--comm-backend", c.comm_backend, "auto (NCCL for CUDA devices when built, else MPI), mpi or nccl")
+      ->check(CLI::IsMember({"auto", "mpi", "nccl"}))
+      ->group(parallel);
 
   const std::string output = "Evaluation and output";
   command.add_option("--eval-interval", c.eval_interval, "Steps between evaluations (0: every epoch and at the end)")
@@ -114,12 +127,11 @@ void validate(const TrainConfig& c) {
     TESSERA_CHECK(path->empty() || std::filesystem::exists(*path), "data file ", *path,
                   " does not exist; make it with `tessera prepare idx|text ... -o ", *path, "`");
   TESSERA_CHECK(c.micro_batch_size > 0, "--micro-batch-size must be positive, got ", c.micro_batch_size);
-  TESSERA_CHECK(c.global_batch_size >= 0 && c.global_batch_size % c.micro_batch_size == 0,
-                "--global-batch-size ", c.global_batch_size, " is not a multiple of --micro-batch-size ",
-                c.micro_batch_size);
+  TESSERA_CHECK(c.global_batch_size >= 0 && c.global_batch_size % c.micro_batch_size == 0, "--global-batch-size ",
+                c.global_batch_size, " is not a multiple of --micro-batch-size ", c.micro_batch_size);
   TESSERA_CHECK((c.train_steps > 0) != (c.epochs > 0),
-                "give exactly one of --train-steps N and --epochs E (both positive); got --train-steps ",
-                c.train_steps, " and --epochs ", c.epochs);
+                "give exactly one of --train-steps N and --epochs E (both positive); got --train-steps ", c.train_steps,
+                " and --epochs ", c.epochs);
   TESSERA_CHECK(!(c.synthetic && c.epochs > 0), "--synthetic data has no epochs: use --train-steps");
   TESSERA_CHECK(c.lr > 0, "--lr must be positive, got ", c.lr);
   TESSERA_CHECK(c.min_lr >= 0 && c.min_lr <= c.lr, "--min-lr ", c.min_lr, " must be in [0, --lr ", c.lr, "]");
@@ -130,6 +142,10 @@ void validate(const TrainConfig& c) {
   TESSERA_CHECK(c.eval_interval >= 0 && c.eval_iters >= 0 && c.log_interval > 0,
                 "--eval-interval and --eval-iters must not be negative and --log-interval must be positive");
   TESSERA_CHECK(c.max_skipped_steps > 0, "--max-skipped-steps must be positive, got ", c.max_skipped_steps);
+  TESSERA_CHECK(c.zero == 0 || c.zero == 1, "--zero must be 0 or 1, got ", c.zero);
+  TESSERA_CHECK(c.bucket_size_mb > 0, "--bucket-size-mb must be positive, got ", c.bucket_size_mb);
+  TESSERA_CHECK(c.comm_backend == "auto" || c.comm_backend == "mpi" || c.comm_backend == "nccl",
+                "--comm-backend must be auto, mpi or nccl, got '", c.comm_backend, "'");
   TESSERA_CHECK(c.hidden_dropout >= 0 && c.hidden_dropout < 1, "--hidden-dropout must be in [0, 1), got ",
                 c.hidden_dropout);
 }
@@ -152,7 +168,8 @@ std::string describe(const TrainConfig& c) {
       << " train_steps=" << c.train_steps << " epochs=" << c.epochs << "\noptimizer=" << c.optimizer << " lr=" << c.lr
       << " min_lr=" << c.min_lr << " warmup_steps=" << c.warmup_steps << " lr_decay_style=" << c.lr_decay_style
       << " weight_decay=" << c.weight_decay << " clip_grad=" << c.clip_grad << "\nprecision=" << c.precision
-      << " device=" << c.device << " threads=" << c.threads << " seed=" << c.seed
+      << " device=" << c.device << " threads=" << c.threads << " seed=" << c.seed << "\nzero=" << c.zero
+      << " bucket_size_mb=" << c.bucket_size_mb << " comm_backend=" << c.comm_backend
       << "\neval_interval=" << c.eval_interval << " eval_iters=" << c.eval_iters << " metrics=" << c.metrics
       << " trace=" << c.trace;
   return out.str();

@@ -15,9 +15,9 @@ namespace tessera::app {
 
 struct TrainConfig {
   // Model.
-  std::string model = "mlp";                  // --model mlp|cnn|gpt
+  std::string model = "mlp";                   // --model mlp|cnn|gpt
   std::vector<int64_t> hidden = {1024, 1024};  // --hidden (mlp)
-  int64_t vocab_size = 256;                   // gpt (checked against the dataset)
+  int64_t vocab_size = 256;                    // gpt (checked against the dataset)
   int64_t seq_length = 256;
   int64_t num_layers = 4;
   int64_t num_heads = 4;
@@ -27,8 +27,8 @@ struct TrainConfig {
   bool recompute = false;
 
   // Data.
-  std::string data;       // prepared HDF5 file (tessera prepare ...)
-  std::string eval_data;  // held-out file; evaluation is skipped without one
+  std::string data;        // prepared HDF5 file (tessera prepare ...)
+  std::string eval_data;   // held-out file; evaluation is skipped without one
   bool synthetic = false;  // random inputs of the model's shapes (smoke runs, benchmarks)
 
   // Batches and length of training.
@@ -47,7 +47,7 @@ struct TrainConfig {
   float adam_beta1 = 0.9f, adam_beta2 = 0.999f, adam_eps = 1e-8f;
   float sgd_momentum = 0.9f;
   bool nesterov = false;
-  float clip_grad = 1.0f;  // 0 disables clipping
+  float clip_grad = 1.0f;          // 0 disables clipping
   int64_t max_skipped_steps = 10;  // consecutive non-finite steps before the run stops
 
   // Precision and machine.
@@ -55,6 +55,11 @@ struct TrainConfig {
   std::string device = "cpu";      // cpu | cuda | cuda:N
   int threads = 0;                 // CPU threads; 0: OpenMP's default
   uint64_t seed = 1234;
+
+  // Data parallelism (every MPI rank is a data-parallel replica).
+  int zero = 0;                       // --zero 0|1: 1 shards the optimizer state over the ranks (ZeRO-1)
+  double bucket_size_mb = 25.0;       // --bucket-size-mb: gradient all-reduce bucket size (MiB of f32)
+  std::string comm_backend = "auto";  // --comm-backend auto|mpi|nccl (auto: NCCL for CUDA devices when built, else MPI)
 
   // Evaluation and output.
   int64_t eval_interval = 0;  // steps between evaluations; 0: at the end of every epoch and at the end

@@ -1,7 +1,11 @@
-// The training loop: set-up from TrainConfig, the step (micro-batches,
-// accumulation, clipping, loss scaling, non-finite handling), evaluation,
-// and progress/metrics/trace reporting.
+// The training loop: set-up from TrainConfig (MPI world, process grid,
+// data-parallel replica, sharded loader), the step (micro-batches,
+// accumulation, bucketed gradient averaging overlapping backward, clipping by
+// the global norm, loss scaling, non-finite handling), sharded evaluation,
+// and rank 0's progress/metrics plus every rank's trace.
 #include "apps/trainer.h"
+
+#include <mpi.h>
 
 #include <algorithm>
 #include <chrono>
@@ -12,6 +16,7 @@
 #include <vector>
 
 #include "core/context.h"
+#include "core/cuda_runtime.h"
 #include "core/nn/grad_scaler.h"
 #include "core/nn/loss.h"
 #include "core/nn/lr_schedule.h"
@@ -23,6 +28,12 @@
 #include "io/progress.h"
 #include "io/trace.h"
 #include "kernels/ops.h"
+#include "parallel/data_parallel.h"
+#include "parallel/library_versions.h"
+#include "parallel/local_communicator.h"
+#include "parallel/mpi_env.h"
+#include "parallel/process_grid.h"
+#include "parallel/process_group.h"
 
 namespace tessera::app {
 namespace {
@@ -68,10 +79,14 @@ nn::ModelConfig model_config(const TrainConfig& c, const std::optional<io::Datas
 }
 
 // Where batches come from: a prepared file through the background loader, or
-// one fixed random batch of the model's shapes (--synthetic).
+// one fixed random batch of the model's shapes (--synthetic). Either way rank
+// r of `ranks` data-parallel ranks gets samples [r·B, (r+1)·B) of a global
+// batch of ranks·B, so N ranks with micro-batch B see what one rank sees with
+// micro-batch N·B.
 class BatchSource {
  public:
-  BatchSource(Context& ctx, const TrainConfig& c, const nn::ModelConfig& m, Device device, DType dtype) {
+  BatchSource(Context& ctx, const TrainConfig& c, const nn::ModelConfig& m, Device device, DType dtype, int rank,
+              int ranks) {
     if (!c.synthetic) {
       io::LoaderOptions options;
       options.batch_size = c.micro_batch_size;
@@ -79,25 +94,35 @@ class BatchSource {
       options.device = device;
       options.input_dtype = dtype;
       options.seq_length = c.seq_length;
+      options.shard_rank = rank;
+      options.shard_count = ranks;
       loader_ = std::make_unique<io::DataLoader>(ctx, c.data, options);
       return;
     }
-    std::mt19937_64 rng(c.seed);
-    const int64_t b = c.micro_batch_size;
+    // The global batch, drawn whole on every rank (sample i is the i-th draw
+    // of its generator, whatever the number of ranks); this rank keeps its slice.
+    const int64_t b = c.micro_batch_size, global = b * ranks, first = int64_t(rank) * b;
     if (m.kind == "gpt") {
+      const int64_t t = c.seq_length;
+      std::mt19937_64 ids_rng(c.seed), next_rng(c.seed ^ 0x9e3779b97f4a7c15ull);
       std::uniform_int_distribution<int32_t> token(0, int32_t(m.vocab_size - 1));
-      std::vector<int32_t> ids(size_t(b * c.seq_length)), next(ids.size());
-      for (auto& v : ids) v = token(rng);
-      for (auto& v : next) v = token(rng);
-      synthetic_.inputs = ctx.from_vector(Shape{b, c.seq_length}, ids, device);
-      synthetic_.targets = ctx.from_vector(Shape{b, c.seq_length}, next, device);
+      std::vector<int32_t> ids(size_t(global * t)), next(ids.size());
+      for (auto& v : ids) v = token(ids_rng);
+      for (auto& v : next) v = token(next_rng);
+      const auto slice = [&](const std::vector<int32_t>& all) {
+        return std::vector<int32_t>(all.begin() + first * t, all.begin() + (first + b) * t);
+      };
+      synthetic_.inputs = ctx.from_vector(Shape{b, t}, slice(ids), device);
+      synthetic_.targets = ctx.from_vector(Shape{b, t}, slice(next), device);
     } else {
       synthetic_.inputs = ctx.empty(Shape{b, m.channels, m.height, m.width}, dtype, device);
-      synthetic_.inputs.uniform_at_(c.seed, 7, 0, 0.0f, 1.0f);
+      synthetic_.inputs.uniform_at_(c.seed, 7, uint64_t(first * m.channels * m.height * m.width), 0.0f, 1.0f);
+      std::mt19937_64 rng(c.seed);
       std::uniform_int_distribution<int32_t> label(0, int32_t(m.num_classes - 1));
-      std::vector<int32_t> labels(static_cast<size_t>(b));
+      std::vector<int32_t> labels(static_cast<size_t>(global));
       for (auto& v : labels) v = label(rng);
-      synthetic_.targets = ctx.from_vector(Shape{b}, labels, device);
+      synthetic_.targets =
+          ctx.from_vector(Shape{b}, std::vector<int32_t>(labels.begin() + first, labels.begin() + first + b), device);
     }
   }
 
@@ -121,8 +146,13 @@ std::string first_non_finite_gradient(const std::vector<nn::Parameter*>& paramet
   return "(none: the norm itself overflowed)";
 }
 
+// Evaluation sharded over the data-parallel ranks: each evaluates its share
+// of every global batch (the loader splits the last partial one evenly, so
+// all ranks run the same number of batches), then the loss sums, target
+// counts and correct counts are summed over the ranks. --eval-iters counts
+// global batches.
 EvalResult evaluate(Context& ctx, nn::Module& model, const TrainConfig& c, Device device, DType dtype,
-                    io::TraceWriter& trace) {
+                    io::TraceWriter& trace, parallel::Communicator& dp) {
   auto scope = trace.scope("eval", "eval");
   io::LoaderOptions options;
   options.batch_size = c.micro_batch_size;
@@ -132,6 +162,8 @@ EvalResult evaluate(Context& ctx, nn::Module& model, const TrainConfig& c, Devic
   options.device = device;
   options.input_dtype = dtype;
   options.seq_length = c.seq_length;
+  options.shard_rank = dp.rank();
+  options.shard_count = dp.size();
   io::DataLoader loader(ctx, c.eval_data, options);
   const int64_t batches =
       c.eval_iters > 0 ? std::min(c.eval_iters, loader.batches_per_epoch()) : loader.batches_per_epoch();
@@ -151,11 +183,29 @@ EvalResult evaluate(Context& ctx, nn::Module& model, const TrainConfig& c, Devic
     count += value.count;
   }
   model.train();
+  if (dp.size() > 1) {
+    Tensor sum = ctx.from_vector(Shape{1}, std::vector<float>{float(loss_sum)}, device);
+    Tensor counts = ctx.from_vector(Shape{2}, std::vector<int64_t>{count, correct}, device);
+    parallel::CommHandle sum_done = dp.all_reduce(sum, parallel::ReduceOp::sum);
+    parallel::CommHandle counts_done = dp.all_reduce(counts, parallel::ReduceOp::sum);
+    sum_done->wait();
+    counts_done->wait();
+    loss_sum = sum.to_vector<float>()[0];
+    const std::vector<int64_t> totals = counts.to_vector<int64_t>();
+    count = totals[0];
+    correct = totals[1];
+  }
   EvalResult result;
   result.count = count;
   result.loss = count > 0 ? loss_sum / double(count) : 0.0;
   if (classifier) result.accuracy = count > 0 ? double(correct) / double(count) : 0.0;
   return result;
+}
+
+// --device cuda: the local rank's GPU under MPI; otherwise as given.
+Device choose_device(const TrainConfig& c, const parallel::MpiEnv* env) {
+  if (env && c.device == "cuda") return env->default_device(true, cuda_runtime::device_count());
+  return parse_device(c.device);
 }
 
 double median(std::vector<double> values) {
@@ -164,15 +214,38 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
-}  // namespace
-
-TrainResult train(const TrainConfig& c) {
+// The whole run: on MPI_COMM_WORLD through --comm-backend when `env` is
+// given, on `given` otherwise (a caller's group, or a group of one without MPI).
+TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Communicator* given) {
   validate(c);
   ContextOptions context_options;
   context_options.cpu_threads = c.threads;
   Context ctx(context_options);
-  const Device device = parse_device(c.device);
+  const Device device = choose_device(c, env);
   const DType dtype = compute_dtype(c.precision);
+  std::unique_ptr<parallel::Communicator> owned;
+  std::string backend;
+  if (env) {
+    const parallel::CommBackend choice = parallel::parse_comm_backend(c.comm_backend);
+    owned = parallel::make_communicator(MPI_COMM_WORLD, "world", ctx, device, choice);
+    backend = std::string(parallel::comm_backend_name(choice));
+    if (choice == parallel::CommBackend::automatic)
+      backend += device.is_cuda() && parallel::nccl_compiled() ? " (NCCL for device tensors, MPI for host tensors)"
+                 : device.is_cuda()                            ? " (MPI, device tensors staged through host memory)"
+                                                               : " (MPI)";
+  } else {
+    backend = "given by the caller ('" + given->name() + "')";
+  }
+  parallel::Communicator* world = env ? owned.get() : given;
+  parallel::GridSizes grid_sizes;
+  grid_sizes.tp = 1;
+  grid_sizes.pp = 1;
+  parallel::ProcessGrid grid(*world, grid_sizes);
+  parallel::Communicator& dp = grid.dp();
+  const bool root = world->rank() == 0;
+  const std::string layout =
+      env ? env->describe_layout()  // collective over MPI_COMM_WORLD
+          : std::to_string(world->size()) + " rank(s) of the communicator '" + world->name() + "'";
 
   std::optional<io::DatasetInfo> data_info;
   if (!c.synthetic) data_info = io::inspect_dataset(c.data);
@@ -201,10 +274,32 @@ TrainResult train(const TrainConfig& c) {
     opt.momentum = c.sgd_momentum;
     opt.nesterov = c.nesterov;
   }
-  nn::Optimizer optimizer(parameters, opt);
 
-  BatchSource source(ctx, c, model_cfg, device, dtype);
-  const int64_t accumulation = c.global_batch_size > 0 ? c.global_batch_size / c.micro_batch_size : 1;
+  const int64_t per_step = c.micro_batch_size * dp.size();  // samples of one micro-batch over all ranks
+  TESSERA_CHECK(c.global_batch_size % per_step == 0, "--global-batch-size ", c.global_batch_size,
+                " is not a multiple of --micro-batch-size ", c.micro_batch_size, " x ", dp.size(),
+                " data-parallel ranks = ", per_step, "; use a multiple of ", per_step,
+                " (or change --micro-batch-size or the number of ranks)");
+  const int64_t accumulation = c.global_batch_size > 0 ? c.global_batch_size / per_step : 1;
+
+  // The trace first: the data-parallel reducer writes its communication into it.
+  io::TraceOptions trace_options;
+  trace_options.path = c.trace;
+  trace_options.rank = world->rank();
+  trace_options.world_size = world->size();
+  io::TraceWriter trace(trace_options);
+  parallel::DataParallelOptions dp_options;
+  dp_options.zero_stage = c.zero;
+  dp_options.bucket_size_mb = c.bucket_size_mb;
+  if (trace.enabled()) {
+    dp_options.clock = [&trace] { return trace.now_ns(); };
+    dp_options.on_event = [&trace](const parallel::CommEvent& event) {
+      trace.complete(event.name + " bucket " + std::to_string(event.bucket), "comm", event.start_ns, event.end_ns);
+    };
+  }
+  parallel::DataParallel replica(parameters, dp, opt, dp_options);
+
+  BatchSource source(ctx, c, model_cfg, device, dtype, dp.rank(), dp.size());
   int64_t total_steps = c.train_steps;
   if (c.epochs > 0) {
     const double micro_batches = c.epochs * double(source.batches_per_epoch());
@@ -220,44 +315,64 @@ TrainResult train(const TrainConfig& c) {
   nn::GradScaler scaler = nn::GradScaler::for_dtype(dtype);
   const nn::CrossEntropyLoss loss;
 
+  // Rank 0 reports: progress, metrics, Katib lines, start-up and final lines.
   io::ProgressOptions progress_options;
+  progress_options.enabled = root;
   progress_options.interval = c.log_interval;
   io::ProgressLine progress(progress_options);
   bool katib_due = true;
-  io::MetricsOptions metrics_options;
-  metrics_options.path = c.metrics;
-  metrics_options.katib = [&](std::string_view line) {
-    if (katib_due) progress.print_above(line);
-  };
-  io::MetricsWriter metrics(metrics_options);
-  io::TraceOptions trace_options;
-  trace_options.path = c.trace;
-  io::TraceWriter trace(trace_options);
+  io::MetricsWriter metrics;
+  if (root) {
+    io::MetricsOptions metrics_options;
+    metrics_options.path = c.metrics;
+    metrics_options.katib = [&](std::string_view line) {
+      if (katib_due) progress.print_above(line);
+    };
+    metrics = io::MetricsWriter(metrics_options);
+  }
 
-  std::printf("tessera train: %s\n%s\n", ctx.describe().c_str(), describe(c).c_str());
-  if (data_info) std::printf("data: %s\n", data_info->describe().c_str());
-  std::printf("model: %s, %lld parameters, %s on %s; %lld steps of %lld micro-batch(es) of %lld\n", c.model.c_str(),
-              static_cast<long long>(nn::parameter_count(*model)), std::string(dtype_name(dtype)).c_str(),
-              device.to_string().c_str(), static_cast<long long>(total_steps),
-              static_cast<long long>(accumulation), static_cast<long long>(c.micro_batch_size));
-  std::fflush(stdout);
-  metrics.log_run({{"model", c.model}, {"precision", c.precision}, {"device", device.to_string()}});
+  const std::string replica_description = replica.describe();  // collective-free, but every rank computes it
+  if (root) {
+    std::printf("tessera train: %s\n%s\n", ctx.describe().c_str(), describe(c).c_str());
+    std::printf("ranks: %s; %s; communicator %s; data parallel: %s\n", layout.c_str(), grid.describe().c_str(),
+                backend.c_str(), replica_description.c_str());
+    if (env) std::printf("mpi: %s; nccl: %s\n", mpi_library_version().c_str(), nccl_library_version().c_str());
+    if (data_info) std::printf("data: %s\n", data_info->describe().c_str());
+    std::printf(
+        "model: %s, %lld parameters, %s on %s; %lld steps of %lld micro-batch(es) of %lld on each of %d rank(s)\n",
+        c.model.c_str(), static_cast<long long>(nn::parameter_count(*model)), std::string(dtype_name(dtype)).c_str(),
+        device.to_string().c_str(), static_cast<long long>(total_steps), static_cast<long long>(accumulation),
+        static_cast<long long>(c.micro_batch_size), dp.size());
+    std::fflush(stdout);
+  }
+  metrics.log_run({{"model", c.model},
+                   {"precision", c.precision},
+                   {"device", device.to_string()},
+                   {"data_parallel", std::to_string(dp.size())},
+                   {"zero", std::to_string(c.zero)}});
 
   const bool tokens = c.model == "gpt";
-  const int64_t samples_per_step = accumulation * c.micro_batch_size;
+  const int64_t samples_per_step = accumulation * c.micro_batch_size * dp.size();
   const bool evaluate_per_epoch = c.eval_interval == 0 && source.batches_per_epoch() > 0;
-  const int64_t steps_per_epoch = evaluate_per_epoch ? std::max<int64_t>(1, source.batches_per_epoch() / accumulation) : 0;
+  const int64_t steps_per_epoch =
+      evaluate_per_epoch ? std::max<int64_t>(1, source.batches_per_epoch() / accumulation) : 0;
 
   TrainResult result;
+  result.data_parallel_size = dp.size();
+  result.optimizer_state_bytes = replica.optimizer_state_bytes();
   std::vector<double> step_ms;
   int64_t consecutive_skips = 0;
   for (int64_t step = 0; step < total_steps; ++step) {
     const auto start = Clock::now();
-    nn::zero_grads(parameters);
+    replica.begin_step();
     const float loss_scale = scaler.scale();
     double loss_sum = 0.0;
     int64_t epoch = 0;
+    Tensor global_loss;  // the loss averaged over the ranks, in flight during the last backward
+    parallel::CommHandle global_loss_done;
     for (int64_t micro = 0; micro < accumulation; ++micro) {
+      const bool last_micro = micro + 1 == accumulation;
+      replica.begin_micro_batch(last_micro);
       io::Batch batch;
       {
         auto scope = trace.scope("data_wait", "data");
@@ -268,29 +383,49 @@ TrainResult train(const TrainConfig& c) {
       Tensor logits;
       {
         auto scope = trace.scope("forward", "compute");
-        logits = model->forward(batch.inputs, saved, nn::Pass{c.seed, uint64_t(step), uint64_t(micro)});
+        // Each rank draws its own dropout masks: micro-batch index micro·dp + rank.
+        const uint64_t pass_micro = uint64_t(micro * dp.size() + dp.rank());
+        logits = model->forward(batch.inputs, saved, nn::Pass{c.seed, uint64_t(step), pass_micro});
         loss_sum += loss.forward(logits, batch.targets, loss_saved).loss;
+      }
+      if (last_micro && dp.size() > 1) {
+        // Every rank issues it before its gradient buckets, so the order of
+        // collectives is the same everywhere.
+        global_loss = ctx.from_vector(Shape{1}, std::vector<float>{float(loss_sum)}, device);
+        global_loss_done = dp.all_reduce(global_loss, parallel::ReduceOp::avg);
       }
       {
         auto scope = trace.scope("backward", "compute");
         loss.backward(logits, batch.targets, loss_scale / float(accumulation), loss_saved);
         model->backward(logits, saved);
       }
+      if (last_micro) {
+        // Wait for the buckets still being averaged (most were started by
+        // gradient hooks during backward).
+        auto scope = trace.scope("grad_sync", "comm");
+        replica.finish_backward();
+      }
+    }
+    const parallel::ReductionStats& sync = replica.last_reduction();
+    if (trace.enabled()) trace.counter("buckets_launched_in_backward", double(sync.launched_in_backward));
+    if (global_loss_done) {
+      global_loss_done->wait();
+      loss_sum = global_loss.to_vector<float>()[0];
     }
     bool skipped = false;
     nn::GradNorm norm;
     const double lr = schedule.lr(step);
     {
       auto scope = trace.scope("optimizer", "compute");
-      norm = nn::global_grad_norm(parameters);
+      norm = replica.grad_norm();  // global over the ranks, the same on each
       skipped = scaler.update(!norm.finite) || !norm.finite;
-      if (!skipped) optimizer.step(float(lr), nn::clip_coefficient(norm.norm / loss_scale, c.clip_grad) / loss_scale);
+      if (!skipped) replica.step(float(lr), nn::clip_coefficient(norm.norm / loss_scale, c.clip_grad) / loss_scale);
     }
     if (skipped && !scaler.enabled()) {
       ++result.skipped_steps;
       TESSERA_CHECK(++consecutive_skips < c.max_skipped_steps, "step ", step + 1, ": non-finite gradients in ",
-                    consecutive_skips, " consecutive steps (first non-finite gradient: ",
-                    first_non_finite_gradient(parameters),
+                    consecutive_skips,
+                    " consecutive steps (first non-finite gradient: ", first_non_finite_gradient(parameters),
                     "); lower --lr, enable --clip-grad, or check the data; the run stops here");
     } else if (skipped) {
       ++result.skipped_steps;
@@ -314,17 +449,19 @@ TrainResult train(const TrainConfig& c) {
     if (scaler.enabled()) record.loss_scale = loss_scale;
     record.skipped = skipped;
     record.epoch = epoch;
+    record.extra.emplace_back("grad_sync_ms", double(sync.reduction_end_ns - sync.backward_end_ns) * 1e-6);
     katib_due = (step + 1) % c.log_interval == 0 || step + 1 == total_steps;
     metrics.log_step(record);
     progress.update(record);
     result.last_loss = record.loss;
+    result.losses.push_back(record.loss);
     result.steps = step + 1;
 
     const bool last = step + 1 == total_steps;
     const bool due = c.eval_interval > 0 ? (step + 1) % c.eval_interval == 0
                                          : evaluate_per_epoch && (step + 1) % steps_per_epoch == 0;
     if (!c.eval_data.empty() && (due || last)) {
-      const EvalResult eval = evaluate(ctx, *model, c, device, dtype, trace);
+      const EvalResult eval = evaluate(ctx, *model, c, device, dtype, trace, dp);
       io::EvalRecord eval_record;
       eval_record.step = step + 1;
       eval_record.eval_loss = eval.loss;
@@ -341,22 +478,44 @@ TrainResult train(const TrainConfig& c) {
         std::snprintf(line, sizeof line, "eval step %lld: loss %.4f nats/token (%.3f bits) over %lld tokens",
                       static_cast<long long>(step + 1), eval.loss, eval.loss / std::log(2.0),
                       static_cast<long long>(eval.count));
-      progress.print_above(line);
+      if (root) progress.print_above(line);
       if (last) result.final_eval = eval;
     }
   }
   progress.finish();
   trace.close();
   result.median_ms_per_step = median(step_ms);
-  std::printf("done: %lld steps, last loss %.4f, median %.1f ms/step", static_cast<long long>(result.steps),
-              result.last_loss, result.median_ms_per_step);
-  if (result.skipped_steps) std::printf(", %lld skipped", static_cast<long long>(result.skipped_steps));
-  std::printf("\n");
-  if (!c.metrics.empty()) std::printf("metrics: %s (plot with: tessera plot %s -o curves.svg)\n", c.metrics.c_str(),
-                                      c.metrics.c_str());
-  if (!c.trace.empty()) std::printf("trace: %s (open in https://ui.perfetto.dev)\n", c.trace.c_str());
-  std::fflush(stdout);
+  if (root) {
+    std::printf("done: %lld steps, last loss %.4f, median %.1f ms/step", static_cast<long long>(result.steps),
+                result.last_loss, result.median_ms_per_step);
+    if (result.skipped_steps) std::printf(", %lld skipped", static_cast<long long>(result.skipped_steps));
+    std::printf("\n");
+    if (!c.metrics.empty())
+      std::printf("metrics: %s (plot with: tessera plot %s -o curves.svg)\n", c.metrics.c_str(), c.metrics.c_str());
+    if (!c.trace.empty())
+      std::printf("trace: %s (open in https://ui.perfetto.dev)%s\n", trace.path().c_str(),
+                  world->size() > 1 ? ", one file per rank" : "");
+    std::fflush(stdout);
+  }
   return result;
+}
+
+}  // namespace
+
+TrainResult train(const TrainConfig& c) {
+  validate(c);
+  int mpi_initialised = 0;
+  MPI_Initialized(&mpi_initialised);
+  if (!mpi_initialised) {
+    const std::unique_ptr<parallel::Communicator> local = parallel::make_local_communicator("world (no MPI)");
+    return run(c, nullptr, local.get());
+  }
+  const parallel::MpiEnv env;  // MPI is up already: this only reads the layout (and never finalises)
+  return run(c, &env, nullptr);
+}
+
+TrainResult train(const TrainConfig& c, parallel::Communicator& world) {
+  return run(c, nullptr, &world);
 }
 
 }  // namespace tessera::app

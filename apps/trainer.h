@@ -2,34 +2,47 @@
 // schedule and loaders from a TrainConfig, runs the steps (micro-batches with
 // gradient accumulation, global-norm clipping, loss scaling for fp16,
 // skipping non-finite steps), evaluates, and reports progress, metrics and a
-// trace. One process for now; data-parallel ranks arrive with the parallel
-// runtime.
+// trace, on every rank of the MPI world (data parallelism: parallel/data_parallel.h).
+//
+// MPI: train() runs on the ranks of MPI_COMM_WORLD when MPI is initialised
+// (`tessera train` initialises it in main() for the life of the process; MPI
+// test harnesses do it themselves), and as a single process with no MPI call
+// otherwise (in-process tests). It never initialises or finalises MPI itself,
+// so it can be called several times in one process.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "apps/train_config.h"
+#include "parallel/communicator.h"
 
 namespace tessera::app {
 
 struct EvalResult {
-  double loss = 0.0;                     // mean over the evaluated targets (nats)
-  std::optional<double> accuracy;        // classifiers
-  int64_t count = 0;                     // targets evaluated
+  double loss = 0.0;               // mean over the evaluated targets (nats)
+  std::optional<double> accuracy;  // classifiers
+  int64_t count = 0;               // targets evaluated
 };
 
 struct TrainResult {
-  int64_t steps = 0;                     // optimizer steps run (skipped ones included)
+  int64_t steps = 0;  // optimizer steps run (skipped ones included)
   int64_t skipped_steps = 0;
   double last_loss = 0.0;                // training loss of the last step
   std::optional<EvalResult> final_eval;  // when --eval-data was given
   double median_ms_per_step = 0.0;
+  std::vector<double> losses;         // every step's training loss, averaged over the ranks (same on all)
+  int data_parallel_size = 1;         // ranks that trained the model together
+  int64_t optimizer_state_bytes = 0;  // this rank's optimizer state (1/dp of it under --zero 1)
 };
 
 // Runs the whole training; throws tessera::Error for bad configurations,
 // data, or a run that cannot go on (e.g. non-finite gradients K steps in a row).
 TrainResult train(const TrainConfig& config);
+// The same on the ranks of `world` (e.g. a group of one for a single-rank
+// reference run inside an MPI job); --device cuda means cuda:0 here.
+TrainResult train(const TrainConfig& config, parallel::Communicator& world);
 
 }  // namespace tessera::app

@@ -1,0 +1,80 @@
+// Communicator: collectives and point-to-point transfers on tensors among the
+// ranks of one group (the world, or one axis of the process grid). Counts are
+// in elements and the datatype comes from the tensor. Every call is
+// asynchronous and returns a handle to wait on; every call gets a sequence
+// number and carries the group's name, so a stalled one can be named.
+//
+// Backends (chosen by which files CMake compiles, and at run time by the
+// tensors' device unless overridden):
+//   - MPI: host tensors through nonblocking MPI calls (MPI_Iallreduce, ...);
+//     device tensors through host staging when NCCL is not available. MPI
+//     progresses only inside MPI calls: poll() (called by the data-parallel
+//     reducer as gradients become ready) keeps outstanding operations moving.
+//   - NCCL: device tensors on the communicator's own stream, ordered after
+//     the compute stream by events (no device-wide syncs).
+// A group of size 1 is the identity and costs nothing.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tessera::parallel {
+
+enum class ReduceOp { sum, avg, max };
+
+// A communication in flight. wait() blocks until it completes (rethrowing
+// its error); test() returns whether it has completed, making progress.
+// Destroying an unfinished handle waits for it.
+class CommWork {
+ public:
+  virtual ~CommWork() = default;
+  virtual void wait() = 0;
+  virtual bool test() = 0;
+};
+using CommHandle = std::unique_ptr<CommWork>;
+
+// One half of a grouped exchange (send_recv): send `tensor` to `peer`, or
+// receive into it from `peer`. Shapes are agreed up front; no metadata travels.
+struct P2POp {
+  enum class Kind { send, recv };
+  Kind kind = Kind::send;
+  Tensor tensor;
+  int peer = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual const std::string& name() const = 0;  // "world", "dp", "tp", "pp", ...
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // In place on `tensor`; avg divides the sum by size() (integers: truncated).
+  virtual CommHandle all_reduce(Tensor& tensor, ReduceOp op) = 0;
+  // input [size() · n] → output [n]: rank r gets block r of the reduction.
+  virtual CommHandle reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) = 0;
+  // input [n] → output [size() · n], block r from rank r.
+  virtual CommHandle all_gather(const Tensor& input, Tensor& output) = 0;
+  virtual CommHandle broadcast(Tensor& tensor, int root) = 0;
+  virtual CommHandle send(const Tensor& tensor, int peer) = 0;
+  virtual CommHandle recv(Tensor& tensor, int peer) = 0;
+  // All sends and receives as one group (no deadlock whatever their order).
+  virtual CommHandle send_recv(const std::vector<P2POp>& ops) = 0;
+  virtual void barrier() = 0;
+  // Makes progress on outstanding nonblocking operations (MPI); free otherwise.
+  virtual void poll() {}
+
+  // Operations issued on this communicator so far.
+  virtual uint64_t sequence() const = 0;
+
+  // A new communicator over the ranks that pass the same `color`, ordered by
+  // `key`, named `name` (collective over this communicator).
+  virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
+};
+
+}  // namespace tessera::parallel

@@ -1,0 +1,333 @@
+// DataParallel: the flat gradient (and, for ZeRO-1, value) buffers and their
+// buckets, the gradient hooks that launch each bucket's reduction during
+// backward, the cross-rank gradient norm, and the (sharded) optimizer step.
+#include "parallel/data_parallel.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <set>
+#include <sstream>
+
+#include "core/context.h"
+
+namespace tessera::parallel {
+namespace {
+
+// Each parameter's first element is aligned to 16 elements (64 bytes of f32)
+// in the flat buffers, as a freshly allocated tensor would be.
+constexpr int64_t kAlignElements = 16;
+
+int64_t align_up(int64_t value, int64_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+void validate(const DataParallelOptions& options) {
+  TESSERA_CHECK(options.zero_stage == 0 || options.zero_stage == 1, "--zero must be 0 (plain data parallelism) or 1 ",
+                "(optimizer state sharded over data-parallel ranks), got ", options.zero_stage);
+  TESSERA_CHECK(std::isfinite(options.bucket_size_mb) && options.bucket_size_mb > 0.0,
+                "--bucket-size-mb must be a positive number of MiB, got ", options.bucket_size_mb);
+}
+
+DataParallel::DataParallel(std::vector<nn::Parameter*> parameters, Communicator& comm,
+                           const nn::OptimizerConfig& optimizer, DataParallelOptions options)
+    : parameters_(std::move(parameters)), comm_(comm), options_(std::move(options)) {
+  validate(options_);
+  TESSERA_CHECK(!parameters_.empty(), "data parallel: the model has no parameters to train");
+  const bool zero = options_.zero_stage == 1;
+  const int ranks = comm_.size(), rank = comm_.rank();
+  const nn::Parameter& first = *parameters_.front();
+  TESSERA_CHECK(first.value.defined(), "data parallel: parameter '", first.name, "' has no value");
+  const Device device = first.value.device();
+  const DType dtype = first.value.dtype();
+  Context& ctx = first.value.context();
+  std::set<std::string> names;
+  for (const nn::Parameter* p : parameters_) {
+    TESSERA_CHECK(p != nullptr, "data parallel: a null parameter pointer was passed");
+    TESSERA_CHECK(names.insert(p->name).second, "data parallel: parameter '", p->name, "' is passed twice");
+    TESSERA_CHECK(
+        p->value.defined() && p->grad.defined() && p->grad.dtype() == DType::f32 && p->grad.numel() == p->value.numel(),
+        "data parallel: parameter '", p->name, "' needs a value and an f32 gradient of the same size");
+    TESSERA_CHECK(p->value.device() == device && p->grad.device() == device, "data parallel: parameter '", p->name,
+                  "' is on ", p->value.device().to_string(), " but '", first.name, "' on ", device.to_string(),
+                  "; one data-parallel replica lives on one device");
+    TESSERA_CHECK(!zero || p->value.dtype() == dtype, "data parallel: --zero 1 keeps all parameters in one flat ",
+                  "buffer, but '", p->name, "' holds ", dtype_name(p->value.dtype()), " and '", first.name, "' ",
+                  dtype_name(dtype));
+    TESSERA_CHECK(!p->on_grad_ready, "data parallel: parameter '", p->name,
+                  "' already has a gradient hook; is the model wrapped by two DataParallel objects at once?");
+  }
+
+  // Buckets of whole parameters in reverse order (the order backward completes them).
+  const int64_t bucket_limit = std::max<int64_t>(1, int64_t(options_.bucket_size_mb * 1024.0 * 1024.0 / 4.0));
+  std::vector<int64_t> offset(parameters_.size());
+  bucket_of_.assign(parameters_.size(), 0);
+  int64_t cursor = 0;
+  for (size_t k = parameters_.size(); k-- > 0;) {
+    if (buckets_.empty() || buckets_.back().numel > 0) {  // numel > 0: the last bucket is closed
+      buckets_.emplace_back();
+      buckets_.back().begin = cursor;
+    }
+    Bucket& bucket = buckets_.back();
+    cursor = align_up(cursor, kAlignElements);
+    offset[k] = cursor;
+    cursor += parameters_[k]->value.numel();
+    bucket.parameters.push_back(k);
+    bucket_of_[k] = buckets_.size() - 1;
+    const bool last = k == 0;
+    if (cursor - bucket.begin >= bucket_limit || last) {
+      int64_t numel = std::max<int64_t>(cursor - bucket.begin, 1);
+      if (zero) numel = align_up(numel, ranks);  // equal pieces, one per rank
+      bucket.numel = numel;
+      cursor = align_up(bucket.begin + numel, kAlignElements);
+    }
+  }
+  flat_numel_ = cursor;
+
+  // The flat gradients, then the views (keeping what the gradients held).
+  flat_grads_ = ctx.zeros(Shape{flat_numel_}, DType::f32, device);
+  if (zero) flat_values_ = ctx.zeros(Shape{flat_numel_}, dtype, device);
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    nn::Parameter& p = *parameters_[i];
+    const int64_t n = p.value.numel();
+    Tensor grad = flat_grads_.slice(offset[i], offset[i] + n).view(p.value.shape());
+    grad.copy_(p.grad);
+    p.grad = grad;
+    if (zero) {
+      Tensor value = flat_values_.slice(offset[i], offset[i] + n).view(p.value.shape());
+      value.copy_(p.value);
+      p.value = value;
+    }
+  }
+
+  std::vector<nn::Parameter*> optimized = parameters_;
+  if (zero) {
+    int64_t shard_total = 0;
+    for (Bucket& bucket : buckets_) {
+      bucket.shard_begin = shard_total;
+      shard_total += piece_numel(bucket);
+    }
+    shard_grads_ = ctx.zeros(Shape{shard_total}, DType::f32, device);
+    staging_ = ctx.zeros(Shape{shard_total}, dtype, device);
+    optimized.clear();
+    for (Bucket& bucket : buckets_) {
+      const int64_t piece = piece_numel(bucket);
+      const int64_t piece_begin = bucket.begin + int64_t(rank) * piece, piece_end = piece_begin + piece;
+      for (size_t index : bucket.parameters) {
+        const nn::Parameter& p = *parameters_[index];
+        const int64_t begin = std::max(offset[index], piece_begin);
+        const int64_t end = std::min(offset[index] + p.value.numel(), piece_end);
+        if (end <= begin) continue;
+        auto shard = std::make_unique<nn::Parameter>();
+        shard->name = p.name + ".shard" + std::to_string(rank);
+        shard->value = flat_values_.slice(begin, end);
+        const int64_t at = bucket.shard_begin + (begin - piece_begin);
+        shard->grad = shard_grads_.slice(at, at + (end - begin));
+        shard->weight_decay = p.weight_decay;
+        optimized.push_back(shard.get());
+        shards_.push_back(std::move(shard));
+      }
+    }
+  }
+  optimizer_ = std::make_unique<nn::Optimizer>(optimized, optimizer);
+
+  ready_.assign(parameters_.size(), false);
+  for (size_t i = 0; i < parameters_.size(); ++i)
+    parameters_[i]->on_grad_ready = [this, i](nn::Parameter&) { on_grad_ready(i); };
+}
+
+DataParallel::~DataParallel() {
+  for (nn::Parameter* p : parameters_) p->on_grad_ready = nullptr;
+  // Unfinished handles wait in their destructors; they must not throw here.
+  for (Bucket& bucket : buckets_) {
+    try {
+      if (bucket.handle) bucket.handle->wait();
+    } catch (const std::exception&) {
+    }
+    bucket.handle.reset();
+  }
+}
+
+int64_t DataParallel::now() const {
+  return options_.clock ? options_.clock() : steady_ns();
+}
+
+void DataParallel::begin_step() {
+  for (Bucket& bucket : buckets_) {
+    TESSERA_CHECK(!bucket.handle, "data parallel: begin_step() while a bucket's reduction is still in flight; ",
+                  "call finish_backward() after the last micro-batch's backward");
+    bucket.ready = 0;
+    bucket.launched = bucket.completed = bucket.in_backward = false;
+  }
+  std::fill(ready_.begin(), ready_.end(), false);
+  next_launch_ = 0;
+  last_micro_batch_ = true;
+  reduced_ = false;
+  stats_ = ReductionStats{};
+  flat_grads_.fill_(0.0);
+}
+
+void DataParallel::begin_micro_batch(bool last) {
+  TESSERA_CHECK(next_launch_ == 0 && !reduced_, "data parallel: a micro-batch began after the step's gradients were ",
+                "reduced; call begin_step() before the next step");
+  last_micro_batch_ = last;
+  std::fill(ready_.begin(), ready_.end(), false);
+  for (Bucket& bucket : buckets_) bucket.ready = 0;
+}
+
+void DataParallel::on_grad_ready(size_t index) {
+  if (!last_micro_batch_ || reduced_) return;
+  TESSERA_CHECK(!ready_[index], "data parallel: parameter '", parameters_[index]->name,
+                "' reported a complete gradient twice in one backward (a module used twice in one forward?); its ",
+                "bucket may already be reduced");
+  ready_[index] = true;
+  Bucket& bucket = buckets_[bucket_of_[index]];
+  if (++bucket.ready == int(bucket.parameters.size())) launch_ready_in_order(true);
+  if (next_launch_ > 0) {
+    comm_.poll();
+    ++stats_.hook_polls;
+    check_completions();
+  }
+}
+
+void DataParallel::launch_ready_in_order(bool in_backward) {
+  while (next_launch_ < buckets_.size() &&
+         buckets_[next_launch_].ready == int(buckets_[next_launch_].parameters.size()))
+    launch(next_launch_++, in_backward);
+}
+
+void DataParallel::launch(size_t index, bool in_backward) {
+  Bucket& bucket = buckets_[index];
+  bucket.launched = true;
+  bucket.in_backward = in_backward;
+  bucket.start_ns = now();
+  if (stats_.buckets == 0) stats_.first_launch_ns = bucket.start_ns;
+  ++stats_.buckets;
+  if (in_backward) ++stats_.launched_in_backward;
+  Tensor grads = flat_grads_.slice(bucket.begin, bucket.begin + bucket.numel);
+  if (options_.zero_stage == 1) {
+    Tensor piece = shard_grads_.slice(bucket.shard_begin, bucket.shard_begin + piece_numel(bucket));
+    bucket.handle = comm_.reduce_scatter(grads, piece, ReduceOp::avg);
+  } else {
+    bucket.handle = comm_.all_reduce(grads, ReduceOp::avg);
+  }
+}
+
+void DataParallel::check_completions() {
+  for (size_t i = 0; i < next_launch_; ++i) {
+    Bucket& bucket = buckets_[i];
+    if (bucket.handle && !bucket.completed && bucket.handle->test()) complete(bucket, i);
+  }
+}
+
+void DataParallel::complete(Bucket& bucket, size_t index) {
+  bucket.completed = true;
+  if (!options_.on_event) return;
+  CommEvent event;
+  event.name = options_.zero_stage == 1 ? "reduce_scatter" : "all_reduce";
+  event.bucket = int(index);
+  event.bytes = bucket.numel * 4;
+  event.start_ns = bucket.start_ns;
+  event.end_ns = now();
+  event.launched_in_backward = bucket.in_backward;
+  options_.on_event(event);
+}
+
+void DataParallel::finish_backward() {
+  if (!last_micro_batch_ || reduced_) return;
+  stats_.backward_end_ns = now();
+  while (next_launch_ < buckets_.size()) launch(next_launch_++, false);
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& bucket = buckets_[i];
+    bucket.handle->wait();
+    if (!bucket.completed) complete(bucket, i);
+    bucket.handle.reset();
+  }
+  stats_.reduction_end_ns = now();
+  reduced_ = true;
+}
+
+nn::GradNorm DataParallel::grad_norm() {
+  TESSERA_CHECK(reduced_, "data parallel: grad_norm() before finish_backward() of the step's last micro-batch");
+  std::vector<nn::Parameter*> local;
+  if (options_.zero_stage == 1)
+    for (const auto& shard : shards_) local.push_back(shard.get());
+  else
+    local = parameters_;
+  const double sum = local.empty() ? 0.0 : double(nn::grad_sum_squares(local).to_vector<float>()[0]);
+  const bool finite = std::isfinite(sum);
+  if (comm_.size() == 1) return {std::sqrt(sum), finite};
+  // [sum of squares (0 if not finite), non-finite flag]: plain DP holds the
+  // same averaged gradients on every rank (max keeps them agreeing bit for
+  // bit), ZeRO-1 holds disjoint shards (sum). A NaN never travels: MPI's max
+  // may drop it.
+  Context& ctx = flat_grads_.context();
+  Tensor both = ctx.from_vector(Shape{2}, std::vector<float>{finite ? float(sum) : 0.0f, finite ? 0.0f : 1.0f},
+                                flat_grads_.device());
+  comm_.all_reduce(both, options_.zero_stage == 1 ? ReduceOp::sum : ReduceOp::max)->wait();
+  const std::vector<float> global = both.to_vector<float>();
+  return {std::sqrt(double(global[0])), global[1] == 0.0f && std::isfinite(global[0])};
+}
+
+void DataParallel::step(float lr, float grad_scale) {
+  TESSERA_CHECK(reduced_, "data parallel: step() before finish_backward() of the step's last micro-batch");
+  optimizer_->step(lr, grad_scale);
+  if (options_.zero_stage != 1) return;
+  const int rank = comm_.rank();
+  std::vector<CommHandle> handles(buckets_.size());
+  std::vector<int64_t> starts(buckets_.size());
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    const Bucket& bucket = buckets_[i];
+    const int64_t piece = piece_numel(bucket);
+    const int64_t own = bucket.begin + int64_t(rank) * piece;
+    Tensor send = staging_.slice(bucket.shard_begin, bucket.shard_begin + piece);
+    send.copy_(flat_values_.slice(own, own + piece));
+    Tensor values = flat_values_.slice(bucket.begin, bucket.begin + bucket.numel);
+    starts[i] = now();
+    handles[i] = comm_.all_gather(send, values);
+  }
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    handles[i]->wait();
+    if (options_.on_event) {
+      CommEvent event;
+      event.name = "all_gather";
+      event.bucket = int(i);
+      event.bytes = piece_numel(buckets_[i]) * int64_t(flat_values_.element_size());
+      event.start_ns = starts[i];
+      event.end_ns = now();
+      options_.on_event(event);
+    }
+  }
+}
+
+int64_t DataParallel::optimizer_state_bytes() {
+  int64_t bytes = 0;
+  for (const auto& [name, tensor] : optimizer_->state_tensors()) bytes += int64_t(tensor->nbytes());
+  return bytes;
+}
+
+std::vector<std::vector<std::string>> DataParallel::bucket_parameter_names() const {
+  std::vector<std::vector<std::string>> out;
+  for (const Bucket& bucket : buckets_) {
+    out.emplace_back();
+    for (size_t index : bucket.parameters) out.back().push_back(parameters_[index]->name);
+  }
+  return out;
+}
+
+std::string DataParallel::describe() {
+  std::ostringstream out;
+  out << "dp=" << comm_.size() << " zero=" << options_.zero_stage << " buckets=" << buckets_.size() << " ("
+      << options_.bucket_size_mb << " MiB) flat=" << flat_numel_ << " elements, optimizer state "
+      << optimizer_state_bytes() << " bytes on this rank";
+  return out.str();
+}
+
+}  // namespace tessera::parallel

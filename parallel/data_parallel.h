@@ -1,0 +1,173 @@
+// DataParallel: one model replicated on the ranks of a data-parallel
+// communicator, its gradients averaged over them with communication that
+// overlaps backward, and the optimizer step (plain, or ZeRO-1 with the
+// optimizer state sharded over the ranks).
+//
+// Gradients live in one flat f32 buffer: every Parameter::grad becomes a view
+// of it. The buffer is laid out in reverse parameter order (the order backward
+// finishes gradients) and split into buckets of whole parameters of about
+// bucket_size_mb MiB. Each parameter's on_grad_ready hook counts it in; when
+// the last parameter of a bucket is ready on the last micro-batch of a step,
+// the bucket's asynchronous average starts (buckets are launched strictly in
+// bucket order so every rank issues the same collectives in the same order),
+// and the hook polls the communicator so MPI makes progress while the rest of
+// backward runs. finish_backward() launches whatever is left and waits.
+//
+// ZeRO-1 (zero_stage 1): the parameters' values also live in one flat buffer
+// (model dtype, same layout). Every bucket is padded to a multiple of the
+// number of ranks and split into as many equal pieces; rank r owns piece r of
+// every bucket. Gradients are reduce-scattered (average) per bucket, so ZeRO-1
+// overlaps backward exactly like plain DP; each rank's Optimizer covers only
+// its pieces, through "shard" pseudo-parameters ("<name>.shard<r>": value and
+// gradient are views of the parameter's intersection with the rank's piece,
+// weight_decay kept), so optimizer state (and f32 masters) take 1/dp of the
+// memory; after the update each bucket's parameter values are all-gathered.
+//
+// One optimizer step:
+//   dp.begin_step();                                 // zeroes the flat gradients
+//   for (micro = 0; micro < accumulation; ++micro) {
+//     dp.begin_micro_batch(micro + 1 == accumulation);  // only the last one reduces
+//     ... forward, loss backward, model.backward(...) ...
+//     dp.finish_backward();                          // no-op except on the last micro-batch
+//   }
+//   const nn::GradNorm norm = dp.grad_norm();        // global over ranks, same on every rank
+//   if (norm.finite) dp.step(lr, clip_coefficient(norm.norm, max_norm));
+//
+// Nothing here reads io/: communication events reach a trace through the
+// `on_event` callback, timed by `clock` (the trainer passes its TraceWriter's).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/nn/optimizer.h"
+#include "core/nn/parameter.h"
+#include "core/tensor.h"
+#include "parallel/communicator.h"
+
+namespace tessera::parallel {
+
+// One bucket's communication: launched at start_ns, seen complete at end_ns
+// (the first poll, test or wait that found it done).
+struct CommEvent {
+  std::string name;  // "all_reduce", "reduce_scatter" or "all_gather"
+  int bucket = 0;
+  int64_t bytes = 0;  // this rank's contribution (the input)
+  int64_t start_ns = 0, end_ns = 0;
+  bool launched_in_backward = false;  // from a gradient hook, before finish_backward()
+};
+
+struct DataParallelOptions {
+  double bucket_size_mb = 25.0;  // --bucket-size-mb: MiB of f32 gradients per bucket (≥ one parameter)
+  int zero_stage = 0;            // --zero: 0 (plain DP) or 1 (sharded optimizer state)
+  // Nanoseconds on the caller's timeline (e.g. TraceWriter::now_ns); empty:
+  // the steady clock.
+  std::function<int64_t()> clock{};
+  // Called once per bucket communication when it completes (e.g. to write a
+  // trace event); empty: nothing.
+  std::function<void(const CommEvent&)> on_event{};
+};
+
+// Overlap evidence for the last step's gradient reduction, on `clock`.
+struct ReductionStats {
+  int buckets = 0;               // buckets reduced
+  int launched_in_backward = 0;  // of them, launched from a gradient hook before finish_backward()
+  int64_t first_launch_ns = 0;   // when the first bucket's reduction started
+  int64_t backward_end_ns = 0;   // when finish_backward() was called (backward had ended)
+  int64_t reduction_end_ns = 0;  // when the last bucket's reduction was complete
+  int64_t hook_polls = 0;        // communicator polls made from gradient hooks
+};
+
+class DataParallel {
+ public:
+  // Re-points every parameter's grad (and, for ZeRO-1, value) to views of the
+  // flat buffers, keeping their current contents; installs the gradient hooks;
+  // builds the optimizer (over all parameters, or over this rank's shard).
+  // Parameters must outlive this object and share one device; with ZeRO-1 also
+  // one dtype. No communication here, but every rank of `comm` must build one
+  // with the same parameters (names and shapes, same order) and options.
+  DataParallel(std::vector<nn::Parameter*> parameters, Communicator& comm, const nn::OptimizerConfig& optimizer,
+               DataParallelOptions options = {});
+  // Removes the hooks (parameters keep their flat-buffer views).
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  // Zeroes the flat gradient buffer (the start of an optimizer step).
+  void begin_step();
+  // Before each micro-batch's backward: `last` says whether its gradients
+  // complete the step (then buckets are reduced as they become ready).
+  void begin_micro_batch(bool last);
+  // After the micro-batch's backward: on the last micro-batch, launches every
+  // bucket not launched yet and waits for all of them; no-op otherwise.
+  void finish_backward();
+
+  // The global L2 norm of the averaged gradients, identical on every rank
+  // (one small all-reduce: plain DP takes the max of the ranks' identical
+  // sums, ZeRO-1 sums the shards' sums of squares), and whether any rank
+  // saw an inf or NaN. One host synchronisation.
+  nn::GradNorm grad_norm();
+  // The optimizer update with the scheduled `lr` and gradients multiplied by
+  // `grad_scale` (see nn::Optimizer::step); ZeRO-1 then all-gathers the
+  // updated values into every rank's parameters.
+  void step(float lr, float grad_scale = 1.0f);
+
+  nn::Optimizer& optimizer() { return *optimizer_; }
+  Communicator& communicator() { return comm_; }
+  int zero_stage() const { return options_.zero_stage; }
+  // Bytes of this rank's optimizer state (Optimizer::state_tensors: moments,
+  // momentum, f32 masters).
+  int64_t optimizer_state_bytes();
+  // Elements of the flat buffers (padding included) and bucket count.
+  int64_t flat_numel() const { return flat_numel_; }
+  int bucket_count() const { return int(buckets_.size()); }
+  // The names of each bucket's parameters, in buffer order (for tests and logs).
+  std::vector<std::vector<std::string>> bucket_parameter_names() const;
+  const ReductionStats& last_reduction() const { return stats_; }
+  // "dp=2 zero=1 buckets=3 (25 MiB) flat=1.2M elements, optimizer state 4.8 MB"
+  std::string describe();
+
+ private:
+  struct Bucket {
+    std::vector<size_t> parameters;  // indices into parameters_, buffer order
+    int64_t begin = 0, numel = 0;    // range of the flat buffers (padded for ZeRO-1)
+    int64_t shard_begin = 0;         // ZeRO-1: this rank's piece in shard_grads_ / staging_
+    int ready = 0;                   // parameters whose gradient is complete this step
+    bool launched = false, completed = false, in_backward = false;
+    int64_t start_ns = 0;
+    CommHandle handle;
+  };
+
+  void on_grad_ready(size_t index);
+  void launch(size_t bucket, bool in_backward);
+  void launch_ready_in_order(bool in_backward);
+  void check_completions();
+  void complete(Bucket& bucket, size_t index);
+  int64_t now() const;
+  int64_t piece_numel(const Bucket& bucket) const { return bucket.numel / comm_.size(); }
+
+  std::vector<nn::Parameter*> parameters_;
+  Communicator& comm_;
+  DataParallelOptions options_;
+  std::vector<size_t> bucket_of_;  // per parameter
+  std::vector<bool> ready_;        // per parameter, this step
+  std::vector<Bucket> buckets_;
+  size_t next_launch_ = 0;  // buckets [0, next_launch_) are launched
+  bool last_micro_batch_ = true;
+  bool reduced_ = false;  // this step's gradients are averaged (finish_backward ran)
+  int64_t flat_numel_ = 0;
+  Tensor flat_grads_;                                   // [flat_numel_] f32
+  Tensor flat_values_;                                  // ZeRO-1: [flat_numel_] model dtype
+  Tensor shard_grads_, staging_;                        // ZeRO-1: this rank's pieces, f32 and model dtype
+  std::vector<std::unique_ptr<nn::Parameter>> shards_;  // ZeRO-1 pseudo-parameters
+  std::unique_ptr<nn::Optimizer> optimizer_;
+  ReductionStats stats_;
+};
+
+// Parses --zero (0 or 1) and --bucket-size-mb (> 0); throws naming the flag.
+void validate(const DataParallelOptions& options);
+
+}  // namespace tessera::parallel

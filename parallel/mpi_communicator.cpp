@@ -1,0 +1,656 @@
+// MpiCommunicator: nonblocking MPI collectives and point-to-point transfers
+// on tensors, with host staging for device tensors and f32 reductions for
+// bf16/f16 (see mpi_communicator.h for the rules).
+#include "parallel/mpi_communicator.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <exception>
+#include <functional>
+#include <type_traits>
+#include <utility>
+
+#include "core/context.h"
+#include "core/storage.h"
+#include "parallel/mpi_check.h"
+
+// Like TESSERA_MPI_CHECK, with the operation, communicator and rank in the message.
+#define TESSERA_MPI_CHECK_AT(at, expr)                                                                        \
+  do {                                                                                                        \
+    const int tessera_status_ = (expr);                                                                       \
+    if (tessera_status_ != MPI_SUCCESS) [[unlikely]]                                                          \
+      ::tessera::throw_error(::tessera::ErrorSite{"MPI", tessera_status_, {}, #expr, __FILE__, __LINE__, {}}, \
+                             (at) + ": " + ::tessera::detail::mpi_error_text(tessera_status_));               \
+  } while (0)
+
+namespace tessera::parallel {
+
+// One operation in flight: its MPI requests, the buffers they use, and what
+// to do on the host once they complete.
+class MpiWork final : public CommWork {
+ public:
+  MpiWork(MpiCommunicator* comm, std::string where) : comm_(comm), where_(std::move(where)) {}
+  ~MpiWork() override;
+  MpiWork(const MpiWork&) = delete;
+  MpiWork& operator=(const MpiWork&) = delete;
+
+  void wait() override;
+  bool test() override;
+
+  bool pending() const { return !requests_.empty() || next_step_; }
+  const std::string& where() const { return where_; }
+  MPI_Request* add_request() { return &requests_.emplace_back(MPI_REQUEST_NULL); }
+  void keep(Tensor tensor) { kept_.push_back(std::move(tensor)); }
+  void on_complete(std::function<void()> step) { finish_.push_back(std::move(step)); }
+  // A multi-step algorithm: `next` runs whenever the requests in flight have
+  // completed; it posts the next step's requests and returns true, or returns
+  // false when the algorithm is done. Runs once now to post the first step.
+  void run_steps(std::function<bool(MpiWork&)> next) {
+    next_step_ = std::move(next);
+    advance();
+  }
+  // Runs the host-side steps now (no MPI involved: size 1, or nothing to move).
+  void complete_now() { complete(); }
+
+ private:
+  void complete();
+  [[noreturn]] void fail(std::exception_ptr error);
+  // After the requests in flight completed: the next step, if any. False when all is done.
+  bool advance();
+
+  MpiCommunicator* comm_;  // registered there while pending
+  std::string where_;
+  std::vector<MPI_Request> requests_;
+  std::vector<Tensor> kept_;  // buffers MPI reads or writes until completion
+  std::vector<std::function<void()>> finish_;
+  std::function<bool(MpiWork&)> next_step_;
+  bool done_ = false;
+  std::exception_ptr error_;
+  friend class MpiCommunicator;
+};
+
+MpiWork::~MpiWork() {
+  if (!done_) {
+    try {
+      wait();
+    } catch (const std::exception& error) {
+      // A destructor cannot throw; say what was lost rather than dropping it.
+      std::fprintf(stderr, "tessera: an unwaited communication failed while its handle was destroyed: %s\n",
+                   error.what());
+    }
+  }
+  if (comm_) comm_->leave(this);
+}
+
+void MpiWork::wait() {
+  if (done_) {
+    if (error_) std::rethrow_exception(error_);
+    return;
+  }
+  try {
+    do {
+      if (!requests_.empty())
+        TESSERA_MPI_CHECK_AT(where_, MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE));
+    } while (advance());
+  } catch (...) {
+    fail(std::current_exception());
+  }
+  complete();
+}
+
+bool MpiWork::test() {
+  if (done_) {
+    if (error_) std::rethrow_exception(error_);
+    return true;
+  }
+  try {
+    do {
+      int flag = 1;
+      if (!requests_.empty())
+        TESSERA_MPI_CHECK_AT(where_, MPI_Testall(int(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE));
+      if (!flag) return false;
+    } while (advance());
+  } catch (...) {
+    fail(std::current_exception());
+  }
+  complete();
+  return true;
+}
+
+bool MpiWork::advance() {
+  requests_.clear();
+  if (!next_step_) return false;
+  if (next_step_(*this)) return true;
+  next_step_ = nullptr;
+  return false;
+}
+
+void MpiWork::complete() {
+  try {
+    for (auto& step : finish_) step();
+  } catch (...) {
+    fail(std::current_exception());
+  }
+  done_ = true;
+  finish_.clear();
+  kept_.clear();
+  if (comm_) comm_->leave(this);
+  comm_ = nullptr;
+}
+
+void MpiWork::fail(std::exception_ptr error) {
+  done_ = true;
+  next_step_ = nullptr;
+  error_ = error;
+  finish_.clear();
+  kept_.clear();
+  if (comm_) comm_->leave(this);
+  comm_ = nullptr;
+  std::rethrow_exception(error);
+}
+
+namespace {
+
+MPI_Datatype mpi_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::bf16:
+    case DType::f16:
+      return MPI_UINT16_T;  // moved as raw bits; reductions go through f32
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
+    case DType::u8:
+      return MPI_UINT8_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  return op == ReduceOp::max ? MPI_MAX : MPI_SUM;  // avg: sum, then divide
+}
+
+const char* op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::avg:
+      return "avg";
+    case ReduceOp::max:
+      return "max";
+  }
+  return "?";
+}
+
+// The dtype a reduction of `dtype` runs in: bf16/f16 in f32; u8 sums in
+// i32 (so avg is the true average; also, Open MPI 4.1's AVX reduction
+// saturates 8-bit sums of 27 or more elements where shorter ones wrap).
+DType reduction_dtype(DType dtype, ReduceOp op) {
+  if (dtype == DType::bf16 || dtype == DType::f16) return DType::f32;
+  if (dtype == DType::u8 && op != ReduceOp::max) return DType::i32;
+  return dtype;
+}
+
+// The host-side arithmetic here (conversions, avg's division, the ring's
+// additions) runs on the calling thread only, vectorised, like MPI's own
+// reductions: OpenMP workers would compete for the cores with the other ranks
+// of the node (and their spinning would stall MPI's progress).
+
+// to[i] = from[i] / divisor in to's dtype: floating types through f32
+// (rounding once), integers through int64 (division truncated toward zero;
+// u8 keeps the value modulo 256). `to` may be `from` itself.
+void convert(const Tensor& from, const Tensor& to, int divisor) {
+  dispatch_any(from.dtype(), [&](auto from_tag) {
+    dispatch_any(to.dtype(), [&](auto to_tag) {
+      using From = decltype(from_tag);
+      using To = decltype(to_tag);
+      if constexpr (std::is_integral_v<From> == std::is_integral_v<To>) {
+        const From* in = static_cast<const From*>(from.data_ptr());
+        To* out = static_cast<To*>(to.data_ptr());
+        const int64_t n = from.numel();
+        if constexpr (std::is_integral_v<From>) {
+          for (int64_t i = 0; i < n; ++i) out[i] = To(int64_t(in[i]) / divisor);
+        } else if (divisor == 1) {
+          for (int64_t i = 0; i < n; ++i) out[i] = from_float<To>(to_float(in[i]));
+        } else {
+          const float scale = float(divisor);
+          for (int64_t i = 0; i < n; ++i) out[i] = from_float<To>(to_float(in[i]) / scale);
+        }
+      } else {
+        TESSERA_THROW("communicator: no conversion from ", dtype_name(from.dtype()), " to ", dtype_name(to.dtype()));
+      }
+    });
+  });
+}
+
+// A host copy of `host` in `dtype`.
+Tensor converted(const Tensor& host, DType dtype) {
+  Tensor out = host.context().empty(Shape{host.numel()}, dtype);
+  convert(host, out, 1);
+  return out;
+}
+
+// x[i] = x[i] + y[i] (or max) over n elements of a host buffer (f32, i32,
+// i64: the dtypes reductions run in).
+void reduce_into(void* x, const void* y, int64_t n, DType dtype, ReduceOp op) {
+  dispatch_any(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t>) {
+      T* out = static_cast<T*>(x);
+      const T* in = static_cast<const T*>(y);
+      if (op == ReduceOp::max) {
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) out[i] = out[i] < in[i] ? in[i] : out[i];
+      } else {
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) out[i] += in[i];
+      }
+    } else {
+      TESSERA_THROW("communicator: reductions run in f32, i32 or i64, not ", dtype_name(dtype));
+    }
+  });
+}
+
+// All-reduce as a ring over nonblocking point-to-point messages: the buffer
+// is cut into size() chunks; size()−1 steps of reduce-scatter (send one chunk
+// to the right, receive one from the left and add it to ours) leave each rank
+// with one reduced chunk, size()−1 steps of all-gather pass the reduced chunks
+// round. Every rank sends and receives 2(n−1)/n of the buffer, the
+// bandwidth-optimal amount. Each step is posted when the previous one
+// completes, inside wait(), test() or the communicator's poll().
+//
+// Why not MPI_Iallreduce: Open MPI 4.1's nonblocking collectives (libnbc) run
+// at a third to a half of MPI_Allreduce's bandwidth on 1-64 MiB buffers here
+// (benchmarks/allreduce.cpp); this ring matches MPI_Allreduce and stays
+// nonblocking. Small buffers, where latency dominates, still use
+// MPI_Iallreduce.
+class RingAllReduce {
+ public:
+  RingAllReduce(MPI_Comm comm, int rank, int size, int tag, const Tensor& buffer, ReduceOp op)
+      : comm_(comm),
+        rank_(rank),
+        size_(size),
+        tag_(tag),
+        buffer_(buffer),
+        op_(op),
+        type_(mpi_type(buffer.dtype())),
+        element_(buffer.element_size()) {
+    const int64_t n = buffer.numel();
+    for (int c = 0; c <= size; ++c) begin_.push_back(n * c / size);
+    int64_t largest = 0;
+    for (int c = 0; c < size; ++c) largest = std::max(largest, begin_[size_t(c + 1)] - begin_[size_t(c)]);
+    scratch_ = buffer.context().empty(Shape{largest}, buffer.dtype());
+  }
+
+  // Posts step 0, or, once step `step_` has completed, finishes it and posts the next.
+  bool operator()(MpiWork& work) {
+    if (step_ >= 0 && step_ < size_ - 1) {
+      const int chunk = mod(rank_ - step_ - 1);
+      reduce_into(at(chunk), scratch_.data_ptr(), length(chunk), buffer_.dtype(), op_);
+    }
+    if (++step_ == 2 * (size_ - 1)) return false;
+    const int left = mod(rank_ - 1), right = mod(rank_ + 1);
+    int send_chunk, receive_chunk;
+    void* receive_into;
+    if (step_ < size_ - 1) {  // reduce-scatter
+      send_chunk = mod(rank_ - step_);
+      receive_chunk = mod(rank_ - step_ - 1);
+      receive_into = scratch_.data_ptr();
+    } else {  // all-gather
+      const int s = step_ - (size_ - 1);
+      send_chunk = mod(rank_ + 1 - s);
+      receive_chunk = mod(rank_ - s);
+      receive_into = at(receive_chunk);
+    }
+    TESSERA_MPI_CHECK_AT(work.where(), MPI_Irecv(receive_into, int(length(receive_chunk)), type_, left, tag_, comm_,
+                                                 work.add_request()));
+    TESSERA_MPI_CHECK_AT(work.where(), MPI_Isend(at(send_chunk), int(length(send_chunk)), type_, right, tag_, comm_,
+                                                 work.add_request()));
+    return true;
+  }
+
+ private:
+  int mod(int c) const { return ((c % size_) + size_) % size_; }
+  char* at(int chunk) const {
+    return static_cast<char*>(buffer_.data_ptr()) + size_t(begin_[size_t(chunk)]) * element_;
+  }
+  int64_t length(int chunk) const { return begin_[size_t(chunk) + 1] - begin_[size_t(chunk)]; }
+
+  MPI_Comm comm_;
+  int rank_, size_, tag_;
+  Tensor buffer_, scratch_;
+  ReduceOp op_;
+  MPI_Datatype type_;
+  size_t element_;
+  std::vector<int64_t> begin_;  // chunk c is elements [begin_[c], begin_[c + 1])
+  int step_ = -1;
+};
+
+// Below this many bytes, MPI_Iallreduce's latency-optimal algorithms (log
+// size() steps) are used instead of the ring's 2(size−1) steps. (With 2 ranks
+// here the ring is ahead from 4 KiB on: 0.73 vs 0.58 of MPI_Allreduce.)
+constexpr size_t kRingMinBytes = size_t(16) << 10;
+
+// An empty host tensor like `like`: pinned memory when `like` is on a device
+// (copies between them are DMA transfers), ordinary memory otherwise.
+Tensor host_buffer(const Tensor& like) {
+  Context& ctx = like.context();
+  if (like.device().is_cpu()) return ctx.empty(Shape{like.numel()}, like.dtype());
+  std::shared_ptr<Allocator> pinned(std::shared_ptr<void>(), &ctx.pinned_allocator());  // non-owning
+  return Tensor(std::make_shared<Storage>(ctx, pinned, std::max<size_t>(like.nbytes(), 1), nullptr), 0,
+                Shape{like.numel()}, like.dtype());
+}
+
+// The host memory MPI uses for `tensor`: itself on the host, otherwise a host
+// buffer (filled from the device when `copy_in`).
+Tensor host_side(const Tensor& tensor, bool copy_in) {
+  if (tensor.device().is_cpu()) return tensor;
+  Tensor host = host_buffer(tensor);
+  if (copy_in) host.copy_(tensor);
+  return host;
+}
+
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
+  const char* a0 = static_cast<const char*>(a.data_ptr());
+  const char* b0 = static_cast<const char*>(b.data_ptr());
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name) : name_(std::move(name)) {
+  TESSERA_CHECK(comm != MPI_COMM_NULL, "MpiCommunicator '", name_, "': MPI_COMM_NULL given");
+  TESSERA_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+  init();
+}
+
+MpiCommunicator::MpiCommunicator(Adopt, MPI_Comm owned, std::string name) : comm_(owned), name_(std::move(name)) {
+  init();
+}
+
+void MpiCommunicator::init() {
+  try {
+    TESSERA_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    TESSERA_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    TESSERA_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  } catch (...) {
+    MPI_Comm_free(&comm_);
+    throw;
+  }
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  // Finish what is in flight (its buffers and requests must not outlive the
+  // communicator); the handles stay valid and report completion.
+  while (!live_.empty()) {
+    MpiWork* work = live_.back();
+    try {
+      work->wait();
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "tessera: a communication on '%s' failed while the communicator was destroyed: %s\n",
+                   name_.c_str(), error.what());
+    }
+    leave(work);  // in case wait() failed before leaving
+  }
+  int finalised = 0;
+  MPI_Finalized(&finalised);
+  if (!finalised && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+std::string MpiCommunicator::where(const char* op) const {
+  return detail::concat(op, " on communicator '", name_, "' (rank ", rank_, " of ", size_, ", operation ", sequence_,
+                        ")");
+}
+
+int MpiCommunicator::next_collective_tag() {
+  // Tags 1..kTagSpan for the ring's messages, one per collective, so that two
+  // all-reduces in flight never take each other's messages (tag 0 is send/recv's).
+  constexpr uint64_t kTagSpan = 30000;  // MPI guarantees tags up to 32767
+  return int(1 + collectives_++ % kTagSpan);
+}
+
+void MpiCommunicator::enroll(MpiWork* work) {
+  live_.push_back(work);
+}
+
+void MpiCommunicator::leave(MpiWork* work) noexcept {
+  live_.erase(std::remove(live_.begin(), live_.end(), work), live_.end());
+}
+
+CommHandle MpiCommunicator::start(std::unique_ptr<MpiWork> work) {
+  if (work->pending())
+    enroll(work.get());
+  else
+    work->complete_now();
+  return work;
+}
+
+namespace {
+
+void check_tensor(const std::string& at, const char* what, const Tensor& tensor) {
+  TESSERA_CHECK(tensor.defined(), at, ": the ", what, " tensor is undefined");
+  TESSERA_CHECK(tensor.numel() <= INT_MAX, at, ": the ", what, " tensor has ", tensor.numel(),
+                " elements, more than one MPI call can count (", INT_MAX, "); split it into chunks");
+}
+
+void check_peer(const std::string& at, const char* what, int peer, int size) {
+  TESSERA_CHECK(peer >= 0 && peer < size, at, ": ", what, " ", peer, " is not a rank of this communicator (0..",
+                size - 1, ")");
+}
+
+}  // namespace
+
+CommHandle MpiCommunicator::all_reduce(Tensor& tensor, ReduceOp op) {
+  ++sequence_;
+  const std::string at = where("all_reduce") + " " + op_name(op);
+  check_tensor(at, "", tensor);
+  auto work = std::make_unique<MpiWork>(this, at);
+  if (size_ == 1) return start(std::move(work));  // sum, avg and max of one value are the value
+
+  Tensor target = tensor;
+  const Tensor host = host_side(tensor, true);
+  const DType wide = reduction_dtype(tensor.dtype(), op);
+  const bool widen = wide != tensor.dtype();
+  const Tensor buffer = widen ? converted(host, wide) : host;
+  const int count = int(tensor.numel());
+  const int tag = next_collective_tag();
+  if (buffer.nbytes() >= kRingMinBytes && count >= size_) {
+    work->run_steps(RingAllReduce(comm_, rank_, size_, tag, buffer, op == ReduceOp::max ? op : ReduceOp::sum));
+  } else {
+    TESSERA_MPI_CHECK_AT(at, MPI_Iallreduce(MPI_IN_PLACE, buffer.data_ptr(), count, mpi_type(wide), mpi_op(op), comm_,
+                                            work->add_request()));
+  }
+  work->keep(buffer);
+  const int divisor = op == ReduceOp::avg ? size_ : 1;
+  const bool staged = !tensor.device().is_cpu();
+  work->on_complete([=]() mutable {
+    if (widen || divisor != 1) convert(buffer, host, divisor);
+    if (staged) target.copy_(host);
+  });
+  return start(std::move(work));
+}
+
+CommHandle MpiCommunicator::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) {
+  ++sequence_;
+  const std::string at = where("reduce_scatter") + " " + op_name(op);
+  check_tensor(at, "input", input);
+  check_tensor(at, "output", output);
+  TESSERA_CHECK(input.dtype() == output.dtype(), at, ": input is ", dtype_name(input.dtype()), " but output is ",
+                dtype_name(output.dtype()));
+  TESSERA_CHECK(input.device() == output.device(), at, ": input is on ", input.device().to_string(),
+                " but output is on ", output.device().to_string());
+  TESSERA_CHECK(input.numel() == int64_t(size_) * output.numel(), at, ": input has ", input.numel(),
+                " elements, but it must have size() × output elements = ", size_, " × ", output.numel());
+  auto work = std::make_unique<MpiWork>(this, at);
+  if (size_ == 1) {
+    output.copy_(input);
+    return start(std::move(work));
+  }
+
+  Tensor target = output;
+  const Tensor in_host = host_side(input, true);
+  const DType wide = reduction_dtype(input.dtype(), op);
+  const bool widen = wide != input.dtype();
+  // The result lands in `output` directly when MPI may write there.
+  const bool direct = output.device().is_cpu() && (widen || !overlaps(input, output));
+  const Tensor out_host = direct ? output : host_buffer(output);
+  const Tensor send = widen ? converted(in_host, wide) : in_host;
+  const Tensor receive = widen ? output.context().empty(Shape{output.numel()}, wide) : out_host;
+  const int count = int(output.numel());
+  TESSERA_MPI_CHECK_AT(at, MPI_Ireduce_scatter_block(send.data_ptr(), receive.data_ptr(), count, mpi_type(wide),
+                                                     mpi_op(op), comm_, work->add_request()));
+  work->keep(send);
+  work->keep(receive);
+  const int divisor = op == ReduceOp::avg ? size_ : 1;
+  work->on_complete([=]() mutable {
+    if (widen || divisor != 1) convert(receive, out_host, divisor);
+    if (!direct) target.copy_(out_host);
+  });
+  return start(std::move(work));
+}
+
+CommHandle MpiCommunicator::all_gather(const Tensor& input, Tensor& output) {
+  ++sequence_;
+  const std::string at = where("all_gather");
+  check_tensor(at, "input", input);
+  check_tensor(at, "output", output);
+  TESSERA_CHECK(input.dtype() == output.dtype(), at, ": input is ", dtype_name(input.dtype()), " but output is ",
+                dtype_name(output.dtype()));
+  TESSERA_CHECK(input.device() == output.device(), at, ": input is on ", input.device().to_string(),
+                " but output is on ", output.device().to_string());
+  TESSERA_CHECK(output.numel() == int64_t(size_) * input.numel(), at, ": output has ", output.numel(),
+                " elements, but it must have size() × input elements = ", size_, " × ", input.numel());
+  auto work = std::make_unique<MpiWork>(this, at);
+  if (size_ == 1) {
+    output.copy_(input);
+    return start(std::move(work));
+  }
+
+  Tensor target = output;
+  const int count = int(input.numel());
+  const bool on_host = output.device().is_cpu();
+  // Rank r's input already in block r of the output: MPI_IN_PLACE.
+  const bool in_place = on_host && input.shares_storage_with(output) &&
+                        input.data_ptr() == static_cast<char*>(output.data_ptr()) + size_t(rank_) * input.nbytes();
+  const bool direct = on_host && (in_place || !overlaps(input, output));
+  const Tensor out_host = direct ? output : host_buffer(output);
+  const Tensor in_host = in_place ? Tensor() : host_side(input, true);
+  const MPI_Datatype type = mpi_type(input.dtype());
+  TESSERA_MPI_CHECK_AT(at, MPI_Iallgather(in_place ? MPI_IN_PLACE : in_host.data_ptr(), count, type,
+                                          out_host.data_ptr(), count, type, comm_, work->add_request()));
+  if (in_host.defined()) work->keep(in_host);
+  work->keep(out_host);
+  if (!direct) work->on_complete([=]() mutable { target.copy_(out_host); });
+  return start(std::move(work));
+}
+
+CommHandle MpiCommunicator::broadcast(Tensor& tensor, int root) {
+  ++sequence_;
+  const std::string at = where("broadcast") + " from root " + std::to_string(root);
+  check_tensor(at, "", tensor);
+  check_peer(at, "root", root, size_);
+  auto work = std::make_unique<MpiWork>(this, at);
+  if (size_ == 1) return start(std::move(work));
+
+  Tensor target = tensor;
+  const Tensor host = host_side(tensor, rank_ == root);
+  TESSERA_MPI_CHECK_AT(
+      at, MPI_Ibcast(host.data_ptr(), int(tensor.numel()), mpi_type(tensor.dtype()), root, comm_, work->add_request()));
+  work->keep(host);
+  if (!tensor.device().is_cpu() && rank_ != root) work->on_complete([=]() mutable { target.copy_(host); });
+  return start(std::move(work));
+}
+
+namespace {
+constexpr int kP2PTag = 0;  // one tag: messages between two ranks match in the order they were posted
+}  // namespace
+
+CommHandle MpiCommunicator::send(const Tensor& tensor, int peer) {
+  ++sequence_;
+  const std::string at = where("send") + " to rank " + std::to_string(peer);
+  check_tensor(at, "", tensor);
+  check_peer(at, "peer", peer, size_);
+  auto work = std::make_unique<MpiWork>(this, at);
+  const Tensor host = host_side(tensor, true);
+  TESSERA_MPI_CHECK_AT(at, MPI_Isend(host.data_ptr(), int(tensor.numel()), mpi_type(tensor.dtype()), peer, kP2PTag,
+                                     comm_, work->add_request()));
+  work->keep(host);
+  return start(std::move(work));
+}
+
+CommHandle MpiCommunicator::recv(Tensor& tensor, int peer) {
+  ++sequence_;
+  const std::string at = where("recv") + " from rank " + std::to_string(peer);
+  check_tensor(at, "", tensor);
+  check_peer(at, "peer", peer, size_);
+  auto work = std::make_unique<MpiWork>(this, at);
+  Tensor target = tensor;
+  const Tensor host = host_side(tensor, false);
+  TESSERA_MPI_CHECK_AT(at, MPI_Irecv(host.data_ptr(), int(tensor.numel()), mpi_type(tensor.dtype()), peer, kP2PTag,
+                                     comm_, work->add_request()));
+  work->keep(host);
+  if (!tensor.device().is_cpu()) work->on_complete([=]() mutable { target.copy_(host); });
+  return start(std::move(work));
+}
+
+CommHandle MpiCommunicator::send_recv(const std::vector<P2POp>& ops) {
+  ++sequence_;
+  const std::string at = where("send_recv") + " (" + std::to_string(ops.size()) + " transfers)";
+  for (const P2POp& op : ops) {
+    check_tensor(at, op.kind == P2POp::Kind::send ? "send" : "recv", op.tensor);
+    check_peer(at, "peer", op.peer, size_);
+  }
+  auto work = std::make_unique<MpiWork>(this, at);
+  // All receives first, then all sends: every send finds its receive posted.
+  for (const P2POp& op : ops) {
+    if (op.kind != P2POp::Kind::recv) continue;
+    Tensor target = op.tensor;
+    const Tensor host = host_side(target, false);
+    TESSERA_MPI_CHECK_AT(at, MPI_Irecv(host.data_ptr(), int(target.numel()), mpi_type(target.dtype()), op.peer, kP2PTag,
+                                       comm_, work->add_request()));
+    work->keep(host);
+    if (!target.device().is_cpu()) work->on_complete([=]() mutable { target.copy_(host); });
+  }
+  for (const P2POp& op : ops) {
+    if (op.kind != P2POp::Kind::send) continue;
+    const Tensor host = host_side(op.tensor, true);
+    TESSERA_MPI_CHECK_AT(at, MPI_Isend(host.data_ptr(), int(op.tensor.numel()), mpi_type(op.tensor.dtype()), op.peer,
+                                       kP2PTag, comm_, work->add_request()));
+    work->keep(host);
+  }
+  return start(std::move(work));
+}
+
+void MpiCommunicator::barrier() {
+  ++sequence_;
+  if (size_ == 1) return;
+  TESSERA_MPI_CHECK_AT(where("barrier"), MPI_Barrier(comm_));
+}
+
+void MpiCommunicator::poll() {
+  // test() may complete a work, which leaves live_: iterate over a copy.
+  const std::vector<MpiWork*> works = live_;
+  for (MpiWork* work : works)
+    if (std::find(live_.begin(), live_.end(), work) != live_.end()) work->test();
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, const std::string& name) {
+  ++sequence_;
+  const std::string at = where("split") + " into '" + name + "'";
+  TESSERA_CHECK(color >= 0, at, ": color ", color, " is negative; every rank must pass a colour >= 0");
+  MPI_Comm child = MPI_COMM_NULL;
+  TESSERA_MPI_CHECK_AT(at, MPI_Comm_split(comm_, color, key, &child));
+  return std::unique_ptr<Communicator>(new MpiCommunicator(Adopt{}, child, name));
+}
+
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, const std::string& name) {
+  return std::make_unique<MpiCommunicator>(comm, name);
+}
+
+}  // namespace tessera::parallel

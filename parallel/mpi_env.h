@@ -1,0 +1,53 @@
+// MpiEnv: MPI for the life of the process (RAII). Construction calls
+// MPI_Init_thread (unless MPI is already initialised, e.g. by a test harness)
+// and sets MPI_ERRORS_RETURN on the world communicator so failures come back
+// as tessera::Error; destruction calls MPI_Finalize if this object
+// initialised MPI. It knows the world rank and size, the node-local rank and
+// size (MPI_Comm_split_type with MPI_COMM_TYPE_SHARED), the number of nodes
+// and this node's index, the same way under mpirun, srun --mpi=pmix and an
+// MPIJob launcher (mpirun --hostfile). A process started without a launcher is
+// a world of one (MPI singleton).
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+
+#include "core/device.h"
+
+namespace tessera::parallel {
+
+class MpiEnv {
+ public:
+  MpiEnv();
+  ~MpiEnv();
+  MpiEnv(const MpiEnv&) = delete;
+  MpiEnv& operator=(const MpiEnv&) = delete;
+
+  int world_rank() const { return world_rank_; }
+  int world_size() const { return world_size_; }
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  int node_count() const { return node_count_; }
+  int node_index() const { return node_index_; }
+  bool is_root() const { return world_rank_ == 0; }
+  const std::string& hostname() const { return hostname_; }
+  MPI_Comm world() const { return MPI_COMM_WORLD; }
+
+  // The device this rank uses by default: cuda:<local rank modulo the
+  // node's devices> when `cuda` is asked for, the CPU otherwise.
+  Device default_device(bool cuda, int cuda_devices) const;
+
+  // The layout for rank 0's start-up line: world, nodes, ranks per node,
+  // hostnames. Collective: every rank must call it.
+  std::string describe_layout() const;
+
+ private:
+  bool initialised_here_ = false;
+  int world_rank_ = 0, world_size_ = 1;
+  int local_rank_ = 0, local_size_ = 1;
+  int node_count_ = 1, node_index_ = 0;
+  std::string hostname_;
+};
+
+}  // namespace tessera::parallel

@@ -1,0 +1,253 @@
+// ProcessGrid: coordinates, axis sub-communicators and size validation.
+//   - Under mpiexec (2 and 4 ranks), every grid the world can make, in every
+//     axis order, against a reference that numbers the grid's points by
+//     nested loops (slowest axis outermost); each axis communicator must hold
+//     exactly the ranks that differ from this one only along that axis, in
+//     coordinate order (checked by all-gathering world ranks over it).
+//   - Worlds this machine cannot launch (6 and 8 ranks) through a recording
+//     stand-in communicator that simulates every rank in this process.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <set>
+
+#include "core/context.h"
+#include "parallel/mpi_communicator.h"
+#include "parallel/process_grid.h"
+#include "tests/mpi/mpi_test.h"
+
+namespace tessera::testing {
+namespace {
+
+using parallel::Communicator;
+using parallel::GridSizes;
+using parallel::ProcessGrid;
+
+struct Coordinates {
+  int tp, dp, pp;
+  bool operator==(const Coordinates&) const = default;
+};
+
+// coordinates[rank], numbering the points with the fastest axis of `order`
+// innermost.
+std::vector<Coordinates> reference_layout(int tp, int dp, int pp, const std::string& order) {
+  std::vector<std::string> axes;  // fastest first
+  for (size_t begin = 0; begin <= order.size();) {
+    const size_t dash = std::min(order.find('-', begin), order.size());
+    axes.push_back(order.substr(begin, dash - begin));
+    begin = dash + 1;
+  }
+  const std::map<std::string, int> size_of = {{"tp", tp}, {"dp", dp}, {"pp", pp}};
+  std::vector<Coordinates> layout;
+  std::map<std::string, int> at;
+  for (at[axes[2]] = 0; at[axes[2]] < size_of.at(axes[2]); ++at[axes[2]])
+    for (at[axes[1]] = 0; at[axes[1]] < size_of.at(axes[1]); ++at[axes[1]])
+      for (at[axes[0]] = 0; at[axes[0]] < size_of.at(axes[0]); ++at[axes[0]])
+        layout.push_back({at["tp"], at["dp"], at["pp"]});
+  return layout;
+}
+
+// (A function, not designated initializers: GCC warns about the fields left out.)
+GridSizes grid_sizes(int tp, int pp, std::string order = "tp-dp-pp", int dp = 0) {
+  GridSizes sizes;
+  sizes.tp = tp;
+  sizes.pp = pp;
+  sizes.dp = dp;
+  sizes.order = std::move(order);
+  return sizes;
+}
+
+const std::vector<std::string> kOrders = {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"};
+
+// The world ranks in `rank`'s group along `axis`, in coordinate order.
+std::vector<int> reference_group(const std::vector<Coordinates>& layout, int rank, const std::string& axis) {
+  std::vector<std::pair<int, int>> members;  // (coordinate along axis, world rank)
+  const Coordinates me = layout[size_t(rank)];
+  for (int r = 0; r < int(layout.size()); ++r) {
+    const Coordinates c = layout[size_t(r)];
+    if (axis == "tp" && c.dp == me.dp && c.pp == me.pp) members.push_back({c.tp, r});
+    if (axis == "dp" && c.tp == me.tp && c.pp == me.pp) members.push_back({c.dp, r});
+    if (axis == "pp" && c.tp == me.tp && c.dp == me.dp) members.push_back({c.pp, r});
+  }
+  std::sort(members.begin(), members.end());
+  std::vector<int> ranks;
+  for (const auto& m : members) ranks.push_back(m.second);
+  return ranks;
+}
+
+TEST(ProcessGrid, EveryGridAndOrderOfTheWorld) {
+  Context ctx;
+  auto world = parallel::make_mpi_communicator(MPI_COMM_WORLD, "world");
+  const int n = world->size(), me = world->rank();
+  int grids = 0;
+  for (int tp = 1; tp <= n; ++tp) {
+    for (int pp = 1; pp <= n; ++pp) {
+      if (n % (tp * pp) != 0) continue;
+      const int dp = n / (tp * pp);
+      for (const std::string& order : kOrders) {
+        SCOPED_TRACE("tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " order " + order);
+        ++grids;
+        ProcessGrid grid(*world, grid_sizes(tp, pp, order));
+        const auto layout = reference_layout(tp, dp, pp, order);
+        const Coordinates mine = layout[size_t(me)];
+        EXPECT_EQ(grid.tp_size(), tp);
+        EXPECT_EQ(grid.pp_size(), pp);
+        EXPECT_EQ(grid.dp_size(), dp);
+        EXPECT_EQ((Coordinates{grid.tp_rank(), grid.dp_rank(), grid.pp_rank()}), mine);
+        for (int r = 0; r < n; ++r) {
+          const Coordinates c = layout[size_t(r)];
+          EXPECT_EQ(grid.world_rank_of(c.dp, c.pp, c.tp), r);
+        }
+        EXPECT_EQ(&grid.world(), world.get());
+        const std::array<std::pair<std::string, Communicator*>, 3> axes = {
+            {{"tp", &grid.tp()}, {"dp", &grid.dp()}, {"pp", &grid.pp()}}};
+        for (const auto& [axis, comm] : axes) {
+          const std::vector<int> expected = reference_group(layout, me, axis);
+          EXPECT_EQ(comm->name(), axis);
+          EXPECT_EQ(comm->size(), int(expected.size()));
+          EXPECT_EQ(comm->rank(), int(std::find(expected.begin(), expected.end(), me) - expected.begin()));
+          // Every rank runs this all-gather on each axis, whatever it found above.
+          Tensor gathered = ctx.empty(Shape{comm->size()}, DType::i32);
+          comm->all_gather(ctx.from_vector(Shape{1}, std::vector<int32_t>{me}), gathered)->wait();
+          EXPECT_EQ(gathered.to_vector<int32_t>(), std::vector<int32_t>(expected.begin(), expected.end())) << axis;
+        }
+        EXPECT_EQ(grid.describe(), "dp=" + std::to_string(dp) + " pp=" + std::to_string(pp) +
+                                       " tp=" + std::to_string(tp) + " (order " + order + ")");
+      }
+    }
+  }
+  EXPECT_GE(grids, 6);
+}
+
+TEST(ProcessGrid, TensorParallelNeighboursByDefault) {
+  auto world = parallel::make_mpi_communicator(MPI_COMM_WORLD, "world");
+  const int n = world->size(), r = world->rank();
+  if (n % 2 != 0) GTEST_SKIP() << "needs an even world";
+  ProcessGrid grid(*world, grid_sizes(2, 1));
+  // The header's closed form: tp = r % 2, dp = r / 2 (pp = 1).
+  EXPECT_EQ(grid.tp_rank(), r % 2);
+  EXPECT_EQ(grid.dp_rank(), r / 2);
+  EXPECT_EQ(grid.pp_rank(), 0);
+  EXPECT_EQ(grid.dp_size(), n / 2);
+  ProcessGrid data_first(*world, grid_sizes(2, 1, "dp-tp-pp"));
+  EXPECT_EQ(data_first.dp_rank(), r % (n / 2));
+  EXPECT_EQ(data_first.tp_rank(), r / (n / 2));
+}
+
+TEST(ProcessGrid, SizesThatDoNotFitTheWorldAreRejectedByFlag) {
+  auto world = parallel::make_mpi_communicator(MPI_COMM_WORLD, "world");
+  const int n = world->size();
+  auto expect_error = [&](const GridSizes& sizes, std::vector<std::string> parts) {
+    try {
+      ProcessGrid grid(*world, sizes);
+      ADD_FAILURE() << "no error; expected one mentioning " << parts[0];
+    } catch (const Error& error) {
+      const std::string what = error.what();
+      for (const auto& part : parts) EXPECT_NE(what.find(part), std::string::npos) << part << " | " << what;
+    }
+  };
+  const std::string ranks = std::to_string(n) + (n == 1 ? " rank" : " ranks");
+  expect_error(grid_sizes(2 * n, 1),
+               {ranks + " cannot make --tensor-parallel " + std::to_string(2 * n), "multiple of tp·pp"});
+  expect_error(grid_sizes(1, 3 * n), {ranks + " cannot make --pipeline-parallel " + std::to_string(3 * n)});
+  expect_error(grid_sizes(2 * n, 2), {"--tensor-parallel " + std::to_string(2 * n) + " × --pipeline-parallel 2"});
+  expect_error(grid_sizes(0, 1), {"--tensor-parallel 0 must be at least 1"});
+  expect_error(grid_sizes(1, -1), {"--pipeline-parallel -1"});
+  expect_error(grid_sizes(1, 1, "tp-dp-pp", n + 1),
+               {"data-parallel size " + std::to_string(n + 1), "the world has " + std::to_string(n)});
+  for (const std::string order : {"tp-dp", "tp-tp-pp", "tp-dp-pp-tp", "tensor-dp-pp", ""})
+    expect_error(grid_sizes(1, 1, order), {"order '" + order + "'", "tp, dp and pp once each"});
+  // A failed grid makes no sub-communicator: the world is still in step.
+  EXPECT_EQ(world->sequence(), 0u);
+}
+
+// ---------------------------------------------------------------------------
+// Simulated worlds: a stand-in communicator that records how it is split.
+
+struct SplitRecord {
+  int color, key;
+};
+
+class RecordingCommunicator final : public Communicator {
+ public:
+  RecordingCommunicator(int rank, int size, std::string name, std::map<std::string, std::vector<SplitRecord>>* log)
+      : rank_(rank), size_(size), name_(std::move(name)), log_(log) {}
+  const std::string& name() const override { return name_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  parallel::CommHandle all_reduce(Tensor&, parallel::ReduceOp) override { return unused(); }
+  parallel::CommHandle reduce_scatter(const Tensor&, Tensor&, parallel::ReduceOp) override { return unused(); }
+  parallel::CommHandle all_gather(const Tensor&, Tensor&) override { return unused(); }
+  parallel::CommHandle broadcast(Tensor&, int) override { return unused(); }
+  parallel::CommHandle send(const Tensor&, int) override { return unused(); }
+  parallel::CommHandle recv(Tensor&, int) override { return unused(); }
+  parallel::CommHandle send_recv(const std::vector<parallel::P2POp>&) override { return unused(); }
+  void barrier() override { unused(); }
+  uint64_t sequence() const override { return 0; }
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
+    (*log_)[name].push_back({color, key});
+    return std::make_unique<RecordingCommunicator>(-1, -1, name, log_);
+  }
+
+ private:
+  static parallel::CommHandle unused() { TESSERA_THROW("the recording communicator only records splits"); }
+  int rank_, size_;
+  std::string name_;
+  std::map<std::string, std::vector<SplitRecord>>* log_;
+};
+
+TEST(ProcessGridSimulated, EightRanksTwoByTwoByTwo) {
+  for (const std::string& order : kOrders) {
+    SCOPED_TRACE(order);
+    const auto layout = reference_layout(2, 2, 2, order);
+    std::map<std::string, std::vector<SplitRecord>> log;  // per axis, indexed by world rank
+    for (int r = 0; r < 8; ++r) {
+      RecordingCommunicator world(r, 8, "world", &log);
+      ProcessGrid grid(world, grid_sizes(2, 2, order));
+      EXPECT_EQ((Coordinates{grid.tp_rank(), grid.dp_rank(), grid.pp_rank()}), layout[size_t(r)]) << "rank " << r;
+      if (order == "tp-dp-pp") {  // the header's example
+        EXPECT_EQ(grid.tp_rank(), r % 2);
+        EXPECT_EQ(grid.dp_rank(), (r / 2) % 2);
+        EXPECT_EQ(grid.pp_rank(), r / 4);
+      }
+    }
+    // MPI_Comm_split semantics: equal colours make a group, ordered by key.
+    for (const std::string axis : {"tp", "dp", "pp"}) {
+      const auto& records = log[axis];
+      ASSERT_EQ(records.size(), 8u);
+      for (int r = 0; r < 8; ++r) {
+        std::vector<std::pair<int, int>> group;  // (key, rank)
+        for (int q = 0; q < 8; ++q)
+          if (records[size_t(q)].color == records[size_t(r)].color) group.push_back({records[size_t(q)].key, q});
+        std::sort(group.begin(), group.end());
+        std::vector<int> members;
+        for (const auto& g : group) members.push_back(g.second);
+        EXPECT_EQ(members, reference_group(layout, r, axis)) << axis << " group of rank " << r;
+        EXPECT_EQ(std::set<int>(members.begin(), members.end()).size(), members.size());
+      }
+    }
+  }
+}
+
+TEST(ProcessGridSimulated, SixRanksCannotMakeTensorParallelFour) {
+  std::map<std::string, std::vector<SplitRecord>> log;
+  RecordingCommunicator world(0, 6, "world", &log);
+  try {
+    ProcessGrid grid(world, grid_sizes(4, 1));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("6 ranks cannot make --tensor-parallel 4: the world size must be a "
+                        "multiple of tp·pp = 4"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_TRUE(log.empty());
+  ProcessGrid fits(world, grid_sizes(3, 1));
+  EXPECT_EQ(fits.dp_size(), 2);
+}
+
+}  // namespace
+}  // namespace tessera::testing
