@@ -9,10 +9,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <random>
+#include <string_view>
 #include <vector>
 
 #include "core/context.h"
@@ -319,6 +321,14 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
   io::ProgressOptions progress_options;
   progress_options.enabled = root;
   progress_options.interval = c.log_interval;
+  // Under an MPI launcher a rank's stdout is a pseudo-terminal even when the
+  // job's output goes to a file (Open MPI forwards through a pty), so the
+  // live line is used only where we can tell: TESSERA_PROGRESS=live forces it,
+  // =lines forces plain lines.
+  if (const char* mode = std::getenv("TESSERA_PROGRESS"); mode && std::string_view(mode) == "live")
+    progress_options.terminal = true;
+  else if ((mode && std::string_view(mode) == "lines") || launcher_rank() >= 0)
+    progress_options.terminal = false;
   io::ProgressLine progress(progress_options);
   bool katib_due = true;
   io::MetricsWriter metrics;
