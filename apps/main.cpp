@@ -2,6 +2,7 @@
 //   tessera train       train a model (flags and/or --config FILE.toml)
 //   tessera prepare     turn IDX images or text files into Tessera's HDF5 datasets
 //   tessera plot        draw loss and throughput curves from a metrics file
+//   tessera checkpoint  inspect and verify checkpoints (inspect PATH, list DIR)
 //   tessera info        this build's backends, devices and libraries
 //   tessera selfcheck   every operator checked on this machine's CPU (and GPU)
 //   tessera --version   the build: version, CUDA, cuDNN, NCCL, MPI, HDF5, BLAS
@@ -14,6 +15,7 @@
 #include <optional>
 #include <string>
 
+#include "apps/checkpoint_command.h"
 #include "apps/plot_command.h"
 #include "apps/prepare_command.h"
 #include "apps/selfcheck.h"
@@ -58,11 +60,13 @@ int main(int argc, char** argv) {
   train->callback([&] {
     mpi.emplace();
     tessera::app::apply_config_file(*train, train_config);
-    tessera::app::train(train_config);
+    // 0, or 128 + signal when SIGTERM/SIGUSR1 stopped a run with no --save.
+    exit_code = tessera::app::train(train_config).exit_code();
   });
 
   tessera::app::register_prepare_command(app, exit_code);
   tessera::app::register_plot_command(app, exit_code);
+  tessera::app::register_checkpoint_command(app, exit_code);
 
   auto* info = app.add_subcommand("info", "Show this build's backends, devices and libraries");
   info->callback([] { std::printf("%s", build_description().c_str()); });

@@ -1,6 +1,7 @@
 // TrainConfig: flags, the TOML file, validation and the start-up echo.
 #include "apps/train_config.h"
 
+#include <charconv>
 #include <filesystem>
 #include <sstream>
 
@@ -91,6 +92,27 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
       ->group(output);
   command.add_option("--metrics", c.metrics, "Write metrics as JSON lines to this file")->group(output);
   command.add_option("--trace", c.trace, "Write a Chrome-trace (Perfetto) timeline to this file")->group(output);
+
+  const std::string checkpoints = "Checkpoints and resuming";
+  command
+      .add_option("--save", c.save,
+                  "Write checkpoints to DIR/step_XXXXXXXX/ (at the end, every --save-interval "
+                  "steps, and on SIGTERM/SIGUSR1)")
+      ->group(checkpoints);
+  command
+      .add_option("--save-interval", c.save_interval, "Steps between checkpoints (0: only at the end and on a signal)")
+      ->group(checkpoints);
+  command.add_option("--keep-checkpoints", c.keep_checkpoints, "Keep only the newest K checkpoints (0: keep all)")
+      ->group(checkpoints);
+  command
+      .add_option("--resume", c.resume,
+                  "auto (the newest complete checkpoint in --save DIR, or a fresh start if there is none), or the "
+                  "path of a checkpoint (DIR/step_XXXXXXXX) or of a --save directory")
+      ->group(checkpoints);
+  command
+      .add_option("--exit-interval", c.exit_interval,
+                  "Stop (after saving, with --save) once the step is a multiple of N; --resume goes on from there")
+      ->group(checkpoints);
 }
 
 void apply_config_file(CLI::App& command, TrainConfig& config) {
@@ -148,6 +170,19 @@ void validate(const TrainConfig& c) {
                 "--comm-backend must be auto, mpi or nccl, got '", c.comm_backend, "'");
   TESSERA_CHECK(c.hidden_dropout >= 0 && c.hidden_dropout < 1, "--hidden-dropout must be in [0, 1), got ",
                 c.hidden_dropout);
+  TESSERA_CHECK(c.save_interval >= 0, "--save-interval must not be negative (0: save only at the end and on a ",
+                "signal), got ", c.save_interval);
+  TESSERA_CHECK(c.keep_checkpoints >= 0, "--keep-checkpoints must not be negative (0: keep all), got ",
+                c.keep_checkpoints);
+  TESSERA_CHECK(c.exit_interval >= 0, "--exit-interval must not be negative (0: off), got ", c.exit_interval);
+  TESSERA_CHECK(!c.save.empty() || (c.save_interval == 0 && c.keep_checkpoints == 0),
+                "--save-interval and --keep-checkpoints need --save DIR (where checkpoints go)");
+  TESSERA_CHECK(c.resume != "auto" || !c.save.empty(),
+                "--resume auto looks for the newest checkpoint in the --save directory; give --save DIR too (or "
+                "--resume PATH to a checkpoint)");
+  TESSERA_CHECK(c.resume.empty() || c.resume == "auto" || std::filesystem::exists(c.resume), "--resume ", c.resume,
+                ": no such checkpoint; give a checkpoint directory (DIR/step_XXXXXXXX), a --save directory, or "
+                "--resume auto");
 }
 
 std::string describe(const TrainConfig& c) {
@@ -172,7 +207,83 @@ std::string describe(const TrainConfig& c) {
       << " bucket_size_mb=" << c.bucket_size_mb << " comm_backend=" << c.comm_backend
       << "\neval_interval=" << c.eval_interval << " eval_iters=" << c.eval_iters << " metrics=" << c.metrics
       << " trace=" << c.trace;
+  if (!c.save.empty() || !c.resume.empty())
+    out << "\nsave=" << c.save << " save_interval=" << c.save_interval << " keep_checkpoints=" << c.keep_checkpoints
+        << " resume=" << c.resume << " exit_interval=" << c.exit_interval;
   return out.str();
+}
+
+namespace {
+
+// The shortest text that reads back as the same float (std::to_chars).
+std::string exact(float value) {
+  char text[64];
+  const auto result = std::to_chars(text, text + sizeof text, value);
+  return std::string(text, result.ptr);
+}
+
+std::string exact(double value) {
+  char text[64];
+  const auto result = std::to_chars(text, text + sizeof text, value);
+  return std::string(text, result.ptr);
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> settings(const TrainConfig& c) {
+  std::string hidden;
+  for (size_t i = 0; i < c.hidden.size(); ++i) hidden += (i ? "," : "") + std::to_string(c.hidden[i]);
+  const auto flag = [](bool value) { return std::string(value ? "true" : "false"); };
+  return {
+      {"model", c.model},
+      {"hidden", hidden},
+      {"vocab-size", std::to_string(c.vocab_size)},
+      {"seq-length", std::to_string(c.seq_length)},
+      {"num-layers", std::to_string(c.num_layers)},
+      {"num-heads", std::to_string(c.num_heads)},
+      {"hidden-size", std::to_string(c.hidden_size)},
+      {"ffn-hidden-size", std::to_string(c.ffn_hidden_size)},
+      {"hidden-dropout", exact(c.hidden_dropout)},
+      {"recompute", flag(c.recompute)},
+      {"data", c.data},
+      {"eval-data", c.eval_data},
+      {"synthetic", flag(c.synthetic)},
+      {"micro-batch-size", std::to_string(c.micro_batch_size)},
+      {"global-batch-size", std::to_string(c.global_batch_size)},
+      {"train-steps", std::to_string(c.train_steps)},
+      {"epochs", exact(c.epochs)},
+      {"optimizer", c.optimizer},
+      {"lr", exact(c.lr)},
+      {"min-lr", exact(c.min_lr)},
+      {"warmup-steps", std::to_string(c.warmup_steps)},
+      {"lr-decay-style", c.lr_decay_style},
+      {"weight-decay", exact(c.weight_decay)},
+      {"adam-beta1", exact(c.adam_beta1)},
+      {"adam-beta2", exact(c.adam_beta2)},
+      {"adam-eps", exact(c.adam_eps)},
+      {"sgd-momentum", exact(c.sgd_momentum)},
+      {"nesterov", flag(c.nesterov)},
+      {"clip-grad", exact(c.clip_grad)},
+      {"max-skipped-steps", std::to_string(c.max_skipped_steps)},
+      {"precision", c.precision},
+      {"device", c.device},
+      {"threads", std::to_string(c.threads)},
+      {"seed", std::to_string(c.seed)},
+      {"zero", std::to_string(c.zero)},
+      {"bucket-size-mb", exact(c.bucket_size_mb)},
+      {"comm-backend", c.comm_backend},
+      {"eval-interval", std::to_string(c.eval_interval)},
+      {"eval-iters", std::to_string(c.eval_iters)},
+      {"log-interval", std::to_string(c.log_interval)},
+      {"metrics", c.metrics},
+      {"trace", c.trace},
+      {"config", c.config_file},
+      {"save", c.save},
+      {"save-interval", std::to_string(c.save_interval)},
+      {"keep-checkpoints", std::to_string(c.keep_checkpoints)},
+      {"resume", c.resume},
+      {"exit-interval", std::to_string(c.exit_interval)},
+  };
 }
 
 }  // namespace tessera::app

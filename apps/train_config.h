@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tessera::app {
@@ -68,6 +69,13 @@ struct TrainConfig {
   std::string metrics;        // JSON-lines metrics file
   std::string trace;          // Chrome-trace/Perfetto timeline file
   std::string config_file;    // --config
+
+  // Checkpoints (io/checkpoint.h; layout and contents in the README).
+  std::string save;           // --save DIR: checkpoints go to DIR/step_XXXXXXXX/
+  int64_t save_interval = 0;  // --save-interval N: every N steps; 0: only at the end and on a signal
+  int keep_checkpoints = 0;   // --keep-checkpoints K: keep the newest K (0: all)
+  std::string resume;         // --resume auto|PATH: auto = newest complete checkpoint in --save DIR, if any
+  int64_t exit_interval = 0;  // --exit-interval N: save (with --save) and stop after a step divisible by N
 };
 
 // Adds every flag to the `train` subcommand, bound to `config`.
@@ -83,5 +91,11 @@ void validate(const TrainConfig& config);
 
 // "key=value" lines of every setting, for rank 0's start-up echo.
 std::string describe(const TrainConfig& config);
+
+// Every setting as (key, value text), keys being the flag names without the
+// leading dashes (the TOML keys of --config): what a checkpoint records of the
+// run that wrote it, one metadata key per setting. Floats are written so they
+// read back exactly.
+std::vector<std::pair<std::string, std::string>> settings(const TrainConfig& config);
 
 }  // namespace tessera::app

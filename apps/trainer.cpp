@@ -1,22 +1,29 @@
 // The training loop: set-up from TrainConfig (MPI world, process grid,
-// data-parallel replica, sharded loader), the step (micro-batches,
-// accumulation, bucketed gradient averaging overlapping backward, clipping by
-// the global norm, loss scaling, non-finite handling), sharded evaluation,
-// and rank 0's progress/metrics plus every rank's trace.
+// data-parallel replica, sharded loader, resuming from a checkpoint), the
+// step (micro-batches, accumulation, bucketed gradient averaging overlapping
+// backward, clipping by the global norm, loss scaling, non-finite handling),
+// sharded evaluation, checkpoints (on an interval, at the end, and when the
+// ranks agree that a preemption signal arrived), and rank 0's
+// progress/metrics plus every rank's trace.
 #include "apps/trainer.h"
 
 #include <mpi.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string_view>
+#include <tuple>
+#include <utility>
 #include <vector>
 
+#include "apps/preemption.h"
+#include "apps/train_checkpoint.h"
 #include "core/context.h"
 #include "core/cuda_runtime.h"
 #include "core/nn/grad_scaler.h"
@@ -85,10 +92,15 @@ nn::ModelConfig model_config(const TrainConfig& c, const std::optional<io::Datas
 // r of `ranks` data-parallel ranks gets samples [r·B, (r+1)·B) of a global
 // batch of ranks·B, so N ranks with micro-batch B see what one rank sees with
 // micro-batch N·B.
+//
+// A resumed run starts at `start`: the sample of the epoch's order where the
+// checkpointed run's next global batch began, which must fall on a global
+// batch boundary of this run (micro-batch x ranks).
 class BatchSource {
  public:
   BatchSource(Context& ctx, const TrainConfig& c, const nn::ModelConfig& m, Device device, DType dtype, int rank,
-              int ranks) {
+              int ranks, const SamplerPosition& start)
+      : global_(c.micro_batch_size * ranks) {
     if (!c.synthetic) {
       io::LoaderOptions options;
       options.batch_size = c.micro_batch_size;
@@ -98,6 +110,20 @@ class BatchSource {
       options.seq_length = c.seq_length;
       options.shard_rank = rank;
       options.shard_count = ranks;
+      options.start_epoch = start.epoch;
+      TESSERA_CHECK(start.samples % global_ == 0, "--resume: the checkpoint's data position is sample ", start.samples,
+                    " of epoch ", start.epoch, ", not a multiple of this run's micro-batch over all ranks (",
+                    c.micro_batch_size, " x ", ranks, " = ", global_,
+                    "); resume with a --micro-batch-size and rank count whose product divides it");
+      if (const int64_t step = start.samples / global_; step > 0) {
+        // This layout's epoch may hold fewer global batches than the saving
+        // run's (the dropped remainder differs): then the epoch is over.
+        const int64_t steps = io::DataLoader(ctx, c.data, options).batches_per_epoch();
+        if (step < steps)
+          options.start_step = step;
+        else
+          ++options.start_epoch;
+      }
       loader_ = std::make_unique<io::DataLoader>(ctx, c.data, options);
       return;
     }
@@ -131,8 +157,19 @@ class BatchSource {
   io::Batch next() { return loader_ ? loader_->next() : synthetic_; }
   // Batches per epoch; 0 for synthetic data (no epochs).
   int64_t batches_per_epoch() const { return loader_ ? loader_->batches_per_epoch() : 0; }
+  // Where the batch after `batch` starts (for checkpoints; synthetic data has no position).
+  SamplerPosition after(const io::Batch& batch) const {
+    if (!loader_) return {};
+    int64_t epoch = batch.epoch, step = batch.step_in_epoch + 1;
+    if (step == loader_->batches_per_epoch()) {
+      step = 0;
+      ++epoch;
+    }
+    return {epoch, step * global_};
+  }
 
  private:
+  int64_t global_;  // samples of one micro-batch over all ranks
   std::unique_ptr<io::DataLoader> loader_;
   io::Batch synthetic_;
 };
@@ -210,6 +247,36 @@ Device choose_device(const TrainConfig& c, const parallel::MpiEnv* env) {
   return parse_device(c.device);
 }
 
+// The first preemption signal any rank received ({signal, the highest rank
+// that got one}), the same on every rank: one tiny all-reduce (max) at a step
+// boundary, issued by every rank at the same point of the step. The tensors
+// live on the training device, which every --comm-backend can move.
+std::pair<int, int> agree_on_signal(parallel::Communicator& world, Context& ctx, Device device,
+                                    const PreemptionSignals& signals) {
+  const int local = signals.received();
+  if (world.size() == 1) return {local, local ? world.rank() : -1};
+  Tensor flags = ctx.from_vector(Shape{2}, std::vector<int32_t>{local, local ? world.rank() : -1}, device);
+  world.all_reduce(flags, parallel::ReduceOp::max)->wait();
+  const std::vector<int32_t> agreed = flags.to_vector<int32_t>();
+  return {agreed[0], agreed[1]};
+}
+
+// Rank 0's `text` on every rank of `world` (e.g. which checkpoint to resume:
+// rank 0 decides, so all ranks load the same one).
+std::string broadcast_text(parallel::Communicator& world, Context& ctx, Device device, const std::string& text) {
+  if (world.size() == 1) return text;
+  Tensor length = ctx.from_vector(Shape{1}, std::vector<int64_t>{int64_t(text.size())}, device);
+  world.broadcast(length, 0)->wait();
+  const int64_t size = length.to_vector<int64_t>()[0];
+  if (size == 0) return {};
+  Tensor bytes = world.rank() == 0
+                     ? ctx.from_vector(Shape{size}, std::vector<uint8_t>(text.begin(), text.end()), device)
+                     : ctx.empty(Shape{size}, DType::u8, device);
+  world.broadcast(bytes, 0)->wait();
+  const std::vector<uint8_t> out = bytes.to_vector<uint8_t>();
+  return std::string(out.begin(), out.end());
+}
+
 double median(std::vector<double> values) {
   if (values.empty()) return 0.0;
   std::nth_element(values.begin(), values.begin() + long(values.size() / 2), values.end());
@@ -220,6 +287,9 @@ double median(std::vector<double> values) {
 // given, on `given` otherwise (a caller's group, or a group of one without MPI).
 TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Communicator* given) {
   validate(c);
+  // From here until run() returns, SIGTERM and SIGUSR1 only set a flag that
+  // the step loop acts on; the previous handlers come back on return or throw.
+  const PreemptionSignals signals;
   ContextOptions context_options;
   context_options.cpu_threads = c.threads;
   Context ctx(context_options);
@@ -300,8 +370,38 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
     };
   }
   parallel::DataParallel replica(parameters, dp, opt, dp_options);
+  nn::GradScaler scaler = nn::GradScaler::for_dtype(dtype);
 
-  BatchSource source(ctx, c, model_cfg, device, dtype, dp.rank(), dp.size());
+  // What checkpoints save and restore.
+  TrainState state;
+  state.config = &c;
+  state.model = &model_cfg;
+  state.dtype = dtype;
+  state.parameters = parameters;
+  state.replica = &replica;
+  state.scaler = &scaler;
+  state.world = world;
+  state.dp = dp.size();
+  state.tp = grid_sizes.tp;
+  state.pp = grid_sizes.pp;
+  state.dp_rank = dp.rank();
+  state.global_micro_batch = c.micro_batch_size * dp.size();
+  Counters counters;
+  std::optional<Resumed> resumed;
+  {
+    // Rank 0 picks the checkpoint (--resume auto: the newest complete one),
+    // so every rank loads the same even if a directory listing differs.
+    std::string path;
+    if (root)
+      if (const std::optional<std::string> found = checkpoint_to_resume(c)) path = *found;
+    path = broadcast_text(*world, ctx, device, path);
+    if (!path.empty()) {
+      resumed = load_training_checkpoint(state, path);
+      counters = resumed->counters;
+    }
+  }
+
+  BatchSource source(ctx, c, model_cfg, device, dtype, dp.rank(), dp.size(), counters.sampler);
   int64_t total_steps = c.train_steps;
   if (c.epochs > 0) {
     const double micro_batches = c.epochs * double(source.batches_per_epoch());
@@ -314,7 +414,7 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
   schedule_cfg.warmup_steps = c.warmup_steps;
   schedule_cfg.total_steps = total_steps;
   const nn::LrSchedule schedule(schedule_cfg);
-  nn::GradScaler scaler = nn::GradScaler::for_dtype(dtype);
+  state.schedule = &schedule_cfg;
   const nn::CrossEntropyLoss loss;
 
   // Rank 0 reports: progress, metrics, Katib lines, start-up and final lines.
@@ -335,6 +435,7 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
   if (root) {
     io::MetricsOptions metrics_options;
     metrics_options.path = c.metrics;
+    metrics_options.append = resumed.has_value();  // a resumed run goes on with the same file
     metrics_options.katib = [&](std::string_view line) {
       if (katib_due) progress.print_above(line);
     };
@@ -348,6 +449,26 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
                 backend.c_str(), replica_description.c_str());
     if (env) std::printf("mpi: %s; nccl: %s\n", mpi_library_version().c_str(), nccl_library_version().c_str());
     if (data_info) std::printf("data: %s\n", data_info->describe().c_str());
+    if (resumed) {
+      std::printf("resumed from %s: step %lld of %lld", resumed->path.c_str(), static_cast<long long>(counters.step),
+                  static_cast<long long>(total_steps));
+      if (!c.synthetic)
+        std::printf(", data at sample %lld of epoch %lld", static_cast<long long>(counters.sampler.samples),
+                    static_cast<long long>(counters.sampler.epoch));
+      std::printf("\n");
+      if (resumed->resharded)
+        std::printf(
+            "resharding: the checkpoint was saved under %s, this run is dp=%d tp=%d pp=%d zero=%d on %d "
+            "rank(s); each rank read its own slices\n",
+            resumed->saved_layout.c_str(), state.dp, state.tp, state.pp, c.zero, world->size());
+      if (!resumed->changed_settings.empty()) {
+        std::string changes;
+        for (const std::string& change : resumed->changed_settings) changes += (changes.empty() ? "" : ", ") + change;
+        std::printf("settings changed since the checkpoint: %s\n", changes.c_str());
+      }
+    } else if (c.resume == "auto") {
+      std::printf("no checkpoint in %s yet: starting from step 0\n", c.save.c_str());
+    }
     std::printf(
         "model: %s, %lld parameters, %s on %s; %lld steps of %lld micro-batch(es) of %lld on each of %d rank(s)\n",
         c.model.c_str(), static_cast<long long>(nn::parameter_count(*model)), std::string(dtype_name(dtype)).c_str(),
@@ -370,9 +491,15 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
   TrainResult result;
   result.data_parallel_size = dp.size();
   result.optimizer_state_bytes = replica.optimizer_state_bytes();
+  result.start_step = result.final_step = counters.step;
+  if (resumed) result.resumed_from = resumed->path;
   std::vector<double> step_ms;
-  int64_t consecutive_skips = 0;
-  for (int64_t step = 0; step < total_steps; ++step) {
+  int64_t consecutive_skips = counters.consecutive_skips;
+  std::string stop_reason;  // why the loop ended before total_steps
+  if (root && counters.step >= total_steps)
+    std::printf("nothing to do: the checkpoint is at step %lld and --train-steps/--epochs ask for %lld\n",
+                static_cast<long long>(counters.step), static_cast<long long>(total_steps));
+  for (int64_t step = counters.step; step < total_steps; ++step) {
     const auto start = Clock::now();
     replica.begin_step();
     const float loss_scale = scaler.scale();
@@ -389,6 +516,7 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
         batch = source.next();
       }
       epoch = batch.epoch;
+      counters.sampler = source.after(batch);
       nn::Saved saved, loss_saved;
       Tensor logits;
       {
@@ -431,6 +559,7 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
       skipped = scaler.update(!norm.finite) || !norm.finite;
       if (!skipped) replica.step(float(lr), nn::clip_coefficient(norm.norm / loss_scale, c.clip_grad) / loss_scale);
     }
+    if (skipped) ++counters.skipped_steps;
     if (skipped && !scaler.enabled()) {
       ++result.skipped_steps;
       TESSERA_CHECK(++consecutive_skips < c.max_skipped_steps, "step ", step + 1, ": non-finite gradients in ",
@@ -465,7 +594,10 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
     progress.update(record);
     result.last_loss = record.loss;
     result.losses.push_back(record.loss);
-    result.steps = step + 1;
+    result.steps = step + 1 - result.start_step;
+    result.final_step = step + 1;
+    counters.step = step + 1;
+    counters.consecutive_skips = consecutive_skips;
 
     const bool last = step + 1 == total_steps;
     const bool due = c.eval_interval > 0 ? (step + 1) % c.eval_interval == 0
@@ -491,11 +623,57 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
       if (root) progress.print_above(line);
       if (last) result.final_eval = eval;
     }
+
+    // Step boundary: stop (saving first) when any rank got a preemption
+    // signal or --exit-interval says so; save on --save-interval and at the
+    // end (a signal during the last step changes nothing: the run is done).
+    auto [signal, signal_rank] = agree_on_signal(*world, ctx, device, signals);
+    if (last) signal = 0;
+    const bool exit_due = c.exit_interval > 0 && (step + 1) % c.exit_interval == 0 && !last;
+    bool stop = signal != 0 || exit_due;
+    const bool save_due =
+        !c.save.empty() && (last || stop || (c.save_interval > 0 && (step + 1) % c.save_interval == 0));
+    if (save_due) {
+      const auto save_start = Clock::now();
+      {
+        auto scope = trace.scope("checkpoint", "io");
+        result.checkpoint = save_training_checkpoint(state, counters);
+      }
+      if (root) {
+        char line[64];
+        std::snprintf(line, sizeof line, " (%.2f s)", std::chrono::duration<double>(Clock::now() - save_start).count());
+        progress.print_above("checkpoint: " + result.checkpoint + line);
+      }
+      if (!stop && !last) {
+        // A signal that arrived during the save: the checkpoint just written serves.
+        std::tie(signal, signal_rank) = agree_on_signal(*world, ctx, device, signals);
+        stop = signal != 0;
+      }
+    }
+    if (stop) {
+      std::ostringstream why;
+      if (signal != 0) {
+        result.stop_signal = signal;
+        why << signal_name(signal) << " received by rank " << signal_rank << "; stopped after step " << step + 1;
+      } else {
+        why << "--exit-interval " << c.exit_interval << " reached at step " << step + 1;
+      }
+      if (!c.save.empty())
+        why << "; checkpoint " << result.checkpoint << " written; go on with --resume auto (or --resume "
+            << result.checkpoint << ")";
+      else if (signal != 0)
+        why << "; no --save directory, so nothing was saved; exiting with status " << result.exit_code();
+      else
+        why << "; no --save directory, so nothing was saved";
+      stop_reason = why.str();
+      break;
+    }
   }
   progress.finish();
   trace.close();
   result.median_ms_per_step = median(step_ms);
   if (root) {
+    if (!stop_reason.empty()) std::printf("stopping: %s\n", stop_reason.c_str());
     std::printf("done: %lld steps, last loss %.4f, median %.1f ms/step", static_cast<long long>(result.steps),
                 result.last_loss, result.median_ms_per_step);
     if (result.skipped_steps) std::printf(", %lld skipped", static_cast<long long>(result.skipped_steps));

@@ -28,7 +28,7 @@ struct EvalResult {
 };
 
 struct TrainResult {
-  int64_t steps = 0;  // optimizer steps run (skipped ones included)
+  int64_t steps = 0;  // optimizer steps run by this call (skipped ones included)
   int64_t skipped_steps = 0;
   double last_loss = 0.0;                // training loss of the last step
   std::optional<EvalResult> final_eval;  // when --eval-data was given
@@ -36,10 +36,28 @@ struct TrainResult {
   std::vector<double> losses;         // every step's training loss, averaged over the ranks (same on all)
   int data_parallel_size = 1;         // ranks that trained the model together
   int64_t optimizer_state_bytes = 0;  // this rank's optimizer state (1/dp of it under --zero 1)
+
+  // Checkpoints and resuming.
+  int64_t start_step = 0;    // the step this call began at (the checkpoint's when resumed, else 0)
+  int64_t final_step = 0;    // the step it reached
+  std::string resumed_from;  // the checkpoint it resumed from (empty: a fresh start)
+  std::string checkpoint;    // the last checkpoint it wrote (empty: none)
+  int stop_signal = 0;       // SIGTERM or SIGUSR1 that stopped the run before the end (0: none)
+  // The process's exit status: 0, or 128 + the signal when a signal stopped a
+  // run that had no --save directory (so the job is not mistaken for done).
+  int exit_code() const { return stop_signal != 0 && checkpoint.empty() ? 128 + stop_signal : 0; }
 };
 
 // Runs the whole training; throws tessera::Error for bad configurations,
 // data, or a run that cannot go on (e.g. non-finite gradients K steps in a row).
+//
+// Checkpoints (apps/train_checkpoint.h): with --save DIR it writes one every
+// --save-interval steps and at the end; --resume auto|PATH goes on from one
+// (bit for bit as if never stopped, on any dp size and --zero setting).
+// While it runs, SIGTERM and SIGUSR1 (apps/preemption.h) make every rank stop
+// at the next step boundary, writing a checkpoint first when --save is set;
+// the result says which signal (stop_signal) and exit_code() what the
+// process should return.
 TrainResult train(const TrainConfig& config);
 // The same on the ranks of `world` (e.g. a group of one for a single-rank
 // reference run inside an MPI job); --device cuda means cuda:0 here.

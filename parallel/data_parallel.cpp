@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -133,6 +134,7 @@ DataParallel::DataParallel(std::vector<nn::Parameter*> parameters, Communicator&
         shard->weight_decay = p.weight_decay;
         optimized.push_back(shard.get());
         shards_.push_back(std::move(shard));
+        shard_origins_.push_back({index, begin - offset[index]});
       }
     }
   }
@@ -279,6 +281,10 @@ nn::GradNorm DataParallel::grad_norm() {
 void DataParallel::step(float lr, float grad_scale) {
   TESSERA_CHECK(reduced_, "data parallel: step() before finish_backward() of the step's last micro-batch");
   optimizer_->step(lr, grad_scale);
+  gather_values();
+}
+
+void DataParallel::gather_values() {
   if (options_.zero_stage != 1) return;
   const int rank = comm_.rank();
   std::vector<CommHandle> handles(buckets_.size());
@@ -311,6 +317,35 @@ int64_t DataParallel::optimizer_state_bytes() {
   int64_t bytes = 0;
   for (const auto& [name, tensor] : optimizer_->state_tensors()) bytes += int64_t(tensor->nbytes());
   return bytes;
+}
+
+std::vector<OptimizerStateSlice> DataParallel::optimizer_state_slices() {
+  // Optimizer parameter name -> (the model parameter, first element covered).
+  const bool zero = options_.zero_stage == 1;
+  std::map<std::string, std::pair<const nn::Parameter*, int64_t>> origin;
+  if (zero)
+    for (size_t i = 0; i < shards_.size(); ++i)
+      origin[shards_[i]->name] = {parameters_[shard_origins_[i].parameter], shard_origins_[i].begin};
+  else
+    for (const nn::Parameter* p : parameters_) origin[p->name] = {p, 0};
+  std::vector<OptimizerStateSlice> out;
+  for (auto& [state_name, tensor] : optimizer_->state_tensors()) {
+    // "<optimizer parameter>.<state>", the state's name having no dot.
+    const size_t dot = state_name.rfind('.');
+    const auto found = origin.find(state_name.substr(0, dot));
+    TESSERA_CHECK(dot != std::string::npos && found != origin.end(), "data parallel: optimizer state '", state_name,
+                  "' belongs to no parameter");
+    const auto [parameter, begin] = found->second;
+    OptimizerStateSlice slice;
+    slice.name = parameter->name + state_name.substr(dot);
+    slice.shape = parameter->value.shape();
+    slice.local = tensor;
+    slice.flat_range = zero;
+    slice.begin = begin;
+    slice.owner = zero || comm_.rank() == 0;
+    out.push_back(std::move(slice));
+  }
+  return out;
 }
 
 std::vector<std::vector<std::string>> DataParallel::bucket_parameter_names() const {

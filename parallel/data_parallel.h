@@ -81,6 +81,24 @@ struct ReductionStats {
   int64_t hook_polls = 0;        // communicator polls made from gradient hooks
 };
 
+// Where one piece of this rank's optimizer state sits in a logical tensor
+// (for checkpoints: the trainer turns these into io::TensorPiece; parallel/
+// does not depend on io/).
+struct OptimizerStateSlice {
+  std::string name;         // "<parameter>.exp_avg", ".exp_avg_sq", ".momentum_buffer" or ".master" (f32)
+  Shape shape;              // the logical tensor's shape: the parameter's
+  Tensor* local = nullptr;  // the optimizer's buffer (reading a checkpoint copies into it)
+  // false: `local` is the whole tensor (plain data parallelism); true: it is
+  // elements [begin, begin + local->numel()) of the row-major flattening
+  // (a ZeRO-1 shard: the parameter's intersection with this rank's pieces).
+  bool flat_range = false;
+  int64_t begin = 0;
+  // Whether this rank is the one that writes it: every rank holds the same
+  // replicated state, so rank 0 of the communicator writes it; each rank
+  // writes its own shards.
+  bool owner = true;
+};
+
 class DataParallel {
  public:
   // Re-points every parameter's grad (and, for ZeRO-1, value) to views of the
@@ -121,6 +139,18 @@ class DataParallel {
   // Bytes of this rank's optimizer state (Optimizer::state_tensors: moments,
   // momentum, f32 masters).
   int64_t optimizer_state_bytes();
+  // This rank's optimizer state as slices of the logical per-parameter
+  // tensors, in optimizer order. Plain: the whole tensors (owner: rank 0).
+  // ZeRO-1: one flat range per parameter that intersects this rank's pieces;
+  // over the ranks they cover every element exactly once, so a checkpoint
+  // written under one dp size and --zero setting reads back under any other.
+  // After reading masters into them, call optimizer().values_from_masters()
+  // and then gather_values() (ZeRO-1).
+  std::vector<OptimizerStateSlice> optimizer_state_slices();
+  // ZeRO-1: all-gathers every rank's pieces of the parameter values (as after
+  // a step), e.g. after values_from_masters() on a resumed run; plain: nothing.
+  // Collective over the communicator.
+  void gather_values();
   // Elements of the flat buffers (padding included) and bucket count.
   int64_t flat_numel() const { return flat_numel_; }
   int bucket_count() const { return int(buckets_.size()); }
@@ -163,6 +193,11 @@ class DataParallel {
   Tensor flat_values_;                                  // ZeRO-1: [flat_numel_] model dtype
   Tensor shard_grads_, staging_;                        // ZeRO-1: this rank's pieces, f32 and model dtype
   std::vector<std::unique_ptr<nn::Parameter>> shards_;  // ZeRO-1 pseudo-parameters
+  struct ShardOrigin {
+    size_t parameter = 0;  // index into parameters_
+    int64_t begin = 0;     // first element of the parameter the shard covers
+  };
+  std::vector<ShardOrigin> shard_origins_;  // per shard
   std::unique_ptr<nn::Optimizer> optimizer_;
   ReductionStats stats_;
 };

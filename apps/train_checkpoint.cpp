@@ -1,0 +1,267 @@
+// Training checkpoints: the trainer's state as io::TensorPiece lists and
+// metadata (written by save_checkpoint), and back (model and precision
+// checks, each rank reading its own slices, counters and scaler state).
+#include "apps/train_checkpoint.h"
+
+#include <charconv>
+#include <filesystem>
+#include <map>
+#include <sstream>
+
+#include "core/error.h"
+#include "io/checkpoint.h"
+
+namespace tessera::app {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string text(float value) {
+  char buffer[64];
+  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
+  return std::string(buffer, result.ptr);
+}
+
+std::string text(double value) {
+  char buffer[64];
+  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
+  return std::string(buffer, result.ptr);
+}
+
+std::string list(const std::vector<int64_t>& values) {
+  std::string out;
+  for (size_t i = 0; i < values.size(); ++i) out += (i ? "," : "") + std::to_string(values[i]);
+  return out;
+}
+
+// One model field a checkpoint records and a resume must match, with what
+// sets it (for the refusal message).
+struct ModelField {
+  std::string key;    // metadata key "model.<field>"
+  std::string value;  // as built
+  std::string what;   // "--hidden-size", "the image shape of --data", ...
+};
+
+std::vector<ModelField> model_fields(const nn::ModelConfig& m, DType dtype) {
+  std::vector<ModelField> fields = {{"model.kind", m.kind, "--model"}};
+  if (m.kind == "gpt") {
+    fields.push_back({"model.vocab_size", std::to_string(m.vocab_size), "--vocab-size"});
+    fields.push_back({"model.seq_length", std::to_string(m.seq_length), "--seq-length"});
+    fields.push_back({"model.num_layers", std::to_string(m.num_layers), "--num-layers"});
+    fields.push_back({"model.num_heads", std::to_string(m.num_heads), "--num-heads"});
+    fields.push_back({"model.hidden_size", std::to_string(m.hidden_size), "--hidden-size"});
+    fields.push_back({"model.ffn_hidden_size", std::to_string(m.ffn()), "--ffn-hidden-size"});
+  } else {
+    if (m.kind == "mlp") fields.push_back({"model.hidden", list(m.hidden), "--hidden"});
+    fields.push_back({"model.input_shape",
+                      std::to_string(m.channels) + "x" + std::to_string(m.height) + "x" + std::to_string(m.width),
+                      "the image shape (channels x height x width) of --data"});
+    fields.push_back({"model.num_classes", std::to_string(m.num_classes), "the number of classes of --data"});
+  }
+  fields.push_back({"model.dtype", std::string(dtype_name(dtype)), "--precision (the parameters' dtype)"});
+  return fields;
+}
+
+std::string layout_text(int64_t dp, int64_t tp, int64_t pp, int64_t zero, int64_t world) {
+  std::ostringstream out;
+  out << "dp=" << dp << " tp=" << tp << " pp=" << pp << " zero=" << zero << " on " << world << " rank(s)";
+  return out.str();
+}
+
+class Metadata {
+ public:
+  Metadata(const io::CheckpointMetadata& values, std::string path) : values_(values), path_(std::move(path)) {}
+
+  const std::string& get(const std::string& key) const {
+    const auto found = values_.find(key);
+    TESSERA_CHECK(found != values_.end(), "--resume: checkpoint ", path_, " has no '", key,
+                  "' entry; it was not written by `tessera train` of this version");
+    return found->second;
+  }
+  std::optional<std::string> find(const std::string& key) const {
+    const auto found = values_.find(key);
+    if (found == values_.end()) return std::nullopt;
+    return found->second;
+  }
+  int64_t integer(const std::string& key) const {
+    const std::string& value = get(key);
+    int64_t out = 0;
+    const auto result = std::from_chars(value.data(), value.data() + value.size(), out);
+    TESSERA_CHECK(result.ec == std::errc() && result.ptr == value.data() + value.size(), "--resume: checkpoint ", path_,
+                  ": '", key, "' is '", value, "', not an integer");
+    return out;
+  }
+  float real(const std::string& key) const {
+    const std::string& value = get(key);
+    float out = 0;
+    const auto result = std::from_chars(value.data(), value.data() + value.size(), out);
+    TESSERA_CHECK(result.ec == std::errc() && result.ptr == value.data() + value.size(), "--resume: checkpoint ", path_,
+                  ": '", key, "' is '", value, "', not a number");
+    return out;
+  }
+
+ private:
+  const io::CheckpointMetadata& values_;
+  std::string path_;
+};
+
+// Reads `piece` from the checkpoint into `destination` (the live tensor: a
+// parameter's value, possibly a view into a flat buffer, or optimizer state).
+void read_into(const io::CheckpointReader& reader, io::TensorPiece piece, Tensor& destination) {
+  piece.local = destination;
+  reader.read(piece);
+  if (piece.local.data_ptr() != destination.data_ptr()) destination.copy_(piece.local);
+}
+
+}  // namespace
+
+std::string save_training_checkpoint(const TrainState& s, const Counters& k) {
+  const TrainConfig& c = *s.config;
+  const int world_rank = s.world->rank();
+  std::vector<io::TensorPiece> pieces;
+  for (nn::Parameter* p : s.parameters) {
+    io::TensorPiece piece;
+    piece.name = p->name;
+    piece.global_shape = p->value.shape();
+    piece.dtype = p->value.dtype();
+    piece.local = p->value;
+    piece.owner = world_rank == 0;  // replicated on every rank: one writer
+    pieces.push_back(std::move(piece));
+  }
+  for (const parallel::OptimizerStateSlice& slice : s.replica->optimizer_state_slices()) {
+    io::TensorPiece piece;
+    piece.name = slice.name;
+    piece.global_shape = slice.shape;
+    piece.dtype = slice.local->dtype();
+    piece.local = *slice.local;
+    if (slice.flat_range) {
+      piece.slice.kind = io::TensorSlice::Kind::flat_range;
+      piece.slice.begin = slice.begin;
+    }
+    piece.owner = slice.owner;
+    pieces.push_back(std::move(piece));
+  }
+
+  io::CheckpointMetadata meta;
+  for (const auto& [key, value] : settings(c)) meta["config." + key] = value;
+  for (const ModelField& field : model_fields(*s.model, s.dtype)) meta[field.key] = field.value;
+  meta["layout.world"] = std::to_string(s.world->size());
+  meta["layout.dp"] = std::to_string(s.dp);
+  meta["layout.tp"] = std::to_string(s.tp);
+  meta["layout.pp"] = std::to_string(s.pp);
+  meta["layout.zero"] = std::to_string(s.replica->zero_stage());
+  meta["optimizer.kind"] = nn::optimizer_kind_name(s.replica->optimizer().config().kind);
+  meta["optimizer.step_count"] = std::to_string(s.replica->optimizer().step_count());
+  meta["schedule.iteration"] = std::to_string(k.step);
+  meta["schedule.style"] = nn::lr_style_name(s.schedule->style);
+  meta["schedule.lr"] = text(s.schedule->lr);
+  meta["schedule.min_lr"] = text(s.schedule->min_lr);
+  meta["schedule.warmup_steps"] = std::to_string(s.schedule->warmup_steps);
+  meta["schedule.total_steps"] = std::to_string(s.schedule->total_steps);
+  meta["scaler.enabled"] = s.scaler->enabled() ? "true" : "false";
+  meta["scaler.scale"] = text(s.scaler->scale());
+  meta["scaler.growth_tracker"] = std::to_string(s.scaler->growth_tracker());
+  meta["sampler.epoch"] = std::to_string(k.sampler.epoch);
+  meta["sampler.samples"] = std::to_string(k.sampler.samples);
+  meta["sampler.global_micro_batch"] = std::to_string(s.global_micro_batch);
+  meta["train.skipped_steps"] = std::to_string(k.skipped_steps);
+  meta["train.consecutive_skips"] = std::to_string(k.consecutive_skips);
+  meta["rng.kind"] = "philox4x32-10: (seed, stream, index); dropout streams by (step, micro-batch·dp + dp rank)";
+
+  io::SaveOptions options;
+  options.keep = c.keep_checkpoints;
+  const std::string rng = "seed=" + std::to_string(c.seed) + " next_step=" + std::to_string(k.step) +
+                          " dp_rank=" + std::to_string(s.dp_rank) + " dp_size=" + std::to_string(s.dp);
+  options.rank_state["rng"] = std::vector<uint8_t>(rng.begin(), rng.end());
+  return io::save_checkpoint(*s.world, c.save, k.step, pieces, meta, options);
+}
+
+std::optional<std::string> checkpoint_to_resume(const TrainConfig& c) {
+  if (c.resume.empty()) return std::nullopt;
+  if (c.resume == "auto") {
+    if (!fs::exists(c.save)) return std::nullopt;  // the first run of a job: a fresh start
+    return io::find_latest_checkpoint(c.save);
+  }
+  TESSERA_CHECK(fs::exists(c.resume), "--resume ", c.resume,
+                ": no such checkpoint; give a checkpoint directory (DIR/step_XXXXXXXX), a --save directory, or "
+                "--resume auto");
+  // A --save directory (step_* directories, `latest`): its newest checkpoint.
+  if (fs::is_directory(c.resume))
+    if (std::optional<std::string> latest = io::find_latest_checkpoint(c.resume)) return latest;
+  return c.resume;
+}
+
+Resumed load_training_checkpoint(const TrainState& s, const std::string& path) {
+  const TrainConfig& c = *s.config;
+  io::CheckpointReader reader(path);
+  const Metadata meta(reader.metadata(), path);
+
+  // The same model, or a refusal naming what differs.
+  for (const ModelField& field : model_fields(*s.model, s.dtype)) {
+    const std::optional<std::string> saved = meta.find(field.key);
+    TESSERA_CHECK(saved.has_value(), "--resume: checkpoint ", path, " has no '", field.key,
+                  "' entry; it was not written by `tessera train` of this version");
+    TESSERA_CHECK(*saved == field.value, "--resume: checkpoint ", path, " holds another model: ", field.what, " is ",
+                  field.value, " here but ", *saved, " in the checkpoint; resume with the checkpoint's settings ",
+                  "(`tessera checkpoint inspect ", path, "` lists them) or start afresh with another --save directory");
+  }
+  const std::string saved_optimizer = meta.get("optimizer.kind");
+  TESSERA_CHECK(saved_optimizer == c.optimizer, "--resume: checkpoint ", path, " holds the state of --optimizer ",
+                saved_optimizer, ", this run uses --optimizer ", c.optimizer, "; resume with --optimizer ",
+                saved_optimizer);
+  TESSERA_CHECK(reader.step() == meta.integer("schedule.iteration"), "--resume: checkpoint ", path, " is for step ",
+                reader.step(), " but records iteration ", meta.integer("schedule.iteration"), "; it is damaged");
+
+  // Parameters whole on every rank; optimizer state as this rank's slices.
+  for (nn::Parameter* p : s.parameters) {
+    io::TensorPiece piece;
+    piece.name = p->name;
+    piece.global_shape = p->value.shape();
+    piece.dtype = p->value.dtype();
+    TESSERA_CHECK(reader.has_tensor(p->name), "--resume: checkpoint ", path, " has no tensor '", p->name,
+                  "' for the model's parameter of that name");
+    read_into(reader, piece, p->value);
+  }
+  for (const parallel::OptimizerStateSlice& slice : s.replica->optimizer_state_slices()) {
+    TESSERA_CHECK(reader.has_tensor(slice.name), "--resume: checkpoint ", path, " has no optimizer state '", slice.name,
+                  "'; it was saved with --optimizer ", saved_optimizer, " --sgd-momentum ",
+                  meta.get("config.sgd-momentum"), " (resume with the same optimizer settings)");
+    io::TensorPiece piece;
+    piece.name = slice.name;
+    piece.global_shape = slice.shape;
+    piece.dtype = slice.local->dtype();
+    if (slice.flat_range) {
+      piece.slice.kind = io::TensorSlice::Kind::flat_range;
+      piece.slice.begin = slice.begin;
+    }
+    read_into(reader, piece, *slice.local);
+  }
+  nn::Optimizer& optimizer = s.replica->optimizer();
+  optimizer.set_step_count(meta.integer("optimizer.step_count"));
+  optimizer.values_from_masters();  // the values are the masters' roundings (no-op for f32)
+  s.replica->gather_values();       // ZeRO-1: every rank's pieces to every rank
+  if (s.scaler->enabled()) s.scaler->load_state(meta.real("scaler.scale"), meta.integer("scaler.growth_tracker"));
+
+  Resumed out;
+  out.path = path;
+  out.counters.step = reader.step();
+  out.counters.sampler.epoch = meta.integer("sampler.epoch");
+  out.counters.sampler.samples = meta.integer("sampler.samples");
+  out.counters.skipped_steps = meta.integer("train.skipped_steps");
+  out.counters.consecutive_skips = meta.integer("train.consecutive_skips");
+  const int64_t saved_dp = meta.integer("layout.dp"), saved_zero = meta.integer("layout.zero");
+  out.saved_layout = layout_text(saved_dp, meta.integer("layout.tp"), meta.integer("layout.pp"), saved_zero,
+                                 meta.integer("layout.world"));
+  out.resharded = saved_dp != s.dp || saved_zero != s.replica->zero_stage() || meta.integer("layout.tp") != s.tp ||
+                  meta.integer("layout.pp") != s.pp;
+  for (const auto& [key, value] : settings(c)) {
+    if (key == "resume") continue;
+    const std::optional<std::string> saved = meta.find("config." + key);
+    if (saved && *saved != value)
+      out.changed_settings.push_back(key + " " + (saved->empty() ? "''" : *saved) + " -> " +
+                                     (value.empty() ? "''" : value));
+  }
+  return out;
+}
+
+}  // namespace tessera::app

@@ -1,0 +1,97 @@
+// What a training checkpoint holds and how the trainer writes and restores
+// it, on top of io/checkpoint.h (the layout-independent HDF5 format):
+//
+//   tensors (each logical tensor whole, under its name)
+//     <parameter>                      the model's dtype, the parameter's shape
+//     <parameter>.exp_avg, .exp_avg_sq AdamW moments (f32)
+//     <parameter>.momentum_buffer      SGD with momentum (f32)
+//     <parameter>.master               f32 master weights (bf16/fp16 runs)
+//   metadata (string attributes)
+//     config.<flag>       every setting of the run (flag names without dashes)
+//     model.<field>       the model as built (flags and the data's shapes), checked on resume
+//     layout.world/dp/tp/pp/zero
+//     optimizer.kind, optimizer.step_count
+//     schedule.iteration/style/lr/min_lr/warmup_steps/total_steps
+//     scaler.enabled/scale/growth_tracker
+//     sampler.epoch, sampler.samples  (the next global batch starts at this
+//                                      sample of the epoch's order)
+//     train.skipped_steps, train.consecutive_skips
+//   per rank: rng  ("seed=S next_step=N dp_rank=r dp_size=n": every random
+//                   draw is a pure function of these, see core/rng.h)
+//
+// Parameters and replicated optimizer state are written by world rank 0;
+// under ZeRO-1 each rank writes its own flat ranges of the optimizer state
+// (DataParallel::optimizer_state_slices). Restoring reads each rank's own
+// slices, so a checkpoint loads under another dp size or --zero setting.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "apps/train_config.h"
+#include "core/dtype.h"
+#include "core/nn/grad_scaler.h"
+#include "core/nn/lr_schedule.h"
+#include "core/nn/models.h"
+#include "core/nn/parameter.h"
+#include "parallel/communicator.h"
+#include "parallel/data_parallel.h"
+
+namespace tessera::app {
+
+// Where the data sampler stands: the next global batch starts at sample
+// `samples` of epoch `epoch`'s order (io/loader.h), a count that does not
+// depend on the number of ranks.
+struct SamplerPosition {
+  int64_t epoch = 0;
+  int64_t samples = 0;
+};
+
+// The run's state that checkpoints save and restore (all pointers non-null).
+struct TrainState {
+  const TrainConfig* config = nullptr;
+  const nn::ModelConfig* model = nullptr;
+  DType dtype = DType::f32;
+  std::vector<nn::Parameter*> parameters;
+  parallel::DataParallel* replica = nullptr;
+  nn::GradScaler* scaler = nullptr;
+  const nn::LrScheduleConfig* schedule = nullptr;
+  parallel::Communicator* world = nullptr;
+  int dp = 1, tp = 1, pp = 1;
+  int dp_rank = 0;
+  int64_t global_micro_batch = 0;  // samples of one micro-batch over the data-parallel ranks
+};
+
+struct Counters {
+  int64_t step = 0;  // optimizer steps done (skipped ones included)
+  SamplerPosition sampler;
+  int64_t skipped_steps = 0, consecutive_skips = 0;
+};
+
+// Collective over state.world: writes --save DIR/step_<step> (keeping the
+// newest --keep-checkpoints) and returns its path.
+std::string save_training_checkpoint(const TrainState& state, const Counters& counters);
+
+// The checkpoint --resume names: the newest complete one in --save DIR for
+// `auto` (nothing if there is none), the newest in PATH when PATH is a --save
+// directory, else PATH itself. Nothing without --resume.
+std::optional<std::string> checkpoint_to_resume(const TrainConfig& config);
+
+struct Resumed {
+  std::string path;
+  Counters counters;
+  std::string saved_layout;                   // "dp=2 tp=1 pp=1 zero=1 on 2 ranks"
+  bool resharded = false;                     // saved under another dp size or --zero setting
+  std::vector<std::string> changed_settings;  // "lr 0.001 -> 0.002", for rank 0's start-up line
+};
+
+// Collective over state.world: checks that the checkpoint at `path` was
+// written for the same model (refusing with the differing flag and both
+// values) and precision, then loads parameters, optimizer state (this
+// rank's slices), step counts and loss-scaler state, and returns the
+// counters to go on from.
+Resumed load_training_checkpoint(const TrainState& state, const std::string& path);
+
+}  // namespace tessera::app

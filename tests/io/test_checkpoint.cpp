@@ -1,0 +1,555 @@
+// Checkpoints (io/checkpoint.h) in one process: round trips of every dtype
+// and slice kind, compared byte for byte with slices cut by a naive
+// multi-index reference; the file layout read back with the raw HDF5 C API
+// and the checksums recomputed by a bitwise CRC-32; metadata and rank state;
+// keep-K, `latest` and find_latest_checkpoint's fallbacks; crash safety (a
+// forked child killed by the checkpoint_crash fault in the middle of a save);
+// a flipped byte detected by read() and verify(); files that are not
+// checkpoints; ownership gaps and overlaps refused with nothing published;
+// and the TESSERA_FAULT parser. Multi-rank saves are in tests/mpi/.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/context.h"
+#include "core/error.h"
+#include "core/fault.h"
+#include "io/checkpoint.h"
+#include "parallel/local_communicator.h"
+#include "tests/io/io_test_files.h"
+#include "tests/support/test_support.h"
+
+namespace tessera::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using io::TensorPiece;
+using io::TensorSlice;
+
+constexpr DType kAllDtypes[] = {DType::f32, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8};
+
+// CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320), one bit at a time.
+uint32_t naive_crc32(const std::vector<uint8_t>& bytes) {
+  uint32_t crc = 0xFFFFFFFFu;
+  for (uint8_t byte : bytes) {
+    crc ^= byte;
+    for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+
+std::vector<uint8_t> bytes_of(const Tensor& tensor) {
+  const Tensor host = tensor.to(Device::cpu());
+  const auto* begin = static_cast<const uint8_t*>(host.data_ptr());
+  return std::vector<uint8_t>(begin, begin + host.nbytes());
+}
+
+// A tensor of random bytes (any bit pattern round-trips exactly).
+Tensor random_bytes_tensor(Context& ctx, const Shape& shape, DType dtype, std::mt19937_64& rng) {
+  Tensor tensor = ctx.empty(shape, dtype);
+  auto* bytes = static_cast<uint8_t*>(tensor.data_ptr());
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (size_t i = 0; i < tensor.nbytes(); ++i) bytes[i] = uint8_t(byte(rng));
+  return tensor;
+}
+
+// The slice `slice` of a whole tensor's bytes, cut element by element through
+// multi-indices (the reference for read()).
+std::vector<uint8_t> expected_slice(const std::vector<uint8_t>& whole, const Shape& global, DType dtype,
+                                    const TensorSlice& slice, const Shape& local) {
+  const size_t size = dtype_size(dtype);
+  std::vector<uint8_t> out(size_t(local.numel()) * size);
+  for (int64_t l = 0; l < local.numel(); ++l) {
+    int64_t g = 0;
+    if (slice.kind == TensorSlice::Kind::whole) {
+      g = l;
+    } else if (slice.kind == TensorSlice::Kind::flat_range) {
+      g = slice.begin + l;
+    } else {
+      std::vector<int64_t> index(size_t(local.ndim()));
+      int64_t rest = l;
+      for (int d = local.ndim() - 1; d >= 0; --d) {
+        index[size_t(d)] = rest % local[d];
+        rest /= local[d];
+      }
+      index[size_t(slice.dim)] += slice.begin;
+      for (int d = 0; d < global.ndim(); ++d) g = g * global[d] + index[size_t(d)];
+    }
+    std::memcpy(out.data() + size_t(l) * size, whole.data() + size_t(g) * size, size);
+  }
+  return out;
+}
+
+TensorPiece whole_piece(const std::string& name, const Tensor& tensor) {
+  TensorPiece piece;
+  piece.name = name;
+  piece.global_shape = tensor.shape();
+  piece.dtype = tensor.dtype();
+  piece.local = tensor;
+  return piece;
+}
+
+// A random dim_range slice of `global` (a dimension of size ≥ 1) and its local shape.
+std::pair<TensorSlice, Shape> random_dim_slice(const Shape& global, std::mt19937_64& rng) {
+  TensorSlice slice;
+  slice.kind = TensorSlice::Kind::dim_range;
+  slice.dim = std::uniform_int_distribution<int>(0, global.ndim() - 1)(rng);
+  const int64_t extent = global[slice.dim];
+  slice.begin = std::uniform_int_distribution<int64_t>(0, extent - 1)(rng);
+  const int64_t count = std::uniform_int_distribution<int64_t>(1, extent - slice.begin)(rng);
+  return {slice, global.with_dim(slice.dim, count)};
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
+
+#define EXPECT_CONTAINS(text, fragment) \
+  EXPECT_NE(std::string(text).find(fragment), std::string::npos) << "expected '" << (fragment) << "' in: " << (text)
+
+class Checkpoint : public ::testing::Test {
+ protected:
+  Context ctx;
+  std::unique_ptr<parallel::Communicator> world = parallel::make_local_communicator();
+  TempDir dir;
+  std::string save_dir = dir.file("run");
+  std::mt19937_64 rng = make_rng();
+};
+
+TEST_F(Checkpoint, RoundTripsEveryDtypeAndSliceKind) {
+  TESSERA_SEED_TRACE();
+  std::vector<TensorPiece> pieces;
+  std::vector<Tensor> originals;
+  const std::vector<Shape> shapes = {Shape{7, 5}, Shape{3, 4, 5}, Shape{13}, Shape{2, 3, 2, 3}};
+  for (DType dtype : kAllDtypes)
+    for (size_t s = 0; s < shapes.size(); ++s) {
+      originals.push_back(random_bytes_tensor(ctx, shapes[s], dtype, rng));
+      pieces.push_back(
+          whole_piece("blocks." + std::to_string(s) + ".w." + std::string(dtype_name(dtype)), originals.back()));
+    }
+  originals.push_back(random_bytes_tensor(ctx, Shape{}, DType::i64, rng));  // a scalar (e.g. a step count)
+  pieces.push_back(whole_piece("optimizer.step", originals.back()));
+  originals.push_back(ctx.empty(Shape{0, 3}, DType::f32));  // an empty tensor
+  pieces.push_back(whole_piece("empty", originals.back()));
+
+  const std::string path = io::save_checkpoint(*world, save_dir, 12, pieces, {});
+  EXPECT_EQ(path, (fs::path(save_dir) / "step_00000012").string());
+
+  io::CheckpointReader reader(path);
+  EXPECT_EQ(reader.step(), 12);
+  EXPECT_EQ(reader.ranks_saved(), 1);
+  ASSERT_EQ(reader.tensors().size(), pieces.size());
+  EXPECT_TRUE(reader.verify().empty());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    SCOPED_TRACE(pieces[i].name);
+    const Shape& global = pieces[i].global_shape;
+    const DType dtype = pieces[i].dtype;
+    const std::vector<uint8_t> whole = bytes_of(originals[i]);
+    const auto stored = std::find_if(reader.tensors().begin(), reader.tensors().end(),
+                                     [&](const io::StoredTensor& t) { return t.name == pieces[i].name; });
+    ASSERT_NE(stored, reader.tensors().end());
+    EXPECT_EQ(stored->shape, global);
+    EXPECT_EQ(stored->dtype, dtype);
+    EXPECT_EQ(stored->crc32, naive_crc32(whole));
+    EXPECT_TRUE(reader.has_tensor(pieces[i].name));
+
+    std::vector<std::pair<TensorSlice, Shape>> slices = {{TensorSlice{}, global}};
+    if (global.numel() > 0) {
+      const int64_t begin = std::uniform_int_distribution<int64_t>(0, global.numel() - 1)(rng);
+      const int64_t count = std::uniform_int_distribution<int64_t>(1, global.numel() - begin)(rng);
+      slices.push_back({TensorSlice{TensorSlice::Kind::flat_range, begin, 0}, Shape{count}});
+      if (global.ndim() > 0) slices.push_back(random_dim_slice(global, rng));
+    }
+    for (const auto& [slice, local_shape] : slices) {
+      TensorPiece load = pieces[i];
+      load.slice = slice;
+      load.local = poisoned(ctx, local_shape, dtype);
+      reader.read(load);
+      EXPECT_EQ(bytes_of(load.local), expected_slice(whole, global, dtype, slice, local_shape))
+          << "slice kind " << int(slice.kind) << " begin " << slice.begin << " dim " << slice.dim;
+    }
+  }
+
+  // The documented layout, read with the raw C API.
+  const std::string file = (fs::path(path) / "checkpoint.h5").string();
+  const hid_t h5 = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(h5, 0);
+  int64_t format = 0;
+  const hid_t attribute = H5Aopen(h5, "tessera_checkpoint_format", H5P_DEFAULT);
+  ASSERT_GE(attribute, 0);
+  H5Aread(attribute, H5T_NATIVE_INT64, &format);
+  H5Aclose(attribute);
+  EXPECT_EQ(format, io::kCheckpointFormat);
+  for (const char* name : {"/tensors/blocks.0.w.bf16", "/tensors/blocks.1.w.f32"}) {
+    const hid_t dataset = H5Dopen2(h5, name, H5P_DEFAULT);
+    ASSERT_GE(dataset, 0) << name;
+    const hid_t type = H5Dget_type(dataset);
+    const bool bf16 = std::string(name).find("bf16") != std::string::npos;
+    EXPECT_EQ(H5Tget_class(type), bf16 ? H5T_INTEGER : H5T_FLOAT) << name;
+    EXPECT_EQ(H5Tget_size(type), bf16 ? 2u : 4u) << name;
+    H5Tclose(type);
+    H5Dclose(dataset);
+  }
+  H5Fclose(h5);
+}
+
+TEST_F(Checkpoint, SavesSeveralPiecesOfOneTensorFromOneRank) {
+  TESSERA_SEED_TRACE();
+  // One rank may own several pieces of a tensor: flat_range pieces of a flat
+  // tensor, dim_range pieces along dimension 1, and replicas with owner=false.
+  const Tensor flat = random_bytes_tensor(ctx, Shape{4, 9}, DType::bf16, rng);
+  const Tensor wide = random_bytes_tensor(ctx, Shape{5, 8, 3}, DType::f32, rng);
+  std::vector<TensorPiece> pieces;
+  const Tensor flat_view = flat.flatten();
+  for (auto [begin, end] : {std::pair<int64_t, int64_t>{20, 36}, {0, 11}, {11, 20}}) {
+    TensorPiece piece = whole_piece("flat", flat);
+    piece.slice = {TensorSlice::Kind::flat_range, begin, 0};
+    piece.local = ctx.empty(Shape{end - begin}, DType::bf16).copy_(flat_view.slice(begin, end));
+    pieces.push_back(piece);
+  }
+  for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, 3}, {3, 8}}) {
+    TensorPiece piece = whole_piece("wide", wide);
+    piece.slice = {TensorSlice::Kind::dim_range, begin, 1};
+    Tensor local = ctx.empty(Shape{5, end - begin, 3}, DType::f32);
+    const std::vector<uint8_t> bytes =
+        expected_slice(bytes_of(wide), wide.shape(), DType::f32, piece.slice, local.shape());
+    std::memcpy(local.data_ptr(), bytes.data(), bytes.size());
+    piece.local = local;
+    pieces.push_back(piece);
+  }
+  TensorPiece replica = whole_piece("wide", poisoned(ctx, wide.shape(), DType::f32));
+  replica.owner = false;  // contributes nothing
+  pieces.push_back(replica);
+
+  io::CheckpointReader reader(io::save_checkpoint(*world, save_dir, 3, pieces, {}));
+  for (const Tensor& original : {flat, wide}) {
+    TensorPiece load = whole_piece(original.dtype() == DType::bf16 ? "flat" : "wide", original);
+    load.local = poisoned(ctx, original.shape(), original.dtype());
+    reader.read(load);
+    EXPECT_EQ(bytes_of(load.local), bytes_of(original)) << load.name;
+  }
+}
+
+TEST_F(Checkpoint, KeepsMetadataAndRankState) {
+  TESSERA_SEED_TRACE();
+  io::CheckpointMetadata metadata = {{"dp", "1"}, {"model.hidden-size", "48"}, {"empty", ""}, {"lr", "0.001"}};
+  std::string config(100000, ' ');  // over HDF5's 64 KiB compact-attribute limit
+  std::uniform_int_distribution<int> letter('a', 'z');
+  for (char& c : config) c = char(letter(rng));
+  metadata["config"] = config;
+  io::SaveOptions options;
+  std::vector<uint8_t> rng_state(48);
+  for (auto& byte : rng_state) byte = uint8_t(rng());
+  options.rank_state = {{"rng", rng_state}, {"sampler.position", {1, 2, 3}}, {"nothing", {}}};
+  const Tensor weight = random_bytes_tensor(ctx, Shape{3, 3}, DType::f32, rng);
+
+  io::CheckpointReader reader(io::save_checkpoint(*world, save_dir, 7, {whole_piece("w", weight)}, metadata, options));
+  EXPECT_EQ(reader.metadata(), metadata);
+  EXPECT_EQ(reader.rank_state(0, "rng"), rng_state);
+  EXPECT_EQ(reader.rank_state(0, "sampler.position"), (std::vector<uint8_t>{1, 2, 3}));
+  EXPECT_EQ(reader.rank_state(0, "nothing"), std::vector<uint8_t>{});
+  EXPECT_EQ(reader.rank_state(0, "missing"), std::nullopt);
+  EXPECT_EQ(reader.rank_state(1, "rng"), std::nullopt);
+}
+
+TEST_F(Checkpoint, KeepsTheNewestKAndUpdatesLatest) {
+  const Tensor weight = ctx.full(Shape{4}, DType::f32, 1.0);
+  io::SaveOptions keep_two;
+  keep_two.keep = 2;
+  for (int64_t step : {10, 20, 30, 40}) {
+    const std::string path = io::save_checkpoint(*world, save_dir, step, {whole_piece("w", weight)}, {}, keep_two);
+    EXPECT_EQ(read_text(fs::path(save_dir) / "latest"), fs::path(path).filename().string() + "\n");
+    EXPECT_EQ(io::find_latest_checkpoint(save_dir), path);
+  }
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(save_dir)) names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"latest", "step_00000030", "step_00000040"}));
+
+  // keep = 0 keeps everything; the checkpoint `latest` names survives pruning
+  // even when higher steps exist (a run resumed from an earlier checkpoint).
+  io::save_checkpoint(*world, save_dir, 5, {whole_piece("w", weight)}, {});
+  EXPECT_EQ(io::find_latest_checkpoint(save_dir), (fs::path(save_dir) / "step_00000005").string());
+  io::SaveOptions keep_one;
+  keep_one.keep = 1;
+  io::save_checkpoint(*world, save_dir, 6, {whole_piece("w", weight)}, {}, keep_one);
+  EXPECT_TRUE(fs::exists(fs::path(save_dir) / "step_00000006"));
+  EXPECT_TRUE(fs::exists(fs::path(save_dir) / "step_00000040"));  // the newest by step
+  EXPECT_FALSE(fs::exists(fs::path(save_dir) / "step_00000030"));
+  EXPECT_FALSE(fs::exists(fs::path(save_dir) / "step_00000005"));
+
+  // Saving a step again replaces it.
+  const Tensor other = ctx.full(Shape{4}, DType::f32, 2.0);
+  io::CheckpointReader reader(io::save_checkpoint(*world, save_dir, 6, {whole_piece("w", other)}, {}));
+  TensorPiece load = whole_piece("w", poisoned(ctx, Shape{4}, DType::f32));
+  reader.read(load);
+  EXPECT_EQ(load.local.to_vector<float>(), std::vector<float>(4, 2.0f));
+}
+
+TEST_F(Checkpoint, FindLatestFallsBackToTheHighestCompleteStep) {
+  EXPECT_EQ(io::find_latest_checkpoint(dir.file("nowhere")), std::nullopt);
+  fs::create_directories(save_dir);
+  EXPECT_EQ(io::find_latest_checkpoint(save_dir), std::nullopt);
+  const Tensor weight = ctx.full(Shape{2}, DType::f32, 3.0);
+  io::save_checkpoint(*world, save_dir, 9, {whole_piece("w", weight)}, {});
+  io::save_checkpoint(*world, save_dir, 100, {whole_piece("w", weight)}, {});
+  const fs::path root(save_dir);
+
+  fs::remove(root / "latest");
+  EXPECT_EQ(io::find_latest_checkpoint(save_dir), (root / "step_00000100").string());
+  std::ofstream(root / "latest") << "step_00000009\n";
+  EXPECT_EQ(io::find_latest_checkpoint(save_dir), (root / "step_00000009").string());
+  std::ofstream(root / "latest") << "step_00000077\n";  // names a missing directory
+  EXPECT_EQ(io::find_latest_checkpoint(save_dir), (root / "step_00000100").string());
+
+  // Leftovers of interrupted saves are never chosen, and the next save removes them.
+  fs::create_directories(root / ".step_00000200.tmp");
+  std::ofstream(root / ".step_00000200.tmp" / "checkpoint.h5") << "partial";
+  fs::create_directories(root / "step_00000300");  // no checkpoint.h5: not a checkpoint
+  fs::remove(root / "latest");
+  EXPECT_EQ(io::find_latest_checkpoint(save_dir), (root / "step_00000100").string());
+  io::save_checkpoint(*world, save_dir, 101, {whole_piece("w", weight)}, {});
+  EXPECT_FALSE(fs::exists(root / ".step_00000200.tmp"));
+  EXPECT_EQ(io::find_latest_checkpoint(save_dir), (root / "step_00000101").string());
+}
+
+TEST_F(Checkpoint, WriterKilledMidSaveLeavesThePreviousCheckpoint) {
+  TESSERA_SEED_TRACE();
+  std::vector<Tensor> first, second;
+  std::vector<TensorPiece> first_pieces, second_pieces;
+  for (int i = 0; i < 6; ++i) {
+    first.push_back(random_bytes_tensor(ctx, Shape{64, 33}, DType::f32, rng));
+    second.push_back(random_bytes_tensor(ctx, Shape{64, 33}, DType::f32, rng));
+    first_pieces.push_back(whole_piece("layer." + std::to_string(i), first.back()));
+    second_pieces.push_back(whole_piece("layer." + std::to_string(i), second.back()));
+  }
+  const std::string previous = io::save_checkpoint(*world, save_dir, 10, first_pieces, {{"note", "first"}});
+
+  std::fflush(nullptr);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The child saves step 20 with the fault armed for step 20 on rank 0; it
+    // must die inside save_checkpoint (exit code 3 would mean it did not).
+    setenv("TESSERA_FAULT", "checkpoint_crash@20:0", 1);
+    try {
+      io::save_checkpoint(*world, save_dir, 20, second_pieces, {{"note", "second"}});
+    } catch (...) {
+      _exit(4);
+    }
+    _exit(3);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the child was not killed (exit status " << WEXITSTATUS(status) << ")";
+  EXPECT_EQ(WTERMSIG(status), SIGKILL);
+
+  const fs::path root(save_dir);
+  EXPECT_TRUE(fs::exists(root / ".step_00000020.tmp" / "checkpoint.h5")) << "the child died before writing";
+  EXPECT_FALSE(fs::exists(root / "step_00000020"));
+  EXPECT_EQ(read_text(root / "latest"), "step_00000010\n");
+  ASSERT_EQ(io::find_latest_checkpoint(save_dir), previous);
+  io::CheckpointReader reader(previous);
+  EXPECT_TRUE(reader.verify().empty());
+  EXPECT_EQ(reader.metadata().at("note"), "first");
+  for (size_t i = 0; i < first.size(); ++i) {
+    TensorPiece load = whole_piece(first_pieces[i].name, poisoned(ctx, Shape{64, 33}, DType::f32));
+    reader.read(load);
+    EXPECT_EQ(bytes_of(load.local), bytes_of(first[i])) << first_pieces[i].name;
+  }
+
+  // The fault is scoped to its step: the same save without it (and at
+  // another step with it armed) completes and cleans up the leftover.
+  setenv("TESSERA_FAULT", "checkpoint_crash@21:0", 1);
+  const std::string next = io::save_checkpoint(*world, save_dir, 20, second_pieces, {{"note", "second"}});
+  unsetenv("TESSERA_FAULT");
+  EXPECT_FALSE(fs::exists(root / ".step_00000020.tmp"));
+  EXPECT_EQ(io::find_latest_checkpoint(save_dir), next);
+  EXPECT_TRUE(io::CheckpointReader(next).verify().empty());
+}
+
+// The byte offset of a contiguous dataset's data in its file.
+haddr_t dataset_offset(const std::string& file, const std::string& name) {
+  const hid_t h5 = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  const hid_t dataset = H5Dopen2(h5, name.c_str(), H5P_DEFAULT);
+  const haddr_t offset = H5Dget_offset(dataset);
+  H5Dclose(dataset);
+  H5Fclose(h5);
+  return offset;
+}
+
+TEST_F(Checkpoint, AFlippedByteIsDetected) {
+  TESSERA_SEED_TRACE();
+  const Tensor good = random_bytes_tensor(ctx, Shape{17, 6}, DType::f16, rng);
+  const Tensor bad = random_bytes_tensor(ctx, Shape{31}, DType::i64, rng);
+  io::save_checkpoint(*world, save_dir, 1, {whole_piece("good", good)}, {});
+  const std::string path =
+      io::save_checkpoint(*world, save_dir, 2, {whole_piece("good", good), whole_piece("head.bias", bad)}, {});
+  const std::string file = (fs::path(path) / "checkpoint.h5").string();
+  const haddr_t offset = dataset_offset(file, "/tensors/head.bias");
+  ASSERT_NE(offset, HADDR_UNDEF);
+  const int64_t at = int64_t(offset) + std::uniform_int_distribution<int64_t>(0, int64_t(bad.nbytes()) - 1)(rng);
+  {
+    std::fstream stream(file, std::ios::in | std::ios::out | std::ios::binary);
+    stream.seekg(at);
+    char byte = 0;
+    stream.read(&byte, 1);
+    byte = char(byte ^ (1 << std::uniform_int_distribution<int>(0, 7)(rng)));
+    stream.seekp(at);
+    stream.write(&byte, 1);
+  }
+
+  io::CheckpointReader reader(path);
+  EXPECT_EQ(reader.verify(), std::vector<std::string>{"head.bias"});
+  TensorPiece load = whole_piece("head.bias", poisoned(ctx, Shape{31}, DType::i64));
+  const std::string message = error_of([&] { reader.read(load); });
+  EXPECT_CONTAINS(message, "checksum mismatch in tensor head.bias of " + file);
+  EXPECT_CONTAINS(message, "corrupt; use an earlier one");
+  EXPECT_CONTAINS(message, "has step_00000001");
+  TensorPiece fine = whole_piece("good", poisoned(ctx, good.shape(), DType::f16));
+  reader.read(fine);
+  EXPECT_EQ(bytes_of(fine.local), bytes_of(good));
+}
+
+TEST_F(Checkpoint, RefusesFilesThatAreNotCheckpoints) {
+  const std::string tokens = dir.file("tokens.h5");
+  write_tokens(tokens, {1, 2, 3, 4}, H5T_STD_U8LE, 256);
+  EXPECT_CONTAINS(error_of([&] { io::CheckpointReader reader(tokens); }), "is not a Tessera checkpoint");
+
+  const std::string newer = dir.file("newer.h5");
+  {
+    RawH5Writer writer(newer);
+    writer.int_attribute("tessera_checkpoint_format", io::kCheckpointFormat + 1);
+  }
+  EXPECT_CONTAINS(error_of([&] { io::CheckpointReader reader(newer); }), "newer than this build reads");
+
+  const std::string text = dir.file("text.h5");
+  std::ofstream(text) << "not hdf5";
+  EXPECT_CONTAINS(error_of([&] { io::CheckpointReader reader(text); }), "cannot be opened as an HDF5 file");
+  EXPECT_CONTAINS(error_of([&] { io::CheckpointReader reader(dir.file("missing")); }), "does not exist");
+
+  io::save_checkpoint(*world, save_dir, 1, {whole_piece("w", ctx.zeros(Shape{1}, DType::f32))}, {});
+  EXPECT_CONTAINS(error_of([&] { io::CheckpointReader reader(save_dir); }), "is a save directory");
+}
+
+TEST_F(Checkpoint, RefusesGapsOverlapsAndMismatchesWithoutPublishing) {
+  const Tensor weight = ctx.full(Shape{4, 6}, DType::f32, 1.0);
+  const std::string first = io::save_checkpoint(*world, save_dir, 1, {whole_piece("w", weight)}, {});
+  const auto flat_piece = [&](int64_t begin, int64_t count) {
+    TensorPiece piece = whole_piece("blocks.0.w", weight);
+    piece.slice = {TensorSlice::Kind::flat_range, begin, 0};
+    piece.local = ctx.zeros(Shape{count}, DType::f32);
+    return piece;
+  };
+  const auto save = [&](std::vector<TensorPiece> pieces) {
+    return error_of([&] { io::save_checkpoint(*world, save_dir, 2, pieces, {}); });
+  };
+  const std::string gap = save({flat_piece(0, 10), flat_piece(12, 12)});
+  EXPECT_CONTAINS(gap, "tensor blocks.0.w: elements [10, 12) are owned by no rank");
+  EXPECT_CONTAINS(save({flat_piece(0, 13), flat_piece(12, 12)}),
+                  "elements [12, 13) are owned by both rank 0 and rank 0");
+  EXPECT_CONTAINS(save({flat_piece(0, 20)}), "elements [20, 24) are owned by no rank");
+  TensorPiece unowned = whole_piece("blocks.0.w", weight);
+  unowned.owner = false;
+  EXPECT_CONTAINS(save({unowned}), "elements [0, 24) are owned by no rank");
+  TensorPiece dim_piece = whole_piece("blocks.0.w", weight);
+  dim_piece.slice = {TensorSlice::Kind::dim_range, 2, 1};
+  dim_piece.local = ctx.zeros(Shape{4, 3}, DType::f32);
+  EXPECT_CONTAINS(save({dim_piece}), "tensor blocks.0.w: indices along dimension 1 [0, 2) are owned by no rank");
+  dim_piece.local = ctx.zeros(Shape{4, 5}, DType::f32);
+  EXPECT_CONTAINS(save({dim_piece}), "dim_range piece [2, 7) along dimension 1 lies outside its size 6");
+  TensorPiece wrong_dtype = whole_piece("blocks.0.w", weight);
+  wrong_dtype.dtype = DType::bf16;
+  EXPECT_CONTAINS(save({wrong_dtype}), "tensor blocks.0.w: the piece says bf16 but its local tensor holds f32");
+  EXPECT_CONTAINS(save({whole_piece("a/b", weight)}), "tensor name 'a/b' cannot be stored");
+  TensorPiece other_shape = whole_piece("blocks.0.w", ctx.zeros(Shape{24}, DType::f32));
+  EXPECT_CONTAINS(save({whole_piece("blocks.0.w", weight), other_shape}), "is f32 [4, 6] on rank 0 but f32 [24]");
+
+  // Nothing was published or left behind.
+  EXPECT_EQ(io::find_latest_checkpoint(save_dir), first);
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(save_dir)) names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"latest", "step_00000001"}));
+
+  // Loading refuses another configuration or precision, naming the tensor.
+  io::CheckpointReader reader(first);
+  TensorPiece wider = whole_piece("w", ctx.zeros(Shape{4, 7}, DType::f32));
+  EXPECT_CONTAINS(error_of([&] { reader.read(wider); }), "tensor w has shape [4, 6] in the checkpoint but [4, 7] here");
+  TensorPiece half = whole_piece("w", ctx.zeros(Shape{4, 6}, DType::bf16));
+  EXPECT_CONTAINS(error_of([&] { reader.read(half); }), "tensor w is f32 in the checkpoint but bf16 here");
+  TensorPiece missing = whole_piece("v", weight);
+  EXPECT_CONTAINS(error_of([&] { reader.read(missing); }), "the checkpoint has no tensor v");
+}
+
+TEST(Fault, ParsesKindsStepsAndRanks) {
+  const FaultPlan plan = FaultPlan::parse(" checkpoint_crash@20:0 , hang:3,nan_grad@7 ,crash");
+  ASSERT_EQ(plan.points().size(), 4u);
+  EXPECT_TRUE(plan.due("checkpoint_crash", 20, 0));
+  EXPECT_FALSE(plan.due("checkpoint_crash", 20, 1));
+  EXPECT_FALSE(plan.due("checkpoint_crash", 21, 0));
+  EXPECT_TRUE(plan.due("hang", 5, 3));
+  EXPECT_TRUE(plan.due("hang", 99, 3));
+  EXPECT_FALSE(plan.due("hang", 5, 2));
+  EXPECT_TRUE(plan.due("nan_grad", 7, 5));
+  EXPECT_FALSE(plan.due("nan_grad", 8, 5));
+  EXPECT_TRUE(plan.due("crash", 1, 1));
+  EXPECT_FALSE(plan.due("slow", 1, 1));
+  EXPECT_TRUE(FaultPlan::parse("").empty());
+  for (const char* bad : {"checkpoint_krash", "crash@x", "crash:-1", "crash@5:", "crash@@5"})
+    EXPECT_CONTAINS(error_of([&] { FaultPlan::parse(bad); }), "TESSERA_FAULT");
+}
+
+TEST(Fault, FollowsTheEnvironmentVariable) {
+  unsetenv("TESSERA_FAULT");
+  EXPECT_FALSE(fault_due("crash", 1, 0));
+  setenv("TESSERA_FAULT", "crash@1", 1);
+  EXPECT_TRUE(fault_due("crash", 1, 0));
+  EXPECT_FALSE(fault_due("crash", 2, 0));
+  setenv("TESSERA_FAULT", "crash@2", 1);  // a changed value is parsed again
+  EXPECT_TRUE(fault_due("crash", 2, 0));
+  setenv("TESSERA_FAULT", "crash@two", 1);
+  EXPECT_CONTAINS(error_of([&] { fault_due("crash", 2, 0); }), "crash@two");
+  unsetenv("TESSERA_FAULT");
+  EXPECT_FALSE(fault_due("crash", 2, 0));
+}
+
+TEST_F(Checkpoint, GpuSavesAndLoadsDeviceTensors) {
+  TESSERA_REQUIRE_GPU(ctx);
+  TESSERA_SEED_TRACE();
+  const Tensor host = random_bytes_tensor(ctx, Shape{9, 5}, DType::bf16, rng);
+  const std::string path = io::save_checkpoint(*world, save_dir, 1, {whole_piece("w", host.to(Device::cuda(0)))}, {});
+  io::CheckpointReader reader(path);
+  TensorPiece load = whole_piece("w", host);
+  load.slice = {TensorSlice::Kind::dim_range, 2, 0};
+  load.local = poisoned(ctx, Shape{4, 5}, DType::bf16, Device::cuda(0));
+  reader.read(load);
+  EXPECT_EQ(bytes_of(load.local), expected_slice(bytes_of(host), host.shape(), DType::bf16, load.slice, Shape{4, 5}));
+}
+
+}  // namespace
+}  // namespace tessera::testing

@@ -1,0 +1,279 @@
+// Checkpoints under mpiexec (2 and 4 ranks): every rank owns flat_range
+// (ZeRO-like) and dim_range (tensor-parallel-like) pieces of a few tensors,
+// cut at random points, plus whole tensors owned by one rank and listed as
+// non-owned replicas by the others; rank 0 gathers and writes them. Every
+// rank then reads the checkpoint back under a different slicing (resharding
+// at the file level) and compares, byte for byte, with the values it computes
+// itself from the shared seed. Ownership gaps and overlaps across ranks, and
+// an error on one rank, make every rank throw without publishing anything.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/context.h"
+#include "core/error.h"
+#include "io/checkpoint.h"
+#include "parallel/mpi_communicator.h"
+#include "tests/mpi/mpi_test.h"
+#include "tests/support/test_support.h"
+
+namespace tessera::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using io::TensorPiece;
+using io::TensorSlice;
+
+// A directory every rank sees (one machine): rank 0 names it, all remove it at the end.
+class SharedDir {
+ public:
+  explicit SharedDir(parallel::Communicator& world) : world_(world) {
+    char name[256] = {};
+    if (world.rank() == 0) {
+      std::random_device device;
+      const std::string path = (fs::temp_directory_path() /
+                                ("tessera_ckpt_mpi_" + std::to_string(getpid()) + "_" + std::to_string(device())))
+                                   .string();
+      std::snprintf(name, sizeof name, "%s", path.c_str());
+    }
+    MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
+    path_ = name;
+  }
+  ~SharedDir() {
+    world_.barrier();
+    if (world_.rank() == 0) {
+      std::error_code ignored;
+      fs::remove_all(path_, ignored);
+    }
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  parallel::Communicator& world_;
+  std::string path_;
+};
+
+// The logical tensors: their values are random bytes drawn in the same order
+// on every rank, so every rank knows every tensor whole.
+struct Logical {
+  std::string name;
+  Shape shape;
+  DType dtype;
+  std::vector<uint8_t> bytes;
+};
+
+std::vector<Logical> make_tensors(std::mt19937_64& rng) {
+  std::vector<Logical> tensors = {
+      {"layers.0.qkv.weight", Shape{37, 11}, DType::f32, {}},             // flat_range pieces (ZeRO)
+      {"layers.0.qkv.weight.exp_avg", Shape{6, 10, 3}, DType::bf16, {}},  // dim_range along 1 (tp)
+      {"layers.0.proj.weight", Shape{9, 7}, DType::i64, {}},              // dim_range along 0
+      {"final_norm.weight", Shape{13}, DType::f16, {}},                   // whole, owned by rank 0
+      {"embedding.table", Shape{4, 4}, DType::u8, {}},                    // whole, owned by the last rank
+      {"optimizer.step", Shape{}, DType::i32, {}},                        // a scalar, owned by rank 1
+  };
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (Logical& t : tensors) {
+    t.bytes.resize(size_t(t.shape.numel()) * dtype_size(t.dtype));
+    for (auto& b : t.bytes) b = uint8_t(byte(rng));
+  }
+  return tensors;
+}
+
+// `parts` + 1 boundaries 0 = b0 ≤ b1 ≤ ... ≤ b_parts = n at random (empty parts allowed).
+std::vector<int64_t> random_cuts(int64_t n, int parts, std::mt19937_64& rng) {
+  std::vector<int64_t> cuts = {0, n};
+  for (int i = 1; i < parts; ++i) cuts.push_back(std::uniform_int_distribution<int64_t>(0, n)(rng));
+  std::sort(cuts.begin(), cuts.end());
+  return cuts;
+}
+
+// The bytes of `slice` with local shape `local`, element by element through multi-indices.
+std::vector<uint8_t> slice_bytes(const Logical& t, const TensorSlice& slice, const Shape& local) {
+  const size_t size = dtype_size(t.dtype);
+  std::vector<uint8_t> out(size_t(local.numel()) * size);
+  for (int64_t l = 0; l < local.numel(); ++l) {
+    int64_t g = l;
+    if (slice.kind == TensorSlice::Kind::flat_range) g = slice.begin + l;
+    if (slice.kind == TensorSlice::Kind::dim_range) {
+      std::vector<int64_t> index(size_t(local.ndim()));
+      int64_t rest = l;
+      for (int d = local.ndim() - 1; d >= 0; --d) {
+        index[size_t(d)] = rest % local[d];
+        rest /= local[d];
+      }
+      index[size_t(slice.dim)] += slice.begin;
+      g = 0;
+      for (int d = 0; d < t.shape.ndim(); ++d) g = g * t.shape[d] + index[size_t(d)];
+    }
+    std::memcpy(out.data() + size_t(l) * size, t.bytes.data() + size_t(g) * size, size);
+  }
+  return out;
+}
+
+TensorPiece make_piece(Context& ctx, const Logical& t, TensorSlice slice, const Shape& local, bool owner) {
+  TensorPiece piece;
+  piece.name = t.name;
+  piece.global_shape = t.shape;
+  piece.dtype = t.dtype;
+  piece.slice = slice;
+  piece.owner = owner;
+  piece.local = ctx.empty(local, t.dtype);
+  const std::vector<uint8_t> bytes = slice_bytes(t, slice, local);
+  if (!bytes.empty()) std::memcpy(piece.local.data_ptr(), bytes.data(), bytes.size());
+  return piece;
+}
+
+TensorPiece flat_piece(Context& ctx, const Logical& t, int64_t begin, int64_t end, bool owner = true) {
+  return make_piece(ctx, t, {TensorSlice::Kind::flat_range, begin, 0}, Shape{end - begin}, owner);
+}
+
+TensorPiece dim_piece(Context& ctx, const Logical& t, int dim, int64_t begin, int64_t end, bool owner = true) {
+  return make_piece(ctx, t, {TensorSlice::Kind::dim_range, begin, dim}, t.shape.with_dim(dim, end - begin), owner);
+}
+
+TensorPiece whole_piece(Context& ctx, const Logical& t, bool owner) {
+  return make_piece(ctx, t, {}, t.shape, owner);
+}
+
+// This rank's pieces for saving, cut at `cuts` (one vector of boundaries per sliced tensor).
+std::vector<TensorPiece> save_layout(Context& ctx, const std::vector<Logical>& t, int rank, int ranks,
+                                     const std::vector<std::vector<int64_t>>& cuts) {
+  const size_t r = size_t(rank);
+  return {
+      flat_piece(ctx, t[0], cuts[0][r], cuts[0][r + 1]),   dim_piece(ctx, t[1], 1, cuts[1][r], cuts[1][r + 1]),
+      dim_piece(ctx, t[2], 0, cuts[2][r], cuts[2][r + 1]), whole_piece(ctx, t[3], rank == 0),
+      whole_piece(ctx, t[4], rank == ranks - 1),           whole_piece(ctx, t[5], rank == 1 % ranks),
+  };
+}
+
+std::vector<uint8_t> bytes_of(const Tensor& tensor) {
+  const auto* begin = static_cast<const uint8_t*>(tensor.data_ptr());
+  return std::vector<uint8_t>(begin, begin + tensor.nbytes());
+}
+
+std::vector<uint8_t> rank_blob(int rank) {
+  std::vector<uint8_t> blob(size_t(5 + 3 * rank));
+  for (size_t i = 0; i < blob.size(); ++i) blob[i] = uint8_t(17 * rank + int(i));
+  return blob;
+}
+
+class CheckpointMpi : public ::testing::Test {
+ protected:
+  Context ctx;
+  std::unique_ptr<parallel::Communicator> world = parallel::make_mpi_communicator(MPI_COMM_WORLD, "world");
+  int rank = world->rank(), ranks = world->size();
+  std::mt19937_64 rng = make_rng();  // the same sequence on every rank
+};
+
+TEST_F(CheckpointMpi, SavesShardsAndReadsThemBackUnderAnotherLayout) {
+  TESSERA_SEED_TRACE();
+  SharedDir dir(*world);
+  const std::vector<Logical> tensors = make_tensors(rng);
+  const std::vector<std::vector<int64_t>> cuts = {random_cuts(37 * 11, ranks, rng), random_cuts(10, ranks, rng),
+                                                  random_cuts(9, ranks, rng)};
+  io::SaveOptions options;
+  options.rank_state = {{"rng", rank_blob(rank)}};
+  const io::CheckpointMetadata metadata = {{"dp", std::to_string(ranks)}, {"zero", "1"}};
+  std::string path;
+  try {
+    path = io::save_checkpoint(*world, dir.path(), 42, save_layout(ctx, tensors, rank, ranks, cuts), metadata, options);
+  } catch (const Error& error) {
+    ADD_FAILURE() << error.what();
+  }
+  EXPECT_EQ(path, (fs::path(dir.path()) / "step_00000042").string());
+  EXPECT_EQ(io::find_latest_checkpoint(dir.path()), path);
+
+  io::CheckpointReader reader(path);
+  EXPECT_EQ(reader.step(), 42);
+  EXPECT_EQ(reader.ranks_saved(), ranks);
+  EXPECT_EQ(reader.metadata(), metadata);
+  EXPECT_EQ(reader.tensors().size(), tensors.size());
+  EXPECT_TRUE(reader.verify().empty());
+  for (int r = 0; r < ranks; ++r) EXPECT_EQ(reader.rank_state(r, "rng"), rank_blob(r)) << "rank " << r;
+
+  // Another layout: different cut points, other dimensions, the flat tensor
+  // along a dimension and the sharded ones whole or flat.
+  const int parts = ranks + 1;  // another count of pieces than was saved
+  const auto read_cuts = [&](int64_t n) {
+    std::vector<int64_t> c = random_cuts(n, parts, rng);
+    return std::pair<int64_t, int64_t>{c[size_t(rank)], c[size_t(rank) + 1]};
+  };
+  std::vector<TensorPiece> loads;
+  for (const Logical& t : tensors) loads.push_back(whole_piece(ctx, t, true));
+  const auto [f0, f1] = read_cuts(37 * 11);
+  loads.push_back(flat_piece(ctx, tensors[0], f0, f1));
+  const auto [a0, a1] = read_cuts(11);
+  loads.push_back(dim_piece(ctx, tensors[0], 1, a0, a1));
+  const auto [b0, b1] = read_cuts(3);
+  loads.push_back(dim_piece(ctx, tensors[1], 2, b0, b1));
+  const auto [c0, c1] = read_cuts(6 * 10 * 3);
+  loads.push_back(flat_piece(ctx, tensors[1], c0, c1));
+  const auto [d0, d1] = read_cuts(7);
+  loads.push_back(dim_piece(ctx, tensors[2], 1, d0, d1));
+  for (TensorPiece& load : loads) {
+    const std::vector<uint8_t> expected = bytes_of(load.local);  // made from the logical values
+    load.local.copy_(poisoned(ctx, load.local.shape(), load.dtype));
+    reader.read(load);
+    EXPECT_EQ(bytes_of(load.local), expected) << load.name << " slice kind " << int(load.slice.kind) << " begin "
+                                              << load.slice.begin << " dim " << load.slice.dim;
+  }
+}
+
+TEST_F(CheckpointMpi, GapsOverlapsAndOneRanksErrorStopEveryRank) {
+  TESSERA_SEED_TRACE();
+  SharedDir dir(*world);
+  const std::vector<Logical> tensors = make_tensors(rng);
+  const int64_t n = 37 * 11;
+  std::vector<std::vector<int64_t>> cuts = {{0}, random_cuts(10, ranks, rng), random_cuts(9, ranks, rng)};
+  for (int r = 1; r <= ranks; ++r) cuts[0].push_back(n * r / ranks);  // every rank owns ≥ 2 elements
+  const std::string first =
+      io::save_checkpoint(*world, dir.path(), 1, save_layout(ctx, tensors, rank, ranks, cuts), {});
+
+  const auto expect_refused = [&](std::vector<TensorPiece> pieces, const std::string& fragment) {
+    std::string message = "(no error)";
+    try {
+      io::save_checkpoint(*world, dir.path(), 2, pieces, {});
+    } catch (const Error& error) {
+      message = error.what();
+    }
+    EXPECT_NE(message.find(fragment), std::string::npos) << "expected '" << fragment << "' in: " << message;
+  };
+
+  // A gap: the last rank does not own its flat piece.
+  std::vector<TensorPiece> gap = save_layout(ctx, tensors, rank, ranks, cuts);
+  if (rank == ranks - 1) gap[0].owner = false;
+  expect_refused(gap, "tensor layers.0.qkv.weight: elements [" + std::to_string(cuts[0][size_t(ranks - 1)]) + ", " +
+                          std::to_string(n) + ") are owned by no rank");
+
+  // An overlap: rank 1's flat piece starts one element early.
+  std::vector<TensorPiece> overlap = save_layout(ctx, tensors, rank, ranks, cuts);
+  if (rank == 1) overlap[0] = flat_piece(ctx, tensors[0], cuts[0][1] - 1, cuts[0][2]);
+  expect_refused(overlap, "elements [" + std::to_string(cuts[0][1] - 1) + ", " + std::to_string(cuts[0][1]) +
+                              ") are owned by both rank 0 and rank 1");
+
+  // A replica owned twice: every rank claims the whole final_norm.weight.
+  std::vector<TensorPiece> replicas = save_layout(ctx, tensors, rank, ranks, cuts);
+  replicas[3].owner = true;
+  expect_refused(replicas, "tensor final_norm.weight: elements [0, 13) are owned by both rank 0 and rank 1");
+
+  // One rank's piece is wrong: all ranks stop, the others naming that rank.
+  std::vector<TensorPiece> wrong = save_layout(ctx, tensors, rank, ranks, cuts);
+  if (rank == ranks - 1) wrong[2].dtype = DType::i32;
+  expect_refused(wrong, rank == ranks - 1 ? "the piece says i32 but its local tensor holds i64"
+                                          : "rank " + std::to_string(ranks - 1) + " failed");
+
+  EXPECT_EQ(io::find_latest_checkpoint(dir.path()), first);
+  world->barrier();  // rank 0 has finished every save before anyone looks
+  EXPECT_FALSE(fs::exists(fs::path(dir.path()) / "step_00000002"));
+  EXPECT_FALSE(fs::exists(fs::path(dir.path()) / ".step_00000002.tmp"));
+}
+
+}  // namespace
+}  // namespace tessera::testing

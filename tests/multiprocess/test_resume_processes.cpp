@@ -1,0 +1,392 @@
+// Checkpoints with real processes: the `tessera` program under mpiexec,
+// stopped and started again as a scheduler would. Bit-exact resume on two
+// data-parallel ranks (plain and ZeRO-1, the GPT with dropout and gradient
+// accumulation); resharding (saved under dp=2 ZeRO-1, resumed on one rank,
+// and the reverse) continuing the loss curve of a run that never changed
+// layout; SIGTERM to one rank of a two-rank job (a checkpoint, every rank
+// exits 0, resuming continues from that step bit for bit); and a second
+// signal while that checkpoint is being written.
+//
+// Every process is spawned in its own process group and waited for with a
+// deadline, after which the whole group is killed, so nothing can hang the
+// suite. The binary paths come from CMake (TESSERA_BINARY, TESSERA_MPIEXEC).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "io/checkpoint.h"
+#include "io/metrics.h"
+#include "tests/support/resume_support.h"
+#include "tests/support/test_support.h"
+
+extern char** environ;
+
+namespace tessera::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using std::chrono::seconds;
+
+// A process (mpiexec and the ranks it starts) in its own process group, its
+// output going to a log file.
+class Job {
+ public:
+  Job(const std::vector<std::string>& argv, const std::string& log) : log_(log) {
+    std::vector<std::string> environment;
+    for (char** entry = environ; *entry; ++entry) environment.emplace_back(*entry);
+    for (const char* extra : {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMP_NUM_THREADS=1",
+                              "TESSERA_PROGRESS=lines"})
+      environment.emplace_back(extra);
+    std::vector<char*> args, env;
+    for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+    args.push_back(nullptr);
+    for (const std::string& entry : environment) env.push_back(const_cast<char*>(entry.c_str()));
+    env.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    posix_spawnattr_t attributes;
+    posix_spawnattr_init(&attributes);
+    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&attributes, 0);
+    const int error = posix_spawn(&pid_, args[0], &actions, &attributes, args.data(), env.data());
+    posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attributes);
+    if (error != 0) {
+      ADD_FAILURE() << "cannot start " << argv[0] << ": " << std::strerror(error);
+      pid_ = -1;
+    }
+  }
+  ~Job() {
+    if (pid_ > 0 && !done_) kill_all();
+  }
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  pid_t pid() const { return pid_; }
+  bool running() {
+    if (pid_ <= 0 || done_) return false;
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) finish(status);
+    return !done_;
+  }
+  // The exit status (128 + signal when killed), or -1 after killing it at the deadline.
+  int wait(seconds limit) {
+    const auto deadline = Clock::now() + limit;
+    while (running() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (running()) {
+      ADD_FAILURE() << "still running after " << limit.count() << " s; killed. Its output:\n" << output();
+      kill_all();
+      return -1;
+    }
+    return status_;
+  }
+  std::string output() const {
+    std::ifstream in(log_);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+
+ private:
+  void finish(int status) {
+    done_ = true;
+    status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  void kill_all() {
+    ::kill(-pid_, SIGKILL);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    done_ = true;
+    status_ = -1;
+  }
+
+  std::string log_;
+  pid_t pid_ = -1;
+  bool done_ = false;
+  int status_ = -1;
+};
+
+std::vector<std::string> tessera_command(int ranks, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {TESSERA_MPIEXEC, "-np",  std::to_string(ranks), "--oversubscribe",
+                                   "--bind-to",     "none", TESSERA_BINARY,        "train"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+// Runs `tessera train args` on `ranks` ranks to the end; fails the test
+// (printing the output) unless it exits 0. Returns the output.
+std::string run_training(int ranks, const std::vector<std::string>& args, const std::string& log) {
+  Job job(tessera_command(ranks, args), log);
+  const int status = job.wait(seconds(90));
+  EXPECT_EQ(status, 0) << "tessera train on " << ranks << " rank(s) failed; its output:\n" << job.output();
+  return job.output();
+}
+
+std::vector<std::string> joined(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::string step_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
+  return name;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// "--a 1 --b 2" as {"--a", "1", "--b", "2"}.
+std::vector<std::string> words(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<std::string> out;
+  for (std::string word; in >> word;) out.push_back(word);
+  return out;
+}
+
+// The GPT with dropout: 2 ranks x 2 micro-batches of 4 per step.
+std::vector<std::string> gpt_args(const std::string& data, uint64_t seed) {
+  return joined(words("--model gpt --vocab-size 256 --seq-length 16 --num-layers 2 --num-heads 2 --hidden-size 32 "
+                      "--hidden-dropout 0.1 --micro-batch-size 4 --global-batch-size 16 --lr 2e-3 --warmup-steps 2 "
+                      "--weight-decay 0.1 --threads 1 --bucket-size-mb 0.01"),
+                {"--data", data, "--seed", std::to_string(seed)});
+}
+
+// The MLP on random images: 32 samples per step, as 2 ranks x 16 or 1 rank x 2 x 16.
+std::vector<std::string> mlp_args(const std::string& data, uint64_t seed, const std::string& hidden = "24,16") {
+  return joined(words("--model mlp --micro-batch-size 16 --global-batch-size 32 --lr 3e-3 --warmup-steps 2 "
+                      "--weight-decay 0.01 --threads 1 --bucket-size-mb 0.01"),
+                {"--hidden", hidden, "--data", data, "--seed", std::to_string(seed)});
+}
+
+class ResumeOnTwoRanks : public ::testing::TestWithParam<int> {};
+
+// 8 straight steps against 4 steps (--exit-interval 4), new processes with
+// --resume auto, and 4 more: the final checkpoints are identical.
+TEST_P(ResumeOnTwoRanks, StraightAndResumedRunsAreBitIdentical) {
+  TESSERA_SEED_TRACE();
+  const std::string zero = std::to_string(GetParam());
+  ScratchDirectory dir("tessera_processes_");
+  std::mt19937_64 rng = make_rng();
+  const auto args = joined(gpt_args(write_text_dataset(dir.path, 4000, rng), rng()), {"--zero", zero});
+  run_training(2, joined(args, {"--train-steps", "8", "--save", dir / "straight"}), dir / "straight.log");
+  const auto split = joined(args, {"--train-steps", "8", "--save", dir / "split", "--resume", "auto"});
+  const std::string first = run_training(2, joined(split, {"--exit-interval", "4"}), dir / "first.log");
+  EXPECT_TRUE(contains(first, "--exit-interval 4 reached at step 4")) << first;
+  const std::string second = run_training(2, split, dir / "second.log");
+  EXPECT_TRUE(contains(second, "resumed from " + (dir / "split/") + step_name(4))) << second;
+  EXPECT_FALSE(contains(second, "resharding")) << second;
+  EXPECT_TRUE(checkpoints_identical(dir / ("straight/" + step_name(8)), dir / ("split/" + step_name(8))));
+  const io::CheckpointReader reader(dir / ("split/" + step_name(8)));
+  EXPECT_EQ(reader.metadata().at("layout.dp"), "2");
+  EXPECT_EQ(reader.metadata().at("layout.zero"), zero);
+  EXPECT_EQ(reader.ranks_saved(), 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Zero, ResumeOnTwoRanks, ::testing::Values(0, 1));
+
+// The losses of steps from..to of a metrics file.
+std::vector<double> losses(const std::string& metrics, int64_t from, int64_t to) {
+  std::vector<double> out;
+  for (const io::StepRecord& record : io::read_metrics(metrics).steps)
+    if (record.step >= from && record.step <= to) out.push_back(record.loss);
+  return out;
+}
+
+// Saved under one layout, resumed under another: each rank reads its own
+// slices, and the next losses are those of a run that kept its layout, to
+// f32 rounding (the gradient sums run in another order).
+TEST(Resharding, SavedUnderTwoRanksZeroResumedOnOneAndTheReverse) {
+  TESSERA_SEED_TRACE();
+  ScratchDirectory dir("tessera_processes_");
+  std::mt19937_64 rng = make_rng();
+  const auto args = mlp_args(write_image_dataset(dir.path, 512, 6, 5, 4, rng), rng());
+  const auto steps = std::vector<std::string>{"--train-steps", "10"};
+  struct Case {
+    const char* name;
+    int first_ranks, second_ranks;
+    std::vector<std::string> first_layout, second_layout;
+  };
+  const std::vector<Case> cases = {{"dp=2 zero=1 -> 1 rank", 2, 1, {"--zero", "1"}, {}},
+                                   {"1 rank -> dp=2 zero=1", 1, 2, {}, {"--zero", "1"}}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string name = std::to_string(c.first_ranks) + "_" + std::to_string(c.second_ranks);
+    // The reference keeps the first layout throughout.
+    run_training(c.first_ranks,
+                 joined(joined(joined(args, steps), c.first_layout), {"--metrics", dir / (name + "_reference.jsonl")}),
+                 dir / (name + "_reference.log"));
+    const auto saving = joined(joined(args, steps), {"--save", dir / name, "--resume", "auto"});
+    run_training(c.first_ranks, joined(joined(saving, c.first_layout), {"--exit-interval", "5"}),
+                 dir / (name + "_first.log"));
+    const std::string output =
+        run_training(c.second_ranks, joined(joined(saving, c.second_layout), {"--metrics", dir / (name + ".jsonl")}),
+                     dir / (name + "_second.log"));
+    EXPECT_TRUE(contains(output, "resharding: the checkpoint was saved under dp=" + std::to_string(c.first_ranks)))
+        << output;
+    const std::vector<double> expected = losses(dir / (name + "_reference.jsonl"), 6, 10);
+    const std::vector<double> actual = losses(dir / (name + ".jsonl"), 6, 10);
+    ASSERT_EQ(expected.size(), 5u);
+    EXPECT_TRUE(all_close(actual, expected, Tolerance{1e-5, 1e-4}));
+  }
+}
+
+// Every process below `root` (its descendants) that is rank `rank` of an
+// Open MPI job, by the OMPI_COMM_WORLD_RANK in its environment; -1 if none.
+pid_t find_rank(pid_t root, int rank) {
+  std::vector<pid_t> frontier = {root};
+  const std::string wanted = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank);
+  while (!frontier.empty()) {
+    std::vector<pid_t> next;
+    for (const auto& entry : fs::directory_iterator("/proc")) {
+      const std::string name = entry.path().filename().string();
+      if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream stat(entry.path() / "stat");
+      std::string line;
+      if (!std::getline(stat, line)) continue;
+      const size_t close = line.rfind(')');
+      if (close == std::string::npos) continue;
+      std::istringstream fields(line.substr(close + 2));
+      char state = 0;
+      pid_t parent = 0;
+      fields >> state >> parent;
+      for (pid_t p : frontier)
+        if (parent == p) next.push_back(pid_t(std::stol(name)));
+    }
+    for (pid_t child : next) {
+      std::ifstream environment("/proc/" + std::to_string(child) + "/environ", std::ios::binary);
+      std::string variable;
+      while (std::getline(environment, variable, '\0'))
+        if (variable == wanted) return child;
+    }
+    frontier = next;
+  }
+  return -1;
+}
+
+// Waits until `metrics` holds `count` step records, while `job` runs.
+bool wait_for_steps(Job& job, const std::string& metrics, int count, seconds limit) {
+  const auto deadline = Clock::now() + limit;
+  while (Clock::now() < deadline && job.running()) {
+    std::ifstream in(metrics);
+    int lines = 0;
+    for (std::string line; std::getline(in, line);) lines += contains(line, "\"step\"");
+    if (lines >= count) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+int64_t latest_step(const std::string& save) {
+  const std::optional<std::string> latest = io::find_latest_checkpoint(save);
+  if (!latest) return -1;
+  return io::CheckpointReader(*latest).step();
+}
+
+// SIGTERM to rank 1's process only: the ranks agree at the next step
+// boundary, write a checkpoint, and all exit 0 (so mpiexec does); new
+// processes resume from that step, and two more steps give what a straight
+// run of as many gives, bit for bit (constant LR: --train-steps may differ).
+TEST(Preemption, SigtermToOneRankCheckpointsAndEveryRankExitsZero) {
+  TESSERA_SEED_TRACE();
+  ScratchDirectory dir("tessera_processes_");
+  std::mt19937_64 rng = make_rng();
+  const auto args = joined(mlp_args(write_image_dataset(dir.path, 512, 6, 5, 4, rng), rng()),
+                           {"--lr-decay-style", "constant", "--save", dir / "run", "--resume", "auto"});
+  Job job(tessera_command(2, joined(args, {"--train-steps", "1000000", "--metrics", dir / "first.jsonl"})),
+          dir / "first.log");
+  ASSERT_TRUE(wait_for_steps(job, dir / "first.jsonl", 3, seconds(60))) << job.output();
+  const pid_t rank1 = find_rank(job.pid(), 1);
+  ASSERT_GT(rank1, 0) << "rank 1's process not found under mpiexec " << job.pid();
+  ASSERT_EQ(::kill(rank1, SIGTERM), 0);
+  const int status = job.wait(seconds(60));
+  const std::string output = job.output();
+  EXPECT_EQ(status, 0) << output;
+  EXPECT_TRUE(contains(output, "SIGTERM received by rank 1")) << output;
+  const int64_t stopped = latest_step(dir / "run");
+  ASSERT_GE(stopped, 3) << output;
+  EXPECT_TRUE(contains(output, "checkpoint " + (dir / "run/") + step_name(stopped) + " written")) << output;
+  EXPECT_TRUE(io::CheckpointReader(dir / ("run/" + step_name(stopped))).verify().empty());
+
+  const std::string total = std::to_string(stopped + 2);
+  const std::string resumed =
+      run_training(2, joined(args, {"--train-steps", total, "--metrics", dir / "second.jsonl"}), dir / "second.log");
+  EXPECT_TRUE(contains(resumed, "resumed from " + (dir / "run/") + step_name(stopped))) << resumed;
+  const io::MetricsLog log = io::read_metrics(dir / "second.jsonl");
+  ASSERT_EQ(log.steps.size(), 2u);
+  EXPECT_EQ(log.steps[0].step, stopped + 1);
+  EXPECT_EQ(log.steps[1].step, stopped + 2);
+  auto straight = args;
+  straight[straight.size() - 3] = dir / "straight";  // --save
+  run_training(2, joined(straight, {"--train-steps", total}), dir / "straight.log");
+  EXPECT_TRUE(
+      checkpoints_identical(dir / ("straight/" + step_name(stopped + 2)), dir / ("run/" + step_name(stopped + 2))));
+}
+
+// SIGUSR1 to rank 0, then, while the checkpoint it asked for is being
+// written (its temporary directory exists), SIGTERM to both ranks and
+// SIGUSR1 again: the handlers only note the signal, so the save completes,
+// every rank exits 0, and the checkpoint is whole and loads. The model is
+// big enough (2.5 M parameters: a 30 MB checkpoint) for the save to take a
+// while.
+TEST(Preemption, SecondSignalDuringTheSaveDoesNotCorruptIt) {
+  TESSERA_SEED_TRACE();
+  ScratchDirectory dir("tessera_processes_");
+  std::mt19937_64 rng = make_rng();
+  const auto args = joined(mlp_args(write_image_dataset(dir.path, 256, 8, 8, 4, rng), rng(), "1536,1536"),
+                           {"--lr-decay-style", "constant", "--save", dir / "run", "--resume", "auto"});
+  Job job(tessera_command(2, joined(args, {"--train-steps", "1000000", "--metrics", dir / "first.jsonl"})),
+          dir / "first.log");
+  ASSERT_TRUE(wait_for_steps(job, dir / "first.jsonl", 2, seconds(60))) << job.output();
+  const pid_t rank0 = find_rank(job.pid(), 0), rank1 = find_rank(job.pid(), 1);
+  ASSERT_GT(rank0, 0);
+  ASSERT_GT(rank1, 0);
+  ASSERT_EQ(::kill(rank0, SIGUSR1), 0);
+  bool during_save = false;
+  const auto deadline = Clock::now() + seconds(60);
+  while (!during_save && job.running() && Clock::now() < deadline) {
+    std::error_code error;  // the directory appears with the first save
+    for (fs::directory_iterator it(dir.path / "run", error), end; !error && it != end; it.increment(error)) {
+      const std::string name = it->path().filename().string();
+      if (name.starts_with(".step_") && name.ends_with(".tmp")) during_save = true;
+    }
+    if (!during_save) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  if (during_save) {
+    ::kill(rank0, SIGTERM);
+    ::kill(rank1, SIGTERM);
+    ::kill(rank1, SIGUSR1);
+  }
+  const int status = job.wait(seconds(60));
+  const std::string output = job.output();
+  EXPECT_TRUE(during_save) << "the save was never seen in progress; the test proves nothing. Output:\n" << output;
+  EXPECT_EQ(status, 0) << output;
+  EXPECT_TRUE(contains(output, "SIGUSR1 received by rank 0")) << output;
+  const int64_t stopped = latest_step(dir / "run");
+  ASSERT_GE(stopped, 2) << output;
+  const std::string checkpoint = dir / ("run/" + step_name(stopped));
+  EXPECT_TRUE(io::CheckpointReader(checkpoint).verify().empty());
+  const std::string resumed =
+      run_training(2, joined(args, {"--train-steps", std::to_string(stopped + 1)}), dir / "second.log");
+  EXPECT_TRUE(contains(resumed, "resumed from " + checkpoint)) << resumed;
+}
+
+}  // namespace
+}  // namespace tessera::testing
