@@ -57,17 +57,14 @@ Parameter& Module::add_parameter(const std::string& local, const Shape& shape, b
   p->value = ctx.empty(shape, spec_.dtype, spec_.device);
   p->grad = ctx.zeros(shape, DType::f32, spec_.device);
   p->weight_decay = weight_decay;
+  p->shard.global_shape = shape;
   parameters_.push_back(std::move(p));
   return *parameters_.back();
 }
 
-void Module::init_normal(Parameter& p, float stddev) {
-  p.value.normal_at_(spec_.seed, name_stream(p.name), 0, 0.0f, stddev);
-}
+void Module::init_normal(Parameter& p, float stddev) { init_shard_normal(p, spec_.seed, 0.0f, stddev); }
 
-void Module::init_uniform(Parameter& p, float bound) {
-  p.value.uniform_at_(spec_.seed, name_stream(p.name), 0, -bound, bound);
-}
+void Module::init_uniform(Parameter& p, float bound) { init_shard_uniform(p, spec_.seed, -bound, bound); }
 
 void Module::init_constant(Parameter& p, float value) {
   p.value.fill_(double(value));

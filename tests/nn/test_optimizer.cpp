@@ -440,11 +440,19 @@ TEST(Optimizer, RejectsBadParametersAndSteps) {
     expect_error_naming([&] { nn::Optimizer o(ptrs, adamw_config()); }, "layer0.weight");
   }
   {
-    Parameter no_grad{"head.bias", ctx.zeros(Shape{4}, DType::f32), Tensor(), false, {}};
+    const auto make = [](std::string name, Tensor value, Tensor grad, bool decay) {
+      Parameter p;
+      p.name = std::move(name);
+      p.value = value;
+      p.grad = grad;
+      p.weight_decay = decay;
+      return p;
+    };
+    Parameter no_grad = make("head.bias", ctx.zeros(Shape{4}, DType::f32), Tensor(), false);
     expect_error_naming([&] { nn::Optimizer o({&no_grad}, adamw_config()); }, "head.bias");
-    Parameter wrong_grad{"head.weight", ctx.zeros(Shape{4}, DType::f32), ctx.zeros(Shape{5}, DType::f32), true, {}};
+    Parameter wrong_grad = make("head.weight", ctx.zeros(Shape{4}, DType::f32), ctx.zeros(Shape{5}, DType::f32), true);
     expect_error_naming([&] { nn::Optimizer o({&wrong_grad}, adamw_config()); }, "head.weight");
-    Parameter bf16_grad{"head.scale", ctx.zeros(Shape{4}, DType::bf16), ctx.zeros(Shape{4}, DType::bf16), true, {}};
+    Parameter bf16_grad = make("head.scale", ctx.zeros(Shape{4}, DType::bf16), ctx.zeros(Shape{4}, DType::bf16), true);
     expect_error_naming([&] { nn::Optimizer o({&bf16_grad}, adamw_config()); }, "head.scale");
   }
   nn::Optimizer optimizer(model.pointers(), adamw_config());
