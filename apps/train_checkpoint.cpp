@@ -113,32 +113,46 @@ void read_into(const io::CheckpointReader& reader, io::TensorPiece piece, Tensor
   if (piece.local.data_ptr() != destination.data_ptr()) destination.copy_(piece.local);
 }
 
+// Where a parameter's values sit in its logical tensor: whole, or this
+// rank's tensor-parallel shard of it.
+io::TensorPiece parameter_piece(const nn::Parameter& p) {
+  io::TensorPiece piece;
+  piece.name = p.name;
+  piece.global_shape = p.shard.global_shape;
+  piece.dtype = p.value.dtype();
+  piece.slice = io::shard_slice(p.shard);
+  return piece;
+}
+
+// Where a piece of optimizer state sits: the parameter's shard, or a ZeRO-1
+// range of that shard's flattening.
+io::TensorPiece state_piece(const parallel::OptimizerStateSlice& slice) {
+  io::TensorPiece piece;
+  piece.name = slice.name;
+  piece.global_shape = slice.parameter->shard.global_shape;
+  piece.dtype = slice.local->dtype();
+  piece.slice =
+      slice.flat_range ? io::shard_slice(slice.parameter->shard, slice.begin) : io::shard_slice(slice.parameter->shard);
+  return piece;
+}
+
 }  // namespace
 
 std::string save_training_checkpoint(const TrainState& s, const Counters& k) {
   const TrainConfig& c = *s.config;
-  const int world_rank = s.world->rank();
   std::vector<io::TensorPiece> pieces;
   for (nn::Parameter* p : s.parameters) {
-    io::TensorPiece piece;
-    piece.name = p->name;
-    piece.global_shape = p->value.shape();
-    piece.dtype = p->value.dtype();
+    io::TensorPiece piece = parameter_piece(*p);
     piece.local = p->value;
-    piece.owner = world_rank == 0;  // replicated on every rank: one writer
+    // One writer per element: data-parallel replicas and, for tensors every
+    // tensor-parallel rank holds whole, the tp ranks after the first write nothing.
+    piece.owner = s.dp_rank == 0 && (p->shard.split || s.tp_rank == 0);
     pieces.push_back(std::move(piece));
   }
   for (const parallel::OptimizerStateSlice& slice : s.replica->optimizer_state_slices()) {
-    io::TensorPiece piece;
-    piece.name = slice.name;
-    piece.global_shape = slice.shape;
-    piece.dtype = slice.local->dtype();
+    io::TensorPiece piece = state_piece(slice);
     piece.local = *slice.local;
-    if (slice.flat_range) {
-      piece.slice.kind = io::TensorSlice::Kind::flat_range;
-      piece.slice.begin = slice.begin;
-    }
-    piece.owner = slice.owner;
+    piece.owner = slice.owner && (slice.parameter->shard.split || s.tp_rank == 0);
     pieces.push_back(std::move(piece));
   }
 
@@ -214,27 +228,15 @@ Resumed load_training_checkpoint(const TrainState& s, const std::string& path) {
 
   // Parameters whole on every rank; optimizer state as this rank's slices.
   for (nn::Parameter* p : s.parameters) {
-    io::TensorPiece piece;
-    piece.name = p->name;
-    piece.global_shape = p->value.shape();
-    piece.dtype = p->value.dtype();
     TESSERA_CHECK(reader.has_tensor(p->name), "--resume: checkpoint ", path, " has no tensor '", p->name,
                   "' for the model's parameter of that name");
-    read_into(reader, piece, p->value);
+    read_into(reader, parameter_piece(*p), p->value);
   }
   for (const parallel::OptimizerStateSlice& slice : s.replica->optimizer_state_slices()) {
     TESSERA_CHECK(reader.has_tensor(slice.name), "--resume: checkpoint ", path, " has no optimizer state '", slice.name,
                   "'; it was saved with --optimizer ", saved_optimizer, " --sgd-momentum ",
                   meta.get("config.sgd-momentum"), " (resume with the same optimizer settings)");
-    io::TensorPiece piece;
-    piece.name = slice.name;
-    piece.global_shape = slice.shape;
-    piece.dtype = slice.local->dtype();
-    if (slice.flat_range) {
-      piece.slice.kind = io::TensorSlice::Kind::flat_range;
-      piece.slice.begin = slice.begin;
-    }
-    read_into(reader, piece, *slice.local);
+    read_into(reader, state_piece(slice), *slice.local);
   }
   nn::Optimizer& optimizer = s.replica->optimizer();
   optimizer.set_step_count(meta.integer("optimizer.step_count"));

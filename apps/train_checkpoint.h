@@ -19,10 +19,12 @@
 //   per rank: rng  ("seed=S next_step=N dp_rank=r dp_size=n": every random
 //                   draw is a pure function of these, see core/rng.h)
 //
-// Parameters and replicated optimizer state are written by world rank 0;
-// under ZeRO-1 each rank writes its own flat ranges of the optimizer state
+// Each element is written once: tensors every rank holds whole by world rank
+// 0, tensor-parallel shards (Parameter::shard) by the tp ranks of data-parallel
+// rank 0, and under ZeRO-1 each rank its own ranges of the optimizer state
 // (DataParallel::optimizer_state_slices). Restoring reads each rank's own
-// slices, so a checkpoint loads under another dp size or --zero setting.
+// slices, so a checkpoint loads under another dp size, tp size or --zero
+// setting.
 #pragma once
 
 #include <cstdint>
@@ -60,7 +62,7 @@ struct TrainState {
   const nn::LrScheduleConfig* schedule = nullptr;
   parallel::Communicator* world = nullptr;
   int dp = 1, tp = 1, pp = 1;
-  int dp_rank = 0;
+  int dp_rank = 0, tp_rank = 0;
   int64_t global_micro_batch = 0;  // samples of one micro-batch over the data-parallel ranks
 };
 

@@ -71,7 +71,16 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
   command.add_option("--threads", c.threads, "CPU threads (0: OpenMP's default)")->group(machine);
   command.add_option("--seed", c.seed, "Seed of initialisation, data order and dropout")->group(machine);
 
-  const std::string parallel = "Data parallelism (one replica per MPI rank; launch with mpirun -np N)";
+  const std::string parallel = "Parallelism (launch with mpirun -np N; dp = N / tensor-parallel)";
+  command
+      .add_option("--tensor-parallel,--tp", c.tensor_parallel,
+                  "Split every GPT layer over K ranks (column/row-parallel, vocab-parallel embedding and loss)")
+      ->check(CLI::PositiveNumber)
+      ->group(parallel);
+  command
+      .add_flag("--sequence-parallel", c.sequence_parallel,
+                "With --tensor-parallel K > 1: shard LayerNorm and dropout activations along the sequence")
+      ->group(parallel);
   command.add_option("--zero", c.zero, "0: plain data parallelism; 1: optimizer state sharded over ranks (ZeRO-1)")
       ->check(CLI::IsMember({0, 1}))
       ->group(parallel);
@@ -165,6 +174,10 @@ void validate(const TrainConfig& c) {
                 "--eval-interval and --eval-iters must not be negative and --log-interval must be positive");
   TESSERA_CHECK(c.max_skipped_steps > 0, "--max-skipped-steps must be positive, got ", c.max_skipped_steps);
   TESSERA_CHECK(c.zero == 0 || c.zero == 1, "--zero must be 0 or 1, got ", c.zero);
+  TESSERA_CHECK(c.tensor_parallel >= 1, "--tensor-parallel must be at least 1, got ", c.tensor_parallel);
+  TESSERA_CHECK(c.tensor_parallel == 1 || c.model == "gpt", "--tensor-parallel ", c.tensor_parallel,
+                " splits the layers of --model gpt; --model ", c.model,
+                " trains with data parallelism only (drop --tensor-parallel)");
   TESSERA_CHECK(c.bucket_size_mb > 0, "--bucket-size-mb must be positive, got ", c.bucket_size_mb);
   TESSERA_CHECK(c.comm_backend == "auto" || c.comm_backend == "mpi" || c.comm_backend == "nccl",
                 "--comm-backend must be auto, mpi or nccl, got '", c.comm_backend, "'");
@@ -203,7 +216,8 @@ std::string describe(const TrainConfig& c) {
       << " train_steps=" << c.train_steps << " epochs=" << c.epochs << "\noptimizer=" << c.optimizer << " lr=" << c.lr
       << " min_lr=" << c.min_lr << " warmup_steps=" << c.warmup_steps << " lr_decay_style=" << c.lr_decay_style
       << " weight_decay=" << c.weight_decay << " clip_grad=" << c.clip_grad << "\nprecision=" << c.precision
-      << " device=" << c.device << " threads=" << c.threads << " seed=" << c.seed << "\nzero=" << c.zero
+      << " device=" << c.device << " threads=" << c.threads << " seed=" << c.seed
+      << "\ntensor_parallel=" << c.tensor_parallel << " sequence_parallel=" << c.sequence_parallel << " zero=" << c.zero
       << " bucket_size_mb=" << c.bucket_size_mb << " comm_backend=" << c.comm_backend
       << "\neval_interval=" << c.eval_interval << " eval_iters=" << c.eval_iters << " metrics=" << c.metrics
       << " trace=" << c.trace;
@@ -269,6 +283,8 @@ std::vector<std::pair<std::string, std::string>> settings(const TrainConfig& c) 
       {"device", c.device},
       {"threads", std::to_string(c.threads)},
       {"seed", std::to_string(c.seed)},
+      {"tensor-parallel", std::to_string(c.tensor_parallel)},
+      {"sequence-parallel", flag(c.sequence_parallel)},
       {"zero", std::to_string(c.zero)},
       {"bucket-size-mb", exact(c.bucket_size_mb)},
       {"comm-backend", c.comm_backend},

@@ -57,7 +57,9 @@ struct TrainConfig {
   int threads = 0;                 // CPU threads; 0: OpenMP's default
   uint64_t seed = 1234;
 
-  // Data parallelism (every MPI rank is a data-parallel replica).
+  // Parallelism: world = dp × tp (× pp); dp = world / tp.
+  int tensor_parallel = 1;            // --tensor-parallel/--tp K: split each GPT layer over K ranks (Megatron-style)
+  bool sequence_parallel = false;     // --sequence-parallel: shard norms/dropout along the sequence (tp > 1)
   int zero = 0;                       // --zero 0|1: 1 shards the optimizer state over the ranks (ZeRO-1)
   double bucket_size_mb = 25.0;       // --bucket-size-mb: gradient all-reduce bucket size (MiB of f32)
   std::string comm_backend = "auto";  // --comm-backend auto|mpi|nccl (auto: NCCL for CUDA devices when built, else MPI)

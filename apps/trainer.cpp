@@ -43,6 +43,7 @@
 #include "parallel/mpi_env.h"
 #include "parallel/process_grid.h"
 #include "parallel/process_group.h"
+#include "parallel/tensor_parallel.h"
 
 namespace tessera::app {
 namespace {
@@ -190,8 +191,8 @@ std::string first_non_finite_gradient(const std::vector<nn::Parameter*>& paramet
 // all ranks run the same number of batches), then the loss sums, target
 // counts and correct counts are summed over the ranks. --eval-iters counts
 // global batches.
-EvalResult evaluate(Context& ctx, nn::Module& model, const TrainConfig& c, Device device, DType dtype,
-                    io::TraceWriter& trace, parallel::Communicator& dp) {
+EvalResult evaluate(Context& ctx, nn::Module& model, const nn::Loss& loss, const TrainConfig& c, Device device,
+                    DType dtype, io::TraceWriter& trace, parallel::Communicator& dp) {
   auto scope = trace.scope("eval", "eval");
   io::LoaderOptions options;
   options.batch_size = c.micro_batch_size;
@@ -207,7 +208,6 @@ EvalResult evaluate(Context& ctx, nn::Module& model, const TrainConfig& c, Devic
   const int64_t batches =
       c.eval_iters > 0 ? std::min(c.eval_iters, loader.batches_per_epoch()) : loader.batches_per_epoch();
   const bool classifier = c.model != "gpt";
-  const nn::CrossEntropyLoss loss;
   double loss_sum = 0.0;
   int64_t count = 0, correct = 0;
   model.eval();
@@ -310,7 +310,7 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
   }
   parallel::Communicator* world = env ? owned.get() : given;
   parallel::GridSizes grid_sizes;
-  grid_sizes.tp = 1;
+  grid_sizes.tp = c.tensor_parallel;
   grid_sizes.pp = 1;
   parallel::ProcessGrid grid(*world, grid_sizes);
   parallel::Communicator& dp = grid.dp();
@@ -332,7 +332,24 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
   spec.device = device;
   spec.dtype = dtype;
   spec.seed = c.seed;
-  std::unique_ptr<nn::Module> model = nn::build_model(model_cfg, spec);
+  // tp = 1: the plain model and loss; tp > 1: this rank's part of the
+  // tensor-parallel GPT (same parameter names and values) and the
+  // vocabulary-parallel loss.
+  const std::string tp_problem = parallel::tensor_parallel_problem(model_cfg, grid.tp_size(), c.sequence_parallel);
+  TESSERA_CHECK(tp_problem.empty(), tp_problem);
+  std::unique_ptr<nn::Module> model;
+  std::unique_ptr<nn::Loss> loss_function;
+  if (grid.tp_size() > 1) {
+    auto gpt = std::make_unique<parallel::TensorParallelGpt>(
+        model_cfg, spec, parallel::TensorParallelism{&grid.tp(), c.sequence_parallel});
+    loss_function =
+        std::make_unique<parallel::VocabParallelCrossEntropy>(grid.tp(), gpt->vocab_begin(), model_cfg.vocab_size);
+    model = std::move(gpt);
+  } else {
+    model = nn::build_model(model_cfg, spec);
+    loss_function = std::make_unique<nn::CrossEntropyLoss>();
+  }
+  const nn::Loss& loss = *loss_function;
   std::vector<nn::Parameter*> parameters = model->parameters();
 
   nn::OptimizerConfig opt;
@@ -363,6 +380,7 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
   parallel::DataParallelOptions dp_options;
   dp_options.zero_stage = c.zero;
   dp_options.bucket_size_mb = c.bucket_size_mb;
+  dp_options.model_parallel = &grid.tp();
   if (trace.enabled()) {
     dp_options.clock = [&trace] { return trace.now_ns(); };
     dp_options.on_event = [&trace](const parallel::CommEvent& event) {
@@ -385,6 +403,7 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
   state.tp = grid_sizes.tp;
   state.pp = grid_sizes.pp;
   state.dp_rank = dp.rank();
+  state.tp_rank = grid.tp_rank();
   state.global_micro_batch = c.micro_batch_size * dp.size();
   Counters counters;
   std::optional<Resumed> resumed;
@@ -415,7 +434,6 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
   schedule_cfg.total_steps = total_steps;
   const nn::LrSchedule schedule(schedule_cfg);
   state.schedule = &schedule_cfg;
-  const nn::CrossEntropyLoss loss;
 
   // Rank 0 reports: progress, metrics, Katib lines, start-up and final lines.
   io::ProgressOptions progress_options;
@@ -502,6 +520,7 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
   for (int64_t step = counters.step; step < total_steps; ++step) {
     const auto start = Clock::now();
     replica.begin_step();
+    const int64_t tp_bytes_before = grid.tp().counters().total_bytes();
     const float loss_scale = scaler.scale();
     double loss_sum = 0.0;
     int64_t epoch = 0;
@@ -589,6 +608,9 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
     record.skipped = skipped;
     record.epoch = epoch;
     record.extra.emplace_back("grad_sync_ms", double(sync.reduction_end_ns - sync.backward_end_ns) * 1e-6);
+    // Bytes this rank's tensor-parallel group moved in the step (counted by the communicator).
+    if (grid.tp_size() > 1)
+      record.extra.emplace_back("tp_comm_bytes", double(grid.tp().counters().total_bytes() - tp_bytes_before));
     katib_due = (step + 1) % c.log_interval == 0 || step + 1 == total_steps;
     metrics.log_step(record);
     progress.update(record);
@@ -603,7 +625,7 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
     const bool due = c.eval_interval > 0 ? (step + 1) % c.eval_interval == 0
                                          : evaluate_per_epoch && (step + 1) % steps_per_epoch == 0;
     if (!c.eval_data.empty() && (due || last)) {
-      const EvalResult eval = evaluate(ctx, *model, c, device, dtype, trace, dp);
+      const EvalResult eval = evaluate(ctx, *model, loss, c, device, dtype, trace, dp);
       io::EvalRecord eval_record;
       eval_record.step = step + 1;
       eval_record.eval_loss = eval.loss;

@@ -1,6 +1,12 @@
 // Checkpoints (see checkpoint.h): the collective gather-to-rank-0 save with
 // its atomic publish, keep-K pruning and fault-injection point, the reader
-// that validates the format and checksums, and find_latest_checkpoint.
+// that validates the format and checksums (keeping the last tensor it read),
+// and find_latest_checkpoint.
+//
+// Every piece, whatever its slice, is reduced to one description
+// (piece_layout): a list of runs of consecutive elements, each a range of the
+// piece's row-major flattening and of the tensor's. The tiling check, rank 0's
+// assembly and the reader all work on those runs.
 //
 // The save runs in phases every rank goes through, so that an error on one
 // rank never leaves another waiting in a collective:
@@ -11,10 +17,13 @@
 //      rank reported an error;
 //   3. every rank checks, from the same descriptors, that the pieces of each
 //      tensor agree on shape and dtype and that the owned pieces cover it
-//      exactly once (the same verdict everywhere, no communication);
+//      exactly once (the same verdict everywhere, no communication): along
+//      the cut dimension when every piece is a whole shard of one cut, else
+//      over the runs' element intervals;
 //   4. data: tensor by tensor in name order, the owners send their pieces to
-//      rank 0, which assembles the tensor in host memory and writes it (one
-//      tensor at a time in memory); then the rank-state blobs. If rank 0
+//      rank 0, which assembles the tensor in host memory (a piece of one run
+//      is received in place, others into a buffer then scattered) and writes
+//      it (one tensor at a time in memory); then the rank-state blobs. If rank 0
 //      fails (disk full, ...), it keeps receiving so nobody blocks;
 //   5. rank 0 closes, fsyncs and publishes, then broadcasts the outcome;
 //      every rank returns the path or throws rank 0's error.
@@ -205,74 +214,141 @@ H5T_class_t type_class_of(DType dtype) {
   return dtype == DType::f32 ? H5T_FLOAT : H5T_INTEGER;
 }
 
-// Where a piece lies in its tensor, as `outer` runs of `count · inner`
-// elements: run o starts at element (o · extent + begin) · inner of the
-// row-major tensor and at o · count · inner of the piece.
-//   whole:      outer 1, extent numel, begin 0, count numel, inner 1
-//   flat_range: outer 1, extent numel, begin b, count n,     inner 1
-//   dim_range:  outer ∏ sizes before dim, extent sizes[dim], begin b,
-//               count the piece's size along dim, inner ∏ sizes after dim
-struct Runs {
-  int64_t outer = 1, extent = 0, begin = 0, count = 0, inner = 1;
-  int64_t numel() const { return outer * count * inner; }
-  bool contiguous() const { return outer == 1 || count == extent; }
-  int64_t first_element() const { return begin * inner; }  // when contiguous
+// Where a piece lies in its tensor: runs of consecutive elements in both
+// row-major flattenings, elements [piece, piece + count) of the piece being
+// elements [global, global + count) of the tensor. A piece's runs follow one
+// another in the piece (the first at 0, each starting where the previous one
+// ends) and two runs are never contiguous in the tensor too (they are merged).
+struct Run {
+  int64_t global = 0, piece = 0, count = 0;
 };
 
-// Checks a piece against its tensor and returns its runs; throws naming the
-// tensor (`what` says whether it is being saved or loaded).
-Runs piece_runs(const std::string& name, const Shape& global, TensorSlice slice, const Shape& local_shape,
-                const std::string& what) {
-  const int64_t numel = global.numel();
-  Runs runs;
-  switch (slice.kind) {
-    case TensorSlice::Kind::whole:
-      TESSERA_CHECK(local_shape.numel() == numel, what, ": tensor ", name, " is a whole piece of ", local_shape.numel(),
-                    " elements ", local_shape.to_string(), " but the tensor has ", numel, " ", global.to_string());
-      runs = {1, numel, 0, numel, 1};
-      break;
-    case TensorSlice::Kind::flat_range:
-      TESSERA_CHECK(slice.begin >= 0 && slice.begin + local_shape.numel() <= numel, what, ": tensor ", name,
-                    ": flat_range piece [", slice.begin, ", ", slice.begin + local_shape.numel(), ") lies outside its ",
-                    numel, " elements ", global.to_string());
-      runs = {1, numel, slice.begin, local_shape.numel(), 1};
-      break;
-    case TensorSlice::Kind::dim_range: {
-      TESSERA_CHECK(slice.dim >= 0 && slice.dim < global.ndim(), what, ": tensor ", name,
-                    ": dim_range along dimension ", slice.dim, " of a tensor of shape ", global.to_string());
-      TESSERA_CHECK(local_shape.ndim() == global.ndim(), what, ": tensor ", name, ": a dim_range piece must have the ",
-                    "tensor's ", global.ndim(), " dimensions, it has shape ", local_shape.to_string());
-      for (int d = 0; d < global.ndim(); ++d)
-        TESSERA_CHECK(d == slice.dim || local_shape[d] == global[d], what, ": tensor ", name, ": dim_range piece ",
-                      local_shape.to_string(), " along dimension ", slice.dim, " differs from the tensor ",
-                      global.to_string(), " in dimension ", d);
-      const int64_t count = local_shape[slice.dim];
-      TESSERA_CHECK(slice.begin >= 0 && slice.begin + count <= global[slice.dim], what, ": tensor ", name,
-                    ": dim_range piece [", slice.begin, ", ", slice.begin + count, ") along dimension ", slice.dim,
-                    " lies outside its size ", global[slice.dim], " (shape ", global.to_string(), ")");
-      runs.extent = global[slice.dim];
-      runs.begin = slice.begin;
-      runs.count = count;
-      for (int d = 0; d < slice.dim; ++d) runs.outer *= global[d];
-      for (int d = slice.dim + 1; d < global.ndim(); ++d) runs.inner *= global[d];
-      break;
-    }
+struct PieceLayout {
+  std::vector<Run> runs;  // empty for an empty piece
+  int64_t numel = 0;      // the piece's elements
+  // dim_range: the shape that is cut (the view or the global shape) and the
+  // indices [begin, begin + count) along the slice's dim that the (whole)
+  // shard spans.
+  Shape cut;
+  int64_t count = 0;
+
+  bool contiguous() const { return runs.size() <= 1; }
+};
+
+// The runs of elements [first, first + n) of the flattening of the shard
+// "indices [begin, begin + count) along `dim` of `cut`" (n > 0, inside it).
+// Row o of the shard (o over the dimensions before `dim`) is `count · inner`
+// elements at (o · size + begin) · inner of the tensor and o · count · inner
+// of the shard, as nn::shard_runs computes.
+std::vector<Run> dim_runs(const Shape& cut, int dim, int64_t begin, int64_t count, int64_t first, int64_t n) {
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < dim; ++d) outer *= cut[d];
+  for (int d = dim + 1; d < cut.ndim(); ++d) inner *= cut[d];
+  const int64_t size = cut[dim], row = count * inner;
+  if (outer == 1 || count == size) return {Run{begin * inner + first, 0, n}};  // the shard is contiguous
+  std::vector<Run> runs;
+  const int64_t end = first + n;
+  for (int64_t o = first / row; o * row < end; ++o) {
+    const int64_t lo = std::max(o * row, first), hi = std::min((o + 1) * row, end);
+    runs.push_back({(o * size + begin) * inner + (lo - o * row), lo - first, hi - lo});
   }
   return runs;
 }
 
-// Copies between a whole tensor (`whole`, row-major) and a piece (`piece`).
-void copy_runs(const Runs& runs, size_t element_size, std::byte* whole, std::byte* piece, bool into_whole) {
-  const size_t run_bytes = size_t(runs.count * runs.inner) * element_size;
-  if (run_bytes == 0) return;
-  for (int64_t o = 0; o < runs.outer; ++o) {
-    std::byte* in_whole = whole + size_t((o * runs.extent + runs.begin) * runs.inner) * element_size;
-    std::byte* in_piece = piece + size_t(o) * run_bytes;
-    if (into_whole)
-      std::memcpy(in_whole, in_piece, run_bytes);
-    else
-      std::memcpy(in_piece, in_whole, run_bytes);
+// Checks a piece against its tensor and returns its layout; throws naming the
+// tensor (`what` says whether it is being saved or loaded).
+PieceLayout piece_layout(const std::string& name, const Shape& global, const TensorSlice& slice,
+                         const Shape& local_shape, const std::string& what) {
+  const int64_t numel = global.numel(), n = local_shape.numel();
+  PieceLayout layout;
+  layout.numel = n;
+  if (slice.kind != TensorSlice::Kind::dim_range)
+    TESSERA_CHECK(slice.view.ndim() == 0 && !slice.sub_range && slice.sub_begin == 0 && slice.shard_length == 0, what,
+                  ": tensor ", name, ": a view or a sub-range belongs to a dim_range slice only (a sub-range of a ",
+                  "whole tensor is a flat_range)");
+  switch (slice.kind) {
+    case TensorSlice::Kind::whole:
+      TESSERA_CHECK(n == numel, what, ": tensor ", name, " is a whole piece of ", n, " elements ",
+                    local_shape.to_string(), " but the tensor has ", numel, " ", global.to_string());
+      if (n > 0) layout.runs.push_back({0, 0, n});
+      return layout;
+    case TensorSlice::Kind::flat_range:
+      TESSERA_CHECK(slice.begin >= 0 && slice.begin + n <= numel, what, ": tensor ", name, ": flat_range piece [",
+                    slice.begin, ", ", slice.begin + n, ") lies outside its ", numel, " elements ", global.to_string());
+      if (n > 0) layout.runs.push_back({slice.begin, 0, n});
+      return layout;
+    case TensorSlice::Kind::dim_range:
+      break;
+    default:
+      TESSERA_THROW(what, ": tensor ", name, ": unknown slice kind ", int(slice.kind));
   }
+
+  const bool has_view = slice.view.ndim() > 0;
+  const Shape& cut = has_view ? slice.view : global;
+  const std::string of_cut =
+      has_view ? " of view " + cut.to_string() + " (tensor shape " + global.to_string() + ")" : "";
+  if (has_view)
+    TESSERA_CHECK(cut.numel() == numel, what, ": tensor ", name, ": dim_range view ", cut.to_string(), " holds ",
+                  cut.numel(), " elements but the tensor ", global.to_string(), " has ", numel,
+                  "; a view must reshape the tensor, not resize it");
+  TESSERA_CHECK(slice.dim >= 0 && slice.dim < cut.ndim(), what, ": tensor ", name, ": dim_range along dimension ",
+                slice.dim, " of ", has_view ? "view " : "a tensor of shape ", cut.to_string());
+  const int64_t size = cut[slice.dim];
+  const int64_t per_index = size > 0 ? cut.numel() / size : 0;  // elements of one index along dim
+  int64_t count = 0;
+  if (slice.sub_range) {
+    count = slice.shard_length;
+  } else if (!has_view) {
+    TESSERA_CHECK(local_shape.ndim() == global.ndim(), what, ": tensor ", name, ": a dim_range piece must have the ",
+                  "tensor's ", global.ndim(), " dimensions, it has shape ", local_shape.to_string(),
+                  " (give the slice a view to cut a tensor with another local shape)");
+    for (int d = 0; d < global.ndim(); ++d)
+      TESSERA_CHECK(d == slice.dim || local_shape[d] == global[d], what, ": tensor ", name, ": dim_range piece ",
+                    local_shape.to_string(), " along dimension ", slice.dim, " differs from the tensor ",
+                    global.to_string(), " in dimension ", d);
+    count = local_shape[slice.dim];
+  } else if (per_index > 0) {
+    TESSERA_CHECK(n % per_index == 0, what, ": tensor ", name, ": a dim_range piece along dimension ", slice.dim,
+                  of_cut, " holds a whole number of indices of ", per_index, " elements each, but its local tensor ",
+                  local_shape.to_string(), " has ", n, " elements");
+    count = n / per_index;
+  } else {
+    TESSERA_CHECK(n == 0, what, ": tensor ", name, ": the tensor is empty but the dim_range piece ",
+                  local_shape.to_string(), " has ", n, " elements");
+  }
+  TESSERA_CHECK(slice.begin >= 0 && count >= 0 && slice.begin + count <= size, what, ": tensor ", name,
+                ": dim_range piece [", slice.begin, ", ", slice.begin + count, ") along dimension ", slice.dim,
+                " lies outside its size ", size, has_view ? of_cut : " (shape " + global.to_string() + ")");
+  layout.cut = cut;
+  layout.count = count;
+  const int64_t shard_numel = per_index * count;
+  int64_t first = 0;
+  if (slice.sub_range) {
+    first = slice.sub_begin;
+    TESSERA_CHECK(first >= 0 && first + n <= shard_numel, what, ": tensor ", name, ": sub-range [", first, ", ",
+                  first + n, ") lies outside the ", shard_numel, " elements of its dim_range shard [", slice.begin,
+                  ", ", slice.begin + count, ") along dimension ", slice.dim, has_view ? of_cut : "");
+  } else {
+    TESSERA_CHECK(slice.sub_begin == 0 && slice.shard_length == 0, what, ": tensor ", name,
+                  ": sub_begin and shard_length describe a sub-range; set sub_range (with_sub_range()) or leave "
+                  "them 0");
+  }
+  if (n > 0) layout.runs = dim_runs(cut, slice.dim, slice.begin, count, first, n);
+  return layout;
+}
+
+// Copies a piece's elements into their places in the whole tensor
+// (row-major), or out of them.
+void scatter_runs(const std::vector<Run>& runs, size_t element_size, const std::byte* piece, std::byte* whole) {
+  for (const Run& run : runs)
+    std::memcpy(whole + size_t(run.global) * element_size, piece + size_t(run.piece) * element_size,
+                size_t(run.count) * element_size);
+}
+
+void gather_runs(const std::vector<Run>& runs, size_t element_size, const std::byte* whole, std::byte* piece) {
+  for (const Run& run : runs)
+    std::memcpy(piece + size_t(run.piece) * element_size, whole + size_t(run.global) * element_size,
+                size_t(run.count) * element_size);
 }
 
 void check_tensor_name(const std::string& name, const std::string& what) {
@@ -381,6 +457,10 @@ std::vector<uint8_t> serialise(const RankInfo& info) {
     out.i64(int64_t(piece.slice.kind));
     out.i64(piece.slice.begin);
     out.i64(piece.slice.dim);
+    out.shape(piece.slice.view);
+    out.i64(piece.slice.sub_range ? 1 : 0);
+    out.i64(piece.slice.sub_begin);
+    out.i64(piece.slice.shard_length);
     out.shape(piece.local);
     out.i64(piece.owner ? 1 : 0);
   }
@@ -405,6 +485,10 @@ RankInfo deserialise(const uint8_t* data, size_t size, int rank) {
     piece.slice.kind = TensorSlice::Kind(in.i64());
     piece.slice.begin = in.i64();
     piece.slice.dim = int(in.i64());
+    piece.slice.view = in.shape();
+    piece.slice.sub_range = in.i64() != 0;
+    piece.slice.sub_begin = in.i64();
+    piece.slice.shard_length = in.i64();
     piece.local = in.shape();
     piece.owner = in.i64() != 0;
     piece.rank = rank;
@@ -504,33 +588,34 @@ std::vector<TensorPlan> plan_tensors(const std::vector<RankInfo>& ranks, const s
     }
   std::vector<TensorPlan> out;
   for (auto& [name, plan] : plans) {
-    // Pieces all cut along the same dimension are checked along it (few
-    // intervals); anything else element by element in runs.
+    std::vector<PieceLayout> layouts;
+    for (const PieceInfo* piece : plan.owned)
+      layouts.push_back(piece_layout(name, plan.shape, piece->slice, piece->local, what));
+    // Whole shards all cut along the same dimension of the same shape are
+    // checked along it (few intervals); anything else element by element in
+    // runs.
     const bool one_dim = !plan.owned.empty() && std::all_of(plan.owned.begin(), plan.owned.end(), [&](auto* piece) {
-      return piece->slice.kind == TensorSlice::Kind::dim_range && piece->slice.dim == plan.owned[0]->slice.dim;
+      return piece->slice.kind == TensorSlice::Kind::dim_range && !piece->slice.sub_range &&
+             piece->slice.dim == plan.owned[0]->slice.dim;
+    }) && std::all_of(layouts.begin(), layouts.end(), [&](const PieceLayout& layout) {
+      return layout.cut == layouts[0].cut;
     });
     std::vector<Interval> intervals;
     if (one_dim) {
       const int dim = plan.owned[0]->slice.dim;
-      for (const PieceInfo* piece : plan.owned)
-        if (piece->local[dim] > 0)
-          intervals.push_back({piece->slice.begin, piece->slice.begin + piece->local[dim], piece->rank});
+      const Shape& cut = layouts[0].cut;
+      for (size_t i = 0; i < plan.owned.size(); ++i)
+        if (layouts[i].count > 0)
+          intervals.push_back(
+              {plan.owned[i]->slice.begin, plan.owned[i]->slice.begin + layouts[i].count, plan.owned[i]->rank});
       if (plan.shape.numel() > 0)
-        check_tiling(what, name, std::move(intervals), plan.shape[dim],
-                     "indices along dimension " + std::to_string(dim));
+        check_tiling(what, name, std::move(intervals), cut[dim],
+                     "indices along dimension " + std::to_string(dim) +
+                         (cut == plan.shape ? "" : " of view " + cut.to_string()));
     } else {
-      for (const PieceInfo* piece : plan.owned) {
-        const Runs runs = piece_runs(name, plan.shape, piece->slice, piece->local, what);
-        if (runs.numel() == 0) continue;
-        if (runs.contiguous()) {
-          intervals.push_back({runs.first_element(), runs.first_element() + runs.numel(), piece->rank});
-          continue;
-        }
-        for (int64_t o = 0; o < runs.outer; ++o) {
-          const int64_t start = (o * runs.extent + runs.begin) * runs.inner;
-          intervals.push_back({start, start + runs.count * runs.inner, piece->rank});
-        }
-      }
+      for (size_t i = 0; i < plan.owned.size(); ++i)
+        for (const Run& run : layouts[i].runs)
+          intervals.push_back({run.global, run.global + run.count, plan.owned[i]->rank});
       check_tiling(what, name, std::move(intervals), plan.shape.numel(), "elements");
     }
     out.push_back(std::move(plan));
@@ -712,6 +797,19 @@ std::vector<std::string> other_checkpoints(const fs::path& save_dir, const fs::p
 }  // namespace
 
 // ---------------------------------------------------------------------------
+// Slices of parameter shards
+
+TensorSlice shard_slice(const nn::ParameterShard& shard) {
+  if (!shard.split) return {};
+  return TensorSlice::along(shard.dim, shard.begin, shard.cut_shape());
+}
+
+TensorSlice shard_slice(const nn::ParameterShard& shard, int64_t sub_begin) {
+  if (!shard.split) return TensorSlice::flat(sub_begin);
+  return shard_slice(shard).with_sub_range(sub_begin, shard.length);
+}
+
+// ---------------------------------------------------------------------------
 // save_checkpoint
 
 std::string save_checkpoint(parallel::Communicator& world, const std::string& dir, int64_t step,
@@ -733,7 +831,7 @@ std::string save_checkpoint(parallel::Communicator& world, const std::string& di
     for (size_t i = 0; i < pieces.size(); ++i) {
       const TensorPiece& piece = pieces[i];
       check_piece_local(piece, what);
-      piece_runs(piece.name, piece.global_shape, piece.slice, piece.local.shape(), what);
+      piece_layout(piece.name, piece.global_shape, piece.slice, piece.local.shape(), what);
       mine.pieces.push_back(
           {piece.name, piece.dtype, piece.global_shape, piece.slice, piece.local.shape(), piece.owner, rank, int(i)});
     }
@@ -815,28 +913,28 @@ std::string save_checkpoint(parallel::Communicator& world, const std::string& di
         record(error);
       }
     }
-    // Receive the remote pieces (straight into place when contiguous), copy the local ones.
+    // Receive the remote pieces (straight into place when they are one run,
+    // else into a buffer scattered afterwards), copy the local ones.
     struct Incoming {
-      const PieceInfo* piece;
-      Runs runs;
+      std::vector<Run> runs;
       Tensor buffer;
     };
     std::vector<Incoming> incoming;
     std::vector<parallel::CommHandle> receives;
     for (const PieceInfo* piece : plan.owned) {
-      const Runs runs = piece_runs(plan.name, plan.shape, piece->slice, piece->local, what);
-      if (runs.numel() == 0) continue;
+      PieceLayout layout = piece_layout(plan.name, plan.shape, piece->slice, piece->local, what);
+      if (layout.numel == 0) continue;
       if (piece->rank != 0) {
-        Tensor buffer = whole.defined() && runs.contiguous()
-                            ? whole.slice(runs.first_element(), runs.first_element() + runs.numel())
-                            : scratch.empty(Shape{runs.numel()}, plan.dtype);
+        const Run& first = layout.runs.front();
+        Tensor buffer = whole.defined() && layout.contiguous() ? whole.slice(first.global, first.global + first.count)
+                                                               : scratch.empty(Shape{layout.numel}, plan.dtype);
         receives.push_back(world.recv(buffer, piece->rank));
-        incoming.push_back({piece, runs, buffer});
+        incoming.push_back({std::move(layout.runs), buffer});
       } else if (whole.defined()) {
         try {
           Tensor staging;
           const std::byte* bytes = host_bytes(pieces[size_t(piece->index)].local, staging);
-          copy_runs(runs, element_size, static_cast<std::byte*>(whole.data_ptr()), const_cast<std::byte*>(bytes), true);
+          scatter_runs(layout.runs, element_size, bytes, static_cast<std::byte*>(whole.data_ptr()));
         } catch (const std::exception& error) {
           record(error);
         }
@@ -847,8 +945,8 @@ std::string save_checkpoint(parallel::Communicator& world, const std::string& di
       try {
         for (Incoming& in : incoming)
           if (!in.buffer.shares_storage_with(whole))
-            copy_runs(in.runs, element_size, static_cast<std::byte*>(whole.data_ptr()),
-                      static_cast<std::byte*>(in.buffer.data_ptr()), true);
+            scatter_runs(in.runs, element_size, static_cast<const std::byte*>(in.buffer.data_ptr()),
+                         static_cast<std::byte*>(whole.data_ptr()));
         writer->write_tensor(plan, whole.data_ptr());
       } catch (const std::exception& error) {
         record(error);
@@ -934,6 +1032,22 @@ struct CheckpointReader::State {
   CheckpointMetadata metadata;
   std::vector<StoredTensor> tensors;
   std::map<std::string, size_t> index;
+  // The last tensor read() read, checksum verified: pieces of one tensor are
+  // read one after another, and each would otherwise read and check it whole.
+  mutable std::string cached_name;
+  mutable std::vector<std::byte> cached_bytes;
+
+  // The whole tensor's verified bytes, through the one-entry cache.
+  const std::vector<std::byte>& whole_verified(const StoredTensor& tensor) const {
+    if (cached_name != tensor.name) {
+      cached_name.clear();
+      cached_bytes.clear();
+      cached_bytes.shrink_to_fit();  // the old tensor goes before the new one is read
+      cached_bytes = read_verified(tensor);
+      cached_name = tensor.name;
+    }
+    return cached_bytes;
+  }
 
   // The whole tensor's bytes, checksum verified (throws naming tensor and file).
   std::vector<std::byte> read_verified(const StoredTensor& tensor) const {
@@ -1140,15 +1254,15 @@ void CheckpointReader::read(TensorPiece& piece) const {
   TESSERA_CHECK(stored.dtype == piece.dtype, what, ": tensor ", piece.name, " is ", dtype_name(stored.dtype),
                 " in the checkpoint but ", dtype_name(piece.dtype),
                 " here; the checkpoint was saved with a different precision (--precision)");
-  const Runs runs = piece_runs(piece.name, piece.global_shape, piece.slice, piece.local.shape(), what);
-  std::vector<std::byte> whole = state_->read_verified(stored);
+  const PieceLayout layout = piece_layout(piece.name, piece.global_shape, piece.slice, piece.local.shape(), what);
+  const std::vector<std::byte>& whole = state_->whole_verified(stored);
   const size_t element_size = dtype_size(stored.dtype);
   if (piece.local.device().is_cpu()) {
-    copy_runs(runs, element_size, whole.data(), static_cast<std::byte*>(piece.local.data_ptr()), false);
+    gather_runs(layout.runs, element_size, whole.data(), static_cast<std::byte*>(piece.local.data_ptr()));
     return;
   }
   Tensor host = piece.local.context().empty(piece.local.shape(), piece.dtype, Device::cpu());
-  copy_runs(runs, element_size, whole.data(), static_cast<std::byte*>(host.data_ptr()), false);
+  gather_runs(layout.runs, element_size, whole.data(), static_cast<std::byte*>(host.data_ptr()));
   piece.local.copy_(host);
 }
 

@@ -5,7 +5,8 @@
 // saved under, data-sampler position, scheduler and loss-scaler state, each
 // rank's RNG state) as attributes and small datasets. Because tensors are
 // stored whole, any layout reads back its own slices: resharding (dp, ZeRO,
-// later tp and pp) is a read with another slice description.
+// tp and their combinations; later pp) is a read with another slice
+// description.
 //
 // Writing is collective and gathers to one writer (world rank 0): each rank
 // sends the pieces it owns (one owner per piece: replicas are written once)
@@ -29,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "core/nn/parameter.h"
 #include "core/tensor.h"
 #include "parallel/communicator.h"
 
@@ -36,18 +38,89 @@ namespace tessera::io {
 
 inline constexpr int64_t kCheckpointFormat = 1;
 
-// Which part of a logical tensor `local` holds.
+// Which part of a logical tensor `local` holds. Five forms (examples on a
+// tensor W), each built by a helper or the constructor {kind, begin, dim}:
+//
+//   whole        TensorSlice{}
+//                local: any shape with W's number of elements.
+//   flat_range   TensorSlice::flat(12)  (or {Kind::flat_range, 12})
+//                elements [12, 12 + local.numel()) of W's row-major
+//                flattening (local: any shape, usually [n]): a ZeRO shard
+//                of an unsplit tensor.
+//   dim_range    TensorSlice::along(1, 4)  (or {Kind::dim_range, 4, 1})
+//                W [6, 10, 3], local [6, 3, 3]: indices [4, 7) along
+//                dimension 1, everything along the others (a column- or
+//                row-parallel weight). Without a view the local tensor has
+//                W's dimensions, equal except along `dim`, and the count
+//                along `dim` is local.size(dim).
+//   dim_range    TensorSlice::along(1, 8, Shape{3, 16, 64 * 1024})
+//   with a view  W the fused QKV weight [3·1024, 1024] = [3·H·Dh, C] with
+//                H = 16 heads of Dh = 64, viewed row-major as [3, H, Dh·C]
+//                and cut along the heads: heads [8, 16) of Q, K and V (the
+//                second of two tensor-parallel ranks). The local tensor may
+//                have any shape (e.g. [3·8·64, 1024]) holding
+//                view.numel() / view[dim] · count elements; the count along
+//                `dim` is derived from local.numel() (refused if it does not
+//                divide). view.numel() must equal W's. An explicit view equal
+//                to W's shape is the plain dim_range with a free local shape.
+//   dim_range    TensorSlice::along(1, 8, Shape{3, 16, 64 * 1024}).with_sub_range(1000, 8)
+//   sub-range    the same shard of 8 heads (shard_length 8 indices along
+//                `dim`: 3·8·64·1024 elements), of which `local` holds the
+//                elements [1000, 1000 + local.numel()) of the shard's own
+//                row-major flattening (ZeRO-1 over a tensor-parallel shard:
+//                optimizer state of a contiguous range of the local
+//                parameter). `local` may have any shape. Works with or
+//                without a view.
+//
+// The element mapping of dim_range (view, dim, begin, count) is that of
+// nn::ParameterShard{global_shape, true, view, dim, begin, count} and
+// nn::shard_runs; shard_slice() below builds the slice of a parameter's
+// shard. `view`, `sub_range`, `sub_begin` and `shard_length` belong to
+// dim_range only and must keep their defaults for the other kinds.
 struct TensorSlice {
   enum class Kind {
     whole,       // the whole tensor
     flat_range,  // elements [begin, begin + local.numel()) of the row-major flattening (ZeRO shards)
-    dim_range,   // indices [begin, begin + local.size(dim)) along `dim`, everything along the others (tensor
-                 // parallelism)
+    dim_range,   // indices [begin, begin + count) along `dim` of `view` (or the global shape), everything along the
+                 // others (tensor parallelism); optionally only a sub-range of that shard's flattening
   };
   Kind kind = Kind::whole;
   int64_t begin = 0;
   int dim = 0;
+  Shape view;                // dim_range: the tensor seen row-major as this shape (empty: the global shape)
+  bool sub_range = false;    // dim_range: local holds elements [sub_begin, sub_begin + local.numel()) of the shard
+  int64_t sub_begin = 0;     //   (the shard's row-major flattening), the shard being
+  int64_t shard_length = 0;  //   indices [begin, begin + shard_length) along `dim`
+
+  TensorSlice() = default;
+  TensorSlice(Kind slice_kind, int64_t slice_begin = 0, int slice_dim = 0)
+      : kind(slice_kind), begin(slice_begin), dim(slice_dim) {}
+
+  static TensorSlice flat(int64_t flat_begin) { return {Kind::flat_range, flat_begin}; }
+  static TensorSlice along(int along_dim, int64_t dim_begin, Shape dim_view = {}) {
+    TensorSlice slice(Kind::dim_range, dim_begin, along_dim);
+    slice.view = dim_view;
+    return slice;
+  }
+  // This dim_range slice as a shard of `length` indices along `dim`, of which
+  // the piece holds elements [first, first + local.numel()).
+  TensorSlice with_sub_range(int64_t first, int64_t length) const {
+    TensorSlice slice = *this;
+    slice.sub_range = true;
+    slice.sub_begin = first;
+    slice.shard_length = length;
+    return slice;
+  }
 };
+
+// The slice of a parameter's shard (whole when !shard.split, else dim_range
+// along shard.dim with the view shard.cut_shape(), so any local shape with
+// shard.local_numel() elements fits) ...
+TensorSlice shard_slice(const nn::ParameterShard& shard);
+// ... and of elements [sub_begin, sub_begin + local.numel()) of that shard's
+// row-major flattening (flat_range when !shard.split, else dim_range with a
+// sub-range): a ZeRO range of the shard's optimizer state.
+TensorSlice shard_slice(const nn::ParameterShard& shard, int64_t sub_begin);
 
 // A piece of a logical tensor on this rank. For saving, `owner` says this
 // rank writes it (exactly one owner per element across the job); for
@@ -117,11 +190,16 @@ class CheckpointReader {
   std::optional<std::vector<uint8_t>> rank_state(int world_rank, const std::string& key) const;
   std::vector<std::string> rank_state_keys(int world_rank) const;  // sorted; empty if that rank stored none
 
-  // Fills piece.local (allocated by the caller, on any device, with the
-  // slice's shape: the global shape for whole, [n] for flat_range, the
-  // global shape with `dim` resized for dim_range) with its slice of the
+  // Fills piece.local (allocated by the caller, on any device, with as many
+  // elements as the slice holds: see TensorSlice) with its slice of the
   // stored tensor, converting nothing: dtype and global shape must match,
-  // else a clear error. Reads the whole tensor and verifies its checksum.
+  // else a clear error. Reads the whole tensor and verifies its checksum,
+  // keeping it as a one-entry cache (name → verified bytes): consecutive
+  // reads of pieces of one tensor (several shards or sub-ranges of it listed
+  // one after another) read and check it once. Reading another tensor replaces the entry (the cache holds at most
+  // one tensor); destroying the reader frees it. A failed check caches
+  // nothing. Not for concurrent use from several threads (nor is serial
+  // HDF5).
   void read(TensorPiece& piece) const;
   // Recomputes every tensor's checksum; returns the names that do not match.
   std::vector<std::string> verify() const;

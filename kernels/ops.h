@@ -78,8 +78,34 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& 
 // grad_logits[n, v] = grad_losses[n]·(softmax(logits[n])[v] − [v == targets[n]]), zero rows where ignored.
 // grad_logits may be the logits tensor itself: the backward then overwrites
 // the only copy of the logits, which is never materialised twice.
+// Vocabulary-parallel (see cross_entropy_shard_max below): logits [N, Vl] are
+// the columns [vocab_begin, vocab_begin + Vl) of a vocabulary of vocab_size
+// (0: the logits' width, the whole vocabulary) and logsumexp is the global one
+// (from cross_entropy_shard_finish); the one-hot term applies only where
+// target − vocab_begin is a column of this shard. A target outside
+// [0, vocab_size) that is not ignore_index gives a NaN row on every shard.
 void cross_entropy_backward(const Tensor& logits, const Tensor& logsumexp, const Tensor& targets,
-                            const Tensor& grad_losses, Tensor& grad_logits, int64_t ignore_index = -100);
+                            const Tensor& grad_losses, Tensor& grad_logits, int64_t ignore_index = -100,
+                            int64_t vocab_begin = 0, int64_t vocab_size = 0);
+
+// Vocabulary-parallel cross-entropy: `logits` [N, Vl] hold the columns
+// [vocab_begin, vocab_begin + Vl) of logits over a vocabulary of vocab_size
+// (the other columns live on other ranks). The caller combines ranks between
+// the steps: 1) cross_entropy_shard_max → all-reduce(max) of row_max;
+// 2) cross_entropy_shard_sums → all-reduce(sum) of sums; 3) cross_entropy_shard_finish.
+// row_max [N] f32: the max over this shard's columns of each row.
+void cross_entropy_shard_max(const Tensor& logits, Tensor& row_max);
+// sums [2, N] f32: sums[0, n] = Σ_v exp(logits[n, v] − row_max[n]) over this shard's columns;
+// sums[1, n] = logits[n, target − vocab_begin] when the target falls in this shard, else 0
+// (0 for ignored rows too). row_max: the global (all-reduced) max.
+void cross_entropy_shard_sums(const Tensor& logits, const Tensor& targets, const Tensor& row_max, int64_t vocab_begin,
+                              Tensor& sums, int64_t ignore_index = -100);
+// From the all-reduced row_max and sums: logsumexp[n] = row_max[n] + log(sums[0, n]);
+// losses[n] = logsumexp[n] − sums[1, n], 0 where target == ignore_index, NaN where the
+// target is outside [0, vocab_size) (as cross_entropy_forward). targets [N] i32/i64;
+// losses, logsumexp [N] f32 (logsumexp feeds cross_entropy_backward on every shard).
+void cross_entropy_shard_finish(const Tensor& row_max, const Tensor& sums, const Tensor& targets, int64_t vocab_size,
+                                Tensor& losses, Tensor& logsumexp, int64_t ignore_index = -100);
 
 // LayerNorm: y = (x − mean)·rstd·weight + bias. x, y [R, D]; weight, bias [D]
 // (bias may be undefined); mean, rstd [R] f32, kept for the backward pass.
@@ -106,9 +132,16 @@ void dropout_backward(const Tensor& grad_y, Tensor& grad_x, float p, uint64_t se
 // Embedding
 // ---------------------------------------------------------------------------
 // out[n, :] = table[ids[n], :]. ids: any shape, N elements, i32/i64; table [V, D]; out [N, D].
-void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out);
-// grad_table[ids[n], :] += grad_out[n, :] (always accumulates; deterministic).
-void embedding_backward(const Tensor& ids, const Tensor& grad_out, Tensor& grad_table);
+// Vocabulary-parallel (vocab_size > 0): the table holds rows [vocab_begin,
+// vocab_begin + V) of a vocabulary of vocab_size; ids held by other shards
+// give zero rows (summing the shards' outputs gives the lookup), ids outside
+// [0, vocab_size) are errors as ids outside [0, V) are otherwise.
+void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, int64_t vocab_begin = 0,
+                       int64_t vocab_size = 0);
+// grad_table[ids[n] − vocab_begin, :] += grad_out[n, :] (always accumulates;
+// deterministic); ids held by other shards are skipped.
+void embedding_backward(const Tensor& ids, const Tensor& grad_out, Tensor& grad_table, int64_t vocab_begin = 0,
+                        int64_t vocab_size = 0);
 
 // ---------------------------------------------------------------------------
 // Causal scaled-dot-product attention over packed projections

@@ -46,9 +46,29 @@ struct P2POp {
   int peer = 0;
 };
 
+// What a communicator has moved since it was made (or reset): calls and
+// bytes per kind of operation. Bytes are the size of the buffer the caller
+// passed, the way nccl-tests reports sizes: the tensor for all-reduce,
+// broadcast, send and recv; the input [size()·n] for reduce-scatter; the
+// output [size()·n] for all-gather. Groups of one count too (they move
+// nothing, but the call was made).
+struct CommCounters {
+  enum Kind { all_reduce, reduce_scatter, all_gather, broadcast, send, recv, kinds };
+  int64_t calls[kinds] = {};
+  int64_t bytes[kinds] = {};
+  int64_t total_bytes() const {
+    int64_t total = 0;
+    for (const int64_t b : bytes) total += b;
+    return total;
+  }
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
+
+  const CommCounters& counters() const { return counters_; }
+  void reset_counters() { counters_ = {}; }
 
   virtual const std::string& name() const = 0;  // "world", "dp", "tp", "pp", ...
   virtual int rank() const = 0;
@@ -75,6 +95,20 @@ class Communicator {
   // A new communicator over the ranks that pass the same `color`, ordered by
   // `key`, named `name` (collective over this communicator).
   virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
+
+ protected:
+  // Implementations call this once per operation they issue.
+  void count(CommCounters::Kind kind, const Tensor& buffer) {
+    ++counters_.calls[kind];
+    counters_.bytes[kind] += int64_t(buffer.nbytes());
+  }
+  void count(const std::vector<P2POp>& ops) {
+    for (const P2POp& op : ops)
+      count(op.kind == P2POp::Kind::send ? CommCounters::send : CommCounters::recv, op.tensor);
+  }
+
+ private:
+  CommCounters counters_;
 };
 
 }  // namespace tessera::parallel

@@ -258,14 +258,24 @@ void DataParallel::finish_backward() {
 
 nn::GradNorm DataParallel::grad_norm() {
   TESSERA_CHECK(reduced_, "data parallel: grad_norm() before finish_backward() of the step's last micro-batch");
+  // Under tensor parallelism a replicated parameter is counted by the
+  // group's first rank only; split ones by every rank (their parts).
+  Communicator* model_parallel =
+      options_.model_parallel && options_.model_parallel->size() > 1 ? options_.model_parallel : nullptr;
+  const auto counted = [&](const nn::Parameter& p) {
+    return !model_parallel || p.shard.split || model_parallel->rank() == 0;
+  };
   std::vector<nn::Parameter*> local;
-  if (options_.zero_stage == 1)
-    for (const auto& shard : shards_) local.push_back(shard.get());
-  else
-    local = parameters_;
+  if (options_.zero_stage == 1) {
+    for (size_t i = 0; i < shards_.size(); ++i)
+      if (counted(*parameters_[shard_origins_[i].parameter])) local.push_back(shards_[i].get());
+  } else {
+    for (nn::Parameter* p : parameters_)
+      if (counted(*p)) local.push_back(p);
+  }
   const double sum = local.empty() ? 0.0 : double(nn::grad_sum_squares(local).to_vector<float>()[0]);
   const bool finite = std::isfinite(sum);
-  if (comm_.size() == 1) return {std::sqrt(sum), finite};
+  if (comm_.size() == 1 && !model_parallel) return {std::sqrt(sum), finite};
   // [sum of squares (0 if not finite), non-finite flag]: plain DP holds the
   // same averaged gradients on every rank (max keeps them agreeing bit for
   // bit), ZeRO-1 holds disjoint shards (sum). A NaN never travels: MPI's max
@@ -273,7 +283,8 @@ nn::GradNorm DataParallel::grad_norm() {
   Context& ctx = flat_grads_.context();
   Tensor both = ctx.from_vector(Shape{2}, std::vector<float>{finite ? float(sum) : 0.0f, finite ? 0.0f : 1.0f},
                                 flat_grads_.device());
-  comm_.all_reduce(both, options_.zero_stage == 1 ? ReduceOp::sum : ReduceOp::max)->wait();
+  if (comm_.size() > 1) comm_.all_reduce(both, options_.zero_stage == 1 ? ReduceOp::sum : ReduceOp::max)->wait();
+  if (model_parallel) model_parallel->all_reduce(both, ReduceOp::sum)->wait();
   const std::vector<float> global = both.to_vector<float>();
   return {std::sqrt(double(global[0])), global[1] == 0.0f && std::isfinite(global[0])};
 }
@@ -338,6 +349,7 @@ std::vector<OptimizerStateSlice> DataParallel::optimizer_state_slices() {
     const auto [parameter, begin] = found->second;
     OptimizerStateSlice slice;
     slice.name = parameter->name + state_name.substr(dot);
+    slice.parameter = parameter;
     slice.shape = parameter->value.shape();
     slice.local = tensor;
     slice.flat_range = zero;

@@ -69,6 +69,12 @@ struct DataParallelOptions {
   // Called once per bucket communication when it completes (e.g. to write a
   // trace event); empty: nothing.
   std::function<void(const CommEvent&)> on_event{};
+  // The group the model's split parameters are spread over (tensor
+  // parallelism; null or size 1: none). grad_norm() then counts a split
+  // parameter (Parameter::shard.split) on every rank of that group and a
+  // replicated one once, and sums over the group, so the norm is the one
+  // tp = 1 computes.
+  Communicator* model_parallel = nullptr;
 };
 
 // Overlap evidence for the last step's gradient reduction, on `clock`.
@@ -85,9 +91,10 @@ struct ReductionStats {
 // (for checkpoints: the trainer turns these into io::TensorPiece; parallel/
 // does not depend on io/).
 struct OptimizerStateSlice {
-  std::string name;         // "<parameter>.exp_avg", ".exp_avg_sq", ".momentum_buffer" or ".master" (f32)
-  Shape shape;              // the logical tensor's shape: the parameter's
-  Tensor* local = nullptr;  // the optimizer's buffer (reading a checkpoint copies into it)
+  std::string name;  // "<parameter>.exp_avg", ".exp_avg_sq", ".momentum_buffer" or ".master" (f32)
+  const nn::Parameter* parameter = nullptr;  // whose state it is (its shard says which part of the tensor)
+  Shape shape;                               // this rank's parameter's shape (a tensor-parallel shard's, if split)
+  Tensor* local = nullptr;                   // the optimizer's buffer (reading a checkpoint copies into it)
   // false: `local` is the whole tensor (plain data parallelism); true: it is
   // elements [begin, begin + local->numel()) of the row-major flattening
   // (a ZeRO-1 shard: the parameter's intersection with this rank's pieces).
@@ -125,8 +132,9 @@ class DataParallel {
 
   // The global L2 norm of the averaged gradients, identical on every rank
   // (one small all-reduce: plain DP takes the max of the ranks' identical
-  // sums, ZeRO-1 sums the shards' sums of squares), and whether any rank
-  // saw an inf or NaN. One host synchronisation.
+  // sums, ZeRO-1 sums the shards' sums of squares; one more over the
+  // model-parallel group when there is one), and whether any rank saw an
+  // inf or NaN. One host synchronisation.
   nn::GradNorm grad_norm();
   // The optimizer update with the scheduled `lr` and gradients multiplied by
   // `grad_scale` (see nn::Optimizer::step); ZeRO-1 then all-gathers the

@@ -35,23 +35,27 @@ class LocalCommunicator final : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
 
-  CommHandle all_reduce(Tensor&, ReduceOp) override {
+  CommHandle all_reduce(Tensor& tensor, ReduceOp) override {
     ++sequence_;
+    count(CommCounters::all_reduce, tensor);
     return done();
   }
   CommHandle reduce_scatter(const Tensor& input, Tensor& output, ReduceOp) override {
     ++sequence_;
+    count(CommCounters::reduce_scatter, input);
     copy_unless_same(input, output, "reduce_scatter");
     return done();
   }
   CommHandle all_gather(const Tensor& input, Tensor& output) override {
     ++sequence_;
+    count(CommCounters::all_gather, output);
     copy_unless_same(input, output, "all_gather");
     return done();
   }
-  CommHandle broadcast(Tensor&, int root) override {
+  CommHandle broadcast(Tensor& tensor, int root) override {
     TESSERA_CHECK(root == 0, "broadcast on '", name_, "' (a group of one): root ", root, " does not exist");
     ++sequence_;
+    count(CommCounters::broadcast, tensor);
     return done();
   }
   CommHandle send(const Tensor&, int peer) override {

@@ -448,6 +448,7 @@ void check_peer(const std::string& at, const char* what, int peer, int size) {
 
 CommHandle MpiCommunicator::all_reduce(Tensor& tensor, ReduceOp op) {
   ++sequence_;
+  count(CommCounters::all_reduce, tensor);
   const std::string at = where("all_reduce") + " " + op_name(op);
   check_tensor(at, "", tensor);
   auto work = std::make_unique<MpiWork>(this, at);
@@ -478,6 +479,7 @@ CommHandle MpiCommunicator::all_reduce(Tensor& tensor, ReduceOp op) {
 
 CommHandle MpiCommunicator::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) {
   ++sequence_;
+  count(CommCounters::reduce_scatter, input);
   const std::string at = where("reduce_scatter") + " " + op_name(op);
   check_tensor(at, "input", input);
   check_tensor(at, "output", output);
@@ -517,6 +519,7 @@ CommHandle MpiCommunicator::reduce_scatter(const Tensor& input, Tensor& output, 
 
 CommHandle MpiCommunicator::all_gather(const Tensor& input, Tensor& output) {
   ++sequence_;
+  count(CommCounters::all_gather, output);
   const std::string at = where("all_gather");
   check_tensor(at, "input", input);
   check_tensor(at, "output", output);
@@ -552,6 +555,7 @@ CommHandle MpiCommunicator::all_gather(const Tensor& input, Tensor& output) {
 
 CommHandle MpiCommunicator::broadcast(Tensor& tensor, int root) {
   ++sequence_;
+  count(CommCounters::broadcast, tensor);
   const std::string at = where("broadcast") + " from root " + std::to_string(root);
   check_tensor(at, "", tensor);
   check_peer(at, "root", root, size_);
@@ -573,6 +577,7 @@ constexpr int kP2PTag = 0;  // one tag: messages between two ranks match in the 
 
 CommHandle MpiCommunicator::send(const Tensor& tensor, int peer) {
   ++sequence_;
+  count(CommCounters::send, tensor);
   const std::string at = where("send") + " to rank " + std::to_string(peer);
   check_tensor(at, "", tensor);
   check_peer(at, "peer", peer, size_);
@@ -586,6 +591,7 @@ CommHandle MpiCommunicator::send(const Tensor& tensor, int peer) {
 
 CommHandle MpiCommunicator::recv(Tensor& tensor, int peer) {
   ++sequence_;
+  count(CommCounters::recv, tensor);
   const std::string at = where("recv") + " from rank " + std::to_string(peer);
   check_tensor(at, "", tensor);
   check_peer(at, "peer", peer, size_);
@@ -601,6 +607,7 @@ CommHandle MpiCommunicator::recv(Tensor& tensor, int peer) {
 
 CommHandle MpiCommunicator::send_recv(const std::vector<P2POp>& ops) {
   ++sequence_;
+  count(ops);
   const std::string at = where("send_recv") + " (" + std::to_string(ops.size()) + " transfers)";
   for (const P2POp& op : ops) {
     check_tensor(at, op.kind == P2POp::Kind::send ? "send" : "recv", op.tensor);

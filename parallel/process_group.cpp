@@ -21,30 +21,37 @@ class DeviceRoutedCommunicator final : public Communicator {
 
   CommHandle all_reduce(Tensor& tensor, ReduceOp op) override {
     ++sequence_;
+    count(CommCounters::all_reduce, tensor);
     return route(tensor).all_reduce(tensor, op);
   }
   CommHandle reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) override {
     ++sequence_;
+    count(CommCounters::reduce_scatter, input);
     return route(input).reduce_scatter(input, output, op);
   }
   CommHandle all_gather(const Tensor& input, Tensor& output) override {
     ++sequence_;
+    count(CommCounters::all_gather, output);
     return route(input).all_gather(input, output);
   }
   CommHandle broadcast(Tensor& tensor, int root) override {
     ++sequence_;
+    count(CommCounters::broadcast, tensor);
     return route(tensor).broadcast(tensor, root);
   }
   CommHandle send(const Tensor& tensor, int peer) override {
     ++sequence_;
+    count(CommCounters::send, tensor);
     return route(tensor).send(tensor, peer);
   }
   CommHandle recv(Tensor& tensor, int peer) override {
     ++sequence_;
+    count(CommCounters::recv, tensor);
     return route(tensor).recv(tensor, peer);
   }
   CommHandle send_recv(const std::vector<P2POp>& ops) override {
     ++sequence_;
+    count(ops);
     if (ops.empty()) return mpi_->send_recv(ops);
     Communicator& backend = route(ops.front().tensor);
     for (const P2POp& op : ops)

@@ -17,28 +17,11 @@ Tensor empty_like(const Tensor& t) {
   return t.context().empty(t.shape(), t.dtype(), t.device());
 }
 
-// `shape` with its last dimension replaced.
-Shape with_last(const Shape& shape, int64_t last) {
-  std::vector<int64_t> sizes(shape.sizes().begin(), shape.sizes().end());
-  sizes.back() = last;
-  return Shape(std::span<const int64_t>(sizes));
-}
-
 // `shape` with one more dimension at the end.
 Shape appended(const Shape& shape, int64_t last) {
   std::vector<int64_t> sizes(shape.sizes().begin(), shape.sizes().end());
   sizes.push_back(last);
   return Shape(std::span<const int64_t>(sizes));
-}
-
-// Shapes travel in Saved::scalars as [ndim, sizes...].
-void push_shape(Saved& saved, const Shape& shape) {
-  saved.scalars.push_back(shape.ndim());
-  for (const int64_t s : shape.sizes()) saved.scalars.push_back(s);
-}
-Shape read_shape(const Saved& saved, size_t position = 0) {
-  const int64_t ndim = saved.scalars.at(position);
-  return Shape(std::span<const int64_t>(saved.scalars.data() + position + 1, size_t(ndim)));
 }
 
 // A floating activation in the model's dtype, on its device.
@@ -53,12 +36,6 @@ void check_activation(const Module& m, const Tensor& x, std::string_view what = 
 void check_last_dim(const Module& m, const Tensor& x, int64_t dim) {
   TESSERA_CHECK(x.ndim() >= 1 && x.shape()[-1] == dim, m.name(), ": the input has shape ", x.shape().to_string(),
                 ", expected [..., ", dim, "]");
-}
-
-// The saved state of a forward call, checked before a backward uses it.
-void check_saved(const Module& m, const Saved& saved, size_t tensors, size_t scalars = 0) {
-  TESSERA_CHECK(saved.tensors.size() >= tensors && saved.scalars.size() >= scalars, m.name(),
-                ": backward without a matching forward (the Saved passed in holds no state for this call)");
 }
 
 void check_grad(const Module& m, const Tensor& grad, const Shape& expected) {
@@ -110,48 +87,63 @@ Linear::Linear(const ModelSpec& spec, std::string name, int64_t in_features, int
   }
 }
 
+Tensor linear_rows_forward(const Tensor& x, const Parameter& weight, const Parameter* bias, ops::Activation activation,
+                           Tensor& kept) {
+  const Tensor& w = weight.value;
+  Tensor y = w.context().empty(Shape{x.size(0), w.size(0)}, w.dtype(), w.device());
+  ops::MatmulOptions options;
+  options.transpose_b = true;
+  options.bias = bias ? &bias->value : nullptr;
+  options.activation = activation;
+  Tensor pre;
+  if (activation == ops::Activation::gelu) {
+    pre = empty_like(y);
+    options.pre_activation = &pre;
+  }
+  ops::matmul(x, w, y, options);
+  kept = activation == ops::Activation::relu ? y : pre;
+  return y;
+}
+
+Tensor linear_rows_backward(const Tensor& dy, const Tensor& x, const Tensor& kept, Parameter& weight, Parameter* bias,
+                            ops::Activation activation, bool input_grad) {
+  Tensor dz = dy;  // gradient before the activation
+  if (activation != ops::Activation::none) {
+    dz = empty_like(dy);
+    if (activation == ops::Activation::relu)
+      ops::relu_backward(kept, dy, dz);
+    else
+      ops::gelu_backward(kept, dy, dz);
+  }
+  if (bias) ops::bias_add_backward(dz, bias->grad, /*accumulate=*/true);
+  ops::matmul_backward(dz, x, weight.value, nullptr, &weight.grad, false, true, /*accumulate=*/true);
+  if (!input_grad) return Tensor();
+  Tensor dx = empty_like(x);
+  ops::matmul_backward(dz, x, weight.value, &dx, nullptr, false, true, /*accumulate=*/false);
+  return dx;
+}
+
 Tensor Linear::forward(const Tensor& input, Saved& saved, const Pass&) {
   check_activation(*this, input);
   check_last_dim(*this, input, in_);
   const Tensor x = input.reshape({-1, in_});
-  Tensor y = context().empty(Shape{x.size(0), out_}, spec().dtype, spec().device);
-  ops::MatmulOptions options;
-  options.transpose_b = true;
-  options.bias = bias_ ? &bias_->value : nullptr;
-  options.activation = activation_;
-  Tensor pre;
-  if (activation_ == ops::Activation::gelu) {
-    pre = empty_like(y);
-    options.pre_activation = &pre;
-  }
-  ops::matmul(x, weight_->value, y, options);
-  saved.tensors = {x, activation_ == ops::Activation::relu ? y : pre};
+  Tensor kept;
+  const Tensor y = linear_rows_forward(x, *weight_, bias_, activation_, kept);
+  saved.tensors = {x, kept};
   saved.scalars.clear();
-  push_shape(saved, input.shape());
-  return y.view(with_last(input.shape(), out_));
+  saved.push_shape(input.shape());
+  return y.view(input.shape().with_dim(-1, out_));
 }
 
 Tensor Linear::backward_impl(const Tensor& grad_output, Saved& saved) {
   check_saved(*this, saved, 2, 1);
   const Tensor x = saved.tensors[0], kept = saved.tensors[1];
-  const Shape input_shape = read_shape(saved);
+  const Shape input_shape = saved.shape_at(0);
   saved.clear();
-  check_grad(*this, grad_output, with_last(input_shape, out_));
-  const Tensor dy = grad_output.reshape({-1, out_});
-  Tensor dz = dy;  // gradient before the activation
-  if (activation_ != ops::Activation::none) {
-    dz = empty_like(dy);
-    if (activation_ == ops::Activation::relu)
-      ops::relu_backward(kept, dy, dz);
-    else
-      ops::gelu_backward(kept, dy, dz);
-  }
-  if (bias_) ops::bias_add_backward(dz, bias_->grad, /*accumulate=*/true);
-  ops::matmul_backward(dz, x, weight_->value, nullptr, &weight_->grad, false, true, /*accumulate=*/true);
-  if (!input_grad_) return Tensor();
-  Tensor dx = empty_like(x);
-  ops::matmul_backward(dz, x, weight_->value, &dx, nullptr, false, true, /*accumulate=*/false);
-  return dx.view(input_shape);
+  check_grad(*this, grad_output, input_shape.with_dim(-1, out_));
+  const Tensor dx =
+      linear_rows_backward(grad_output.reshape({-1, out_}), x, kept, *weight_, bias_, activation_, input_grad_);
+  return dx.defined() ? dx.view(input_shape) : dx;
 }
 
 // ---------------------------------------------------------------------------
@@ -221,14 +213,14 @@ Tensor MaxPool2d::forward(const Tensor& input, Saved& saved, const Pass&) {
   ops::maxpool2d_forward(input, y, indices, params_);
   saved.tensors = {indices};
   saved.scalars.clear();
-  push_shape(saved, input.shape());
+  saved.push_shape(input.shape());
   return y;
 }
 
 Tensor MaxPool2d::backward_impl(const Tensor& grad_output, Saved& saved) {
   check_saved(*this, saved, 1, 1);
   const Tensor indices = saved.tensors[0];
-  const Shape input_shape = read_shape(saved);
+  const Shape input_shape = saved.shape_at(0);
   saved.clear();
   Tensor dx = context().empty(input_shape, grad_output.dtype(), grad_output.device());
   ops::maxpool2d_backward(grad_output, indices, dx, params_);
@@ -424,26 +416,26 @@ Tensor PositionEmbedding::forward(const Tensor& input, Saved& saved, const Pass&
   check_activation(*this, input);
   TESSERA_CHECK(input.ndim() == 3 && input.size(2) == dim_, name(), ": the input has shape ", input.shape().to_string(),
                 ", expected [B, T, ", dim_, "]");
-  const int64_t tokens = input.size(1);
-  TESSERA_CHECK(tokens <= max_tokens_, name(), ": a sequence of ", tokens, " tokens is longer than the ", max_tokens_,
-                " positions the model was built for; check --seq-length");
+  const int64_t tokens = input.size(1), first = int64_t(shard_) * tokens;
+  TESSERA_CHECK(first + tokens <= max_tokens_, name(), ": a sequence of ", tokens * shards_,
+                " tokens is longer than the ", max_tokens_, " positions the model was built for; check --seq-length");
   const Shape rows{input.size(0), tokens * dim_};
   Tensor y = empty_like(input);
   Tensor y_rows = y.view(rows);
-  ops::bias_add(input.view(rows), weight_->value.slice(0, tokens).view(Shape{tokens * dim_}), y_rows);
+  ops::bias_add(input.view(rows), weight_->value.slice(first, first + tokens).view(Shape{tokens * dim_}), y_rows);
   saved.clear();
-  saved.scalars = {tokens};
+  saved.scalars = {tokens, first};
   return y;
 }
 
 Tensor PositionEmbedding::backward_impl(const Tensor& grad_output, Saved& saved) {
-  check_saved(*this, saved, 0, 1);
-  const int64_t tokens = saved.scalars[0];
+  check_saved(*this, saved, 0, 2);
+  const int64_t tokens = saved.scalars[0], first = saved.scalars[1];
   saved.clear();
   TESSERA_CHECK(grad_output.ndim() == 3 && grad_output.size(1) == tokens && grad_output.size(2) == dim_, name(),
                 ": the output gradient has shape ", grad_output.shape().to_string(), ", expected [B, ", tokens, ", ",
                 dim_, "]");
-  Tensor grad_rows = weight_->grad.slice(0, tokens).view(Shape{tokens * dim_});
+  Tensor grad_rows = weight_->grad.slice(first, first + tokens).view(Shape{tokens * dim_});
   ops::bias_add_backward(grad_output.view(Shape{grad_output.size(0), tokens * dim_}), grad_rows,
                          /*accumulate=*/true);
   return grad_output;
@@ -452,13 +444,13 @@ Tensor PositionEmbedding::backward_impl(const Tensor& grad_output, Saved& saved)
 Tensor Flatten::forward(const Tensor& input, Saved& saved, const Pass&) {
   TESSERA_CHECK(input.ndim() >= 1, name(), ": cannot flatten a scalar");
   saved.clear();
-  push_shape(saved, input.shape());
+  saved.push_shape(input.shape());
   return input.view(Shape{input.size(0), input.numel() / std::max<int64_t>(1, input.size(0))});
 }
 
 Tensor Flatten::backward_impl(const Tensor& grad_output, Saved& saved) {
   check_saved(*this, saved, 0, 1);
-  const Shape shape = read_shape(saved);
+  const Shape shape = saved.shape_at(0);
   saved.clear();
   return grad_output.defined() ? grad_output.view(shape) : Tensor();
 }

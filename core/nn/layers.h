@@ -36,6 +36,17 @@ namespace tessera::nn {
 // modules draw independent ones.
 uint64_t dropout_seed(const Pass& pass, const std::string& name);
 
+// The arithmetic of Linear on rows, shared with the tensor-parallel layers
+// (parallel/tensor_parallel.h): y [R, out] = act(x [R, in]·Wᵀ + b) in the
+// weight's dtype (bias may be null); `kept` receives what the backward needs
+// (the output for ReLU, the pre-activation for GELU, nothing otherwise).
+Tensor linear_rows_forward(const Tensor& x, const Parameter& weight, const Parameter* bias, ops::Activation activation,
+                           Tensor& kept);
+// From dy [R, out]: adds into weight.grad (and bias->grad) and returns
+// dx [R, in], or an undefined Tensor when !input_grad.
+Tensor linear_rows_backward(const Tensor& dy, const Tensor& x, const Tensor& kept, Parameter& weight, Parameter* bias,
+                            ops::Activation activation, bool input_grad);
+
 // y = act(x·Wᵀ + b) over the last dimension: x [..., in] → y [..., out].
 // weight [out, in] (PyTorch's layout), bias [out]. The activation is fused into
 // the matmul epilogue; backward needs the value before it: for GELU the
@@ -176,9 +187,16 @@ class PositionEmbedding : public Module {
   Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
   Parameter& weight() { return *weight_; }
+  // Sequence parallelism: the input holds positions [r·T', (r+1)·T') of each
+  // sequence (T' its length), r = `shard` of `shards`.
+  void set_sequence_shard(int shard, int shards) {
+    shard_ = shard;
+    shards_ = shards;
+  }
 
  private:
   int64_t max_tokens_, dim_;
+  int shard_ = 0, shards_ = 1;
   Parameter* weight_;
 };
 

@@ -29,6 +29,16 @@ std::vector<int64_t> host_targets(const Tensor& targets) {
 
 }  // namespace
 
+LossValue mean_loss(const Tensor& losses, const Tensor& targets, int64_t ignore_index) {
+  Tensor total = losses.context().empty(Shape{1}, DType::f32, losses.device());
+  ops::sum(losses, total);
+  LossValue value;
+  for (const int64_t t : host_targets(targets))
+    if (t != ignore_index) ++value.count;
+  if (value.count > 0) value.loss = total.to_doubles()[0] / double(value.count);
+  return value;
+}
+
 LossValue CrossEntropyLoss::forward(const Tensor& logits, const Tensor& targets, Saved& saved) const {
   check_pair(logits, targets, "cross-entropy loss");
   Context& ctx = logits.context();
@@ -38,13 +48,7 @@ LossValue CrossEntropyLoss::forward(const Tensor& logits, const Tensor& targets,
   Tensor losses = ctx.empty(Shape{rows}, DType::f32, logits.device());
   Tensor logsumexp = ctx.empty(Shape{rows}, DType::f32, logits.device());
   ops::cross_entropy_forward(logits_2d, targets_1d, losses, logsumexp, ignore_index_);
-  Tensor total = ctx.empty(Shape{1}, DType::f32, logits.device());
-  ops::sum(losses, total);
-
-  LossValue value;
-  for (const int64_t t : host_targets(targets))
-    if (t != ignore_index_) ++value.count;
-  if (value.count > 0) value.loss = total.to_doubles()[0] / double(value.count);
+  const LossValue value = mean_loss(losses, targets, ignore_index_);
   saved.clear();
   saved.tensors = {logsumexp};
   saved.scalars = {value.count};

@@ -15,22 +15,38 @@ struct LossValue {
   int64_t count = 0;  // targets counted
 };
 
+// The mean of per-row losses [N] (f32, 0 on ignored rows) over the targets
+// that are not ignore_index: one sum on the device, the count from a host
+// copy of the targets.
+LossValue mean_loss(const Tensor& losses, const Tensor& targets, int64_t ignore_index);
+
+// What the trainer trains against: a loss over a model's output and the
+// targets, forward then backward in place on the output (so the biggest
+// activation, the logits, is never held twice).
+class Loss {
+ public:
+  virtual ~Loss() = default;
+  virtual LossValue forward(const Tensor& logits, const Tensor& targets, Saved& saved) const = 0;
+  // Overwrites `logits` with d(scale·loss)/d(logits).
+  virtual void backward(Tensor& logits, const Tensor& targets, float scale, Saved& saved) const = 0;
+};
+
 // Cross-entropy of logits [N, V] or [B, T, V] (f32, bf16 or f16) against
 // targets [N] or [B, T] (i32/i64, same device). The log-softmax is fused and
 // computed in f32; per-row losses are summed in f32 and returned as a double.
 // The count is read from the targets on the host (one small copy; the loss
 // value is read back anyway). A target outside [0, V) that is not
 // ignore_index gives a NaN loss.
-class CrossEntropyLoss {
+class CrossEntropyLoss : public Loss {
  public:
   explicit CrossEntropyLoss(int64_t ignore_index = -100) : ignore_index_(ignore_index) {}
 
   // Keeps the per-row logsumexp and the count in `saved` for backward.
-  LossValue forward(const Tensor& logits, const Tensor& targets, Saved& saved) const;
+  LossValue forward(const Tensor& logits, const Tensor& targets, Saved& saved) const override;
   // Overwrites `logits` with d(scale·loss)/d(logits), loss being the mean that
   // forward returned (scale: 1/num_micro_batches, times the loss scale under
   // mixed precision). Ignored rows get zero gradient.
-  void backward(Tensor& logits, const Tensor& targets, float scale, Saved& saved) const;
+  void backward(Tensor& logits, const Tensor& targets, float scale, Saved& saved) const override;
 
   int64_t ignore_index() const { return ignore_index_; }
 

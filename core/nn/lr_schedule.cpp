@@ -25,8 +25,8 @@ void validate(const LrScheduleConfig& c) {
     TESSERA_CHECK(std::isfinite(c.min_lr) && c.min_lr >= 0.0 && c.min_lr <= c.lr,
                   "--min-lr must be in [0, --lr = ", c.lr, "], got ", c.min_lr);
     TESSERA_CHECK(c.total_steps > 0, "--train-steps must be > 0 for the cosine schedule, got ", c.total_steps);
-    TESSERA_CHECK(c.warmup_steps <= c.total_steps, "--warmup-steps (", c.warmup_steps, ") must not exceed --train-steps (",
-                  c.total_steps, ")");
+    TESSERA_CHECK(c.warmup_steps <= c.total_steps, "--warmup-steps (", c.warmup_steps,
+                  ") must not exceed --train-steps (", c.total_steps, ")");
   }
 }
 

@@ -167,7 +167,7 @@ std::unique_ptr<Module> build_model(const ModelConfig& config, const ModelSpec& 
 
 int64_t parameter_count(Module& model) {
   int64_t total = 0;
-  for (const Parameter* p : model.parameters()) total += p->value.numel();
+  for (const Parameter* p : model.parameters()) total += p->shard.global_shape.numel();
   return total;
 }
 

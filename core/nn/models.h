@@ -81,7 +81,8 @@ class Gpt : public Module {
 // in spec.dtype (a Sequential for mlp/cnn, a Gpt for gpt).
 std::unique_ptr<Module> build_model(const ModelConfig& config, const ModelSpec& spec);
 
-// Total number of parameter elements.
+// Total number of parameter elements of the logical model (whole tensors,
+// also when a rank holds only tensor-parallel shards of them).
 int64_t parameter_count(Module& model);
 
 }  // namespace tessera::nn

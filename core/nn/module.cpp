@@ -18,6 +18,23 @@ void Saved::clear() {
   children.clear();
 }
 
+void Saved::push_shape(const Shape& shape) {
+  scalars.push_back(shape.ndim());
+  for (const int64_t s : shape.sizes()) scalars.push_back(s);
+}
+
+Shape Saved::shape_at(size_t position) const {
+  const int64_t ndim = scalars.at(position);
+  TESSERA_CHECK(position + 1 + size_t(ndim) <= scalars.size(), "Saved: no shape of ", ndim, " dimensions at ",
+                position);
+  return Shape(std::span<const int64_t>(scalars.data() + position + 1, size_t(ndim)));
+}
+
+void check_saved(const Module& module, const Saved& saved, size_t tensors, size_t scalars) {
+  TESSERA_CHECK(saved.tensors.size() >= tensors && saved.scalars.size() >= scalars, module.name(),
+                ": backward without a matching forward (the Saved passed in holds no state for this call)");
+}
+
 Module::Module(const ModelSpec& spec, std::string name) : spec_(spec), name_(std::move(name)) {
   TESSERA_CHECK(spec_.context != nullptr, "module '", name_,
                 "': ModelSpec.context is null; pass the Context that will own the parameters");
@@ -62,9 +79,13 @@ Parameter& Module::add_parameter(const std::string& local, const Shape& shape, b
   return *parameters_.back();
 }
 
-void Module::init_normal(Parameter& p, float stddev) { init_shard_normal(p, spec_.seed, 0.0f, stddev); }
+void Module::init_normal(Parameter& p, float stddev) {
+  init_shard_normal(p, spec_.seed, 0.0f, stddev);
+}
 
-void Module::init_uniform(Parameter& p, float bound) { init_shard_uniform(p, spec_.seed, -bound, bound); }
+void Module::init_uniform(Parameter& p, float bound) {
+  init_shard_uniform(p, spec_.seed, -bound, bound);
+}
 
 void Module::init_constant(Parameter& p, float value) {
   p.value.fill_(double(value));

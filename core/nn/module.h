@@ -31,6 +31,9 @@ struct Saved {
   std::vector<Saved> children;   // sub-modules' state, in the order the parent chooses
   Saved& child(size_t index);    // grows `children` as needed
   void clear();
+  // Shapes travel in `scalars` as [ndim, sizes...].
+  void push_shape(const Shape& shape);
+  Shape shape_at(size_t position) const;  // the shape pushed at scalars[position]
 };
 
 // Where one forward call sits in training. Dropout derives its mask from
@@ -49,6 +52,11 @@ struct ModelSpec {
   DType dtype = DType::f32;  // parameters and activations (compute dtype); grads are f32
   uint64_t seed = 1234;      // initialisation seed
 };
+
+class Module;
+// Throws, naming the module, unless `saved` holds at least the tensors and
+// scalars a forward call of it leaves (a backward without its forward).
+void check_saved(const Module& module, const Saved& saved, size_t tensors, size_t scalars = 0);
 
 class Module {
  public:

@@ -41,8 +41,8 @@ void validate(const OptimizerConfig& c) {
     TESSERA_CHECK(double(c.lr) * double(c.weight_decay) < 1.0, "--lr × --weight-decay must be < 1 (AdamW multiplies ",
                   "weights by 1 − lr·weight_decay each step), got ", c.lr, " × ", c.weight_decay);
   } else {
-    TESSERA_CHECK(finite(c.momentum) && c.momentum >= 0.0f && c.momentum < 1.0f, "--sgd-momentum must be in [0, 1), got ",
-                  c.momentum);
+    TESSERA_CHECK(finite(c.momentum) && c.momentum >= 0.0f && c.momentum < 1.0f,
+                  "--sgd-momentum must be in [0, 1), got ", c.momentum);
     TESSERA_CHECK(c.dampening >= 0.0f && c.dampening <= 1.0f, "--dampening must be in [0, 1], got ", c.dampening);
     TESSERA_CHECK(!c.nesterov || (c.momentum > 0.0f && c.dampening == 0.0f),
                   "--nesterov needs --sgd-momentum > 0 and --dampening 0, got momentum ", c.momentum, " and dampening ",

@@ -43,9 +43,9 @@ struct ShardRun {
 std::vector<ShardRun> shard_runs(const ParameterShard& shard);
 
 struct Parameter {
-  std::string name;  // global, dot-separated, unique within a model
-  Tensor value;      // in the model's compute dtype (f32, bf16 or f16), on the model's device
-  Tensor grad;       // always f32, same shape: the "main" gradient that micro-batches accumulate into
+  std::string name;          // global, dot-separated, unique within a model
+  Tensor value;              // in the model's compute dtype (f32, bf16 or f16), on the model's device
+  Tensor grad;               // always f32, same shape: the "main" gradient that micro-batches accumulate into
   bool weight_decay = true;  // false for biases and normalisation weights (AdamW/SGD skip decay)
   ParameterShard shard;      // the whole tensor unless a tensor-parallel layer says otherwise
   // Called when a backward pass has finished adding into `grad` (by the

@@ -25,7 +25,13 @@ class CpuBackend final : public Backend {
   void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& logsumexp,
                              int64_t ignore_index) override;
   void cross_entropy_backward(const Tensor& logits, const Tensor& logsumexp, const Tensor& targets,
-                              const Tensor& grad_losses, Tensor& grad_logits, int64_t ignore_index) override;
+                              const Tensor& grad_losses, Tensor& grad_logits, int64_t ignore_index, int64_t vocab_begin,
+                              int64_t vocab_size) override;
+  void cross_entropy_shard_max(const Tensor& logits, Tensor& row_max) override;
+  void cross_entropy_shard_sums(const Tensor& logits, const Tensor& targets, const Tensor& row_max, int64_t vocab_begin,
+                                Tensor& sums, int64_t ignore_index) override;
+  void cross_entropy_shard_finish(const Tensor& row_max, const Tensor& sums, const Tensor& targets, int64_t vocab_size,
+                                  Tensor& losses, Tensor& logsumexp, int64_t ignore_index) override;
   void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
                          Tensor& rstd, float eps) override;
   void layernorm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& mean,
@@ -36,8 +42,10 @@ class CpuBackend final : public Backend {
                         Tensor& grad_weight, bool accumulate) override;
   void dropout_forward(const Tensor& x, Tensor& y, float p, uint64_t seed, uint64_t offset) override;
   void dropout_backward(const Tensor& grad_y, Tensor& grad_x, float p, uint64_t seed, uint64_t offset) override;
-  void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) override;
-  void embedding_backward(const Tensor& ids, const Tensor& grad_out, Tensor& grad_table) override;
+  void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, int64_t vocab_begin,
+                         int64_t vocab_size) override;
+  void embedding_backward(const Tensor& ids, const Tensor& grad_out, Tensor& grad_table, int64_t vocab_begin,
+                          int64_t vocab_size) override;
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale) override;
   void attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out, const Tensor& logsumexp,
                           Tensor& grad_qkv, float scale) override;

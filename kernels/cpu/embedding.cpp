@@ -26,29 +26,33 @@ void check_ids(const I* ids, int64_t tokens, int64_t vocab, std::string_view op)
 
 }  // namespace
 
-void CpuBackend::embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
+void CpuBackend::embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, int64_t vocab_begin,
+                                   int64_t vocab_size) {
   const int64_t tokens = ids.numel(), vocab = table.size(0), dim = table.size(1);
   dispatch_index(ids.dtype(), "embedding_forward", [&](auto index_tag) {
     using I = decltype(index_tag);
-    check_ids(ids.data<I>(), tokens, vocab, "embedding_forward");
+    check_ids(ids.data<I>(), tokens, vocab_size, "embedding_forward");
     dispatch_float(table.dtype(), "embedding_forward", [&](auto tag) {
       using T = decltype(tag);
-      cpu_for_each_row(tokens, dim, EmbeddingForward<T, I>{ids.data<I>(), table.data<T>(), out.data<T>(), vocab, dim});
+      cpu_for_each_row(
+          tokens, dim,
+          EmbeddingForward<T, I>{ids.data<I>(), table.data<T>(), out.data<T>(), vocab, dim, vocab_begin, vocab_size});
     });
   });
 }
 
-void CpuBackend::embedding_backward(const Tensor& ids, const Tensor& grad_out, Tensor& grad_table) {
+void CpuBackend::embedding_backward(const Tensor& ids, const Tensor& grad_out, Tensor& grad_table, int64_t vocab_begin,
+                                    int64_t vocab_size) {
   const int64_t tokens = ids.numel(), vocab = grad_table.size(0), dim = grad_table.size(1);
   if (tokens == 0 || dim == 0) return;
   dispatch_index(ids.dtype(), "embedding_backward", [&](auto index_tag) {
     using I = decltype(index_tag);
     const I* id = ids.data<I>();
-    check_ids(id, tokens, vocab, "embedding_backward");
-    // Stable counting sort: start[v] = first sorted position of id v.
-    std::vector<int64_t> start(size_t(vocab) + 1, 0);
+    check_ids(id, tokens, vocab_size, "embedding_backward");
+    // Stable counting sort over the whole vocabulary: start[v] = first sorted position of id v.
+    std::vector<int64_t> start(size_t(vocab_size) + 1, 0);
     for (int64_t n = 0; n < tokens; ++n) ++start[size_t(id[n]) + 1];
-    for (int64_t v = 0; v < vocab; ++v) start[size_t(v) + 1] += start[size_t(v)];
+    for (int64_t v = 0; v < vocab_size; ++v) start[size_t(v) + 1] += start[size_t(v)];
     std::vector<I> sorted_ids(static_cast<size_t>(tokens));
     std::vector<int64_t> order(static_cast<size_t>(tokens));
     for (int64_t n = 0; n < tokens; ++n) {
@@ -60,7 +64,7 @@ void CpuBackend::embedding_backward(const Tensor& ids, const Tensor& grad_out, T
       using T = decltype(tag);
       cpu_for_each_row(tokens, dim,
                        EmbeddingBackward<T, I, kCpuColumns>{sorted_ids.data(), order.data(), grad_out.data<T>(),
-                                                            grad_table.data<T>(), tokens, vocab, dim});
+                                                            grad_table.data<T>(), tokens, vocab, dim, vocab_begin});
     });
   });
 }

@@ -1,5 +1,6 @@
-// CpuBackend: softmax, cross-entropy, LayerNorm and RMSNorm (functors in
-// kernels/functors/rowwise.h). Row functors run through cpu_for_each_row; the
+// CpuBackend: softmax, cross-entropy (whole and vocabulary-parallel), LayerNorm
+// and RMSNorm (functors in kernels/functors/rowwise.h). Row functors run
+// through cpu_for_each_row, per-row scalars through cpu_for_each_index; the
 // norms' weight/bias gradients through cpu_for_each_column_sum below, which
 // splits the columns across threads and adds rows in order (vectorised across
 // columns), so every total is the same whatever the thread count.
@@ -85,7 +86,8 @@ void CpuBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targe
 }
 
 void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& logsumexp, const Tensor& targets,
-                                        const Tensor& grad_losses, Tensor& grad_logits, int64_t ignore_index) {
+                                        const Tensor& grad_losses, Tensor& grad_logits, int64_t ignore_index,
+                                        int64_t vocab_begin, int64_t vocab_size) {
   dispatch_float(logits.dtype(), "cross_entropy_backward", [&](auto tag) {
     using T = decltype(tag);
     dispatch_index(targets.dtype(), "cross_entropy_backward targets", [&](auto index_tag) {
@@ -93,8 +95,43 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& logs
       const int64_t v = ops::detail::last_dim(logits);
       cpu_for_each_row(ops::detail::rows(logits), v,
                        CrossEntropyBackward<T, I>{logits.data<T>(), logsumexp.data<float>(), targets.data<I>(),
-                                                  grad_losses.data<float>(), grad_logits.data<T>(), v, ignore_index});
+                                                  grad_losses.data<float>(), grad_logits.data<T>(), v, ignore_index,
+                                                  vocab_begin, vocab_size});
     });
+  });
+}
+
+void CpuBackend::cross_entropy_shard_max(const Tensor& logits, Tensor& row_max) {
+  dispatch_float(logits.dtype(), "cross_entropy_shard_max", [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t v = ops::detail::last_dim(logits);
+    cpu_for_each_row(ops::detail::rows(logits), v, CrossEntropyShardMax<T>{logits.data<T>(), row_max.data<float>(), v});
+  });
+}
+
+void CpuBackend::cross_entropy_shard_sums(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
+                                          int64_t vocab_begin, Tensor& sums, int64_t ignore_index) {
+  dispatch_float(logits.dtype(), "cross_entropy_shard_sums", [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_index(targets.dtype(), "cross_entropy_shard_sums targets", [&](auto index_tag) {
+      using I = decltype(index_tag);
+      const int64_t v = ops::detail::last_dim(logits), rows = ops::detail::rows(logits);
+      cpu_for_each_row(rows, v,
+                       CrossEntropyShardSums<T, I>{logits.data<T>(), targets.data<I>(), row_max.data<float>(),
+                                                   sums.data<float>(), rows, v, vocab_begin, ignore_index});
+    });
+  });
+}
+
+void CpuBackend::cross_entropy_shard_finish(const Tensor& row_max, const Tensor& sums, const Tensor& targets,
+                                            int64_t vocab_size, Tensor& losses, Tensor& logsumexp,
+                                            int64_t ignore_index) {
+  dispatch_index(targets.dtype(), "cross_entropy_shard_finish targets", [&](auto index_tag) {
+    using I = decltype(index_tag);
+    const int64_t rows = targets.numel();
+    cpu_for_each_index(rows, CrossEntropyShardFinish<I>{row_max.data<float>(), sums.data<float>(), targets.data<I>(),
+                                                        losses.data<float>(), logsumexp.data<float>(), rows, vocab_size,
+                                                        ignore_index});
   });
 }
 

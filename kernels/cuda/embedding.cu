@@ -29,7 +29,8 @@ struct TokenPositions {
 
 }  // namespace
 
-void CudaBackend::embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
+void CudaBackend::embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, int64_t vocab_begin,
+                                    int64_t vocab_size) {
   const cudaStream_t stream = cuda::device_stream(ids);
   const int64_t tokens = ids.numel(), vocab = table.size(0), dim = table.size(1);
   if (dim == 0) return;
@@ -37,13 +38,16 @@ void CudaBackend::embedding_forward(const Tensor& ids, const Tensor& table, Tens
     using I = decltype(index_tag);
     dispatch_float(table.dtype(), "embedding_forward", [&](auto tag) {
       using T = decltype(tag);
-      cuda::for_each_row(tokens, EmbeddingForward<T, I>{ids.data<I>(), table.data<T>(), out.data<T>(), vocab, dim},
-                         stream);
+      cuda::for_each_row(
+          tokens,
+          EmbeddingForward<T, I>{ids.data<I>(), table.data<T>(), out.data<T>(), vocab, dim, vocab_begin, vocab_size},
+          stream);
     });
   });
 }
 
-void CudaBackend::embedding_backward(const Tensor& ids, const Tensor& grad_out, Tensor& grad_table) {
+void CudaBackend::embedding_backward(const Tensor& ids, const Tensor& grad_out, Tensor& grad_table, int64_t vocab_begin,
+                                     int64_t /*vocab_size: ids are not checked on the device*/) {
   const cudaStream_t stream = cuda::device_stream(ids);
   const int64_t tokens = ids.numel(), vocab = grad_table.size(0), dim = grad_table.size(1);
   if (tokens == 0 || dim == 0) return;
@@ -68,7 +72,7 @@ void CudaBackend::embedding_backward(const Tensor& ids, const Tensor& grad_out, 
       cuda::for_each_row(
           tokens,
           EmbeddingBackward<T, I, kCudaColumns>{sorted_ids.data<I>(), order.data<int64_t>(), grad_out.data<T>(),
-                                                grad_table.data<T>(), tokens, vocab, dim},
+                                                grad_table.data<T>(), tokens, vocab, dim, vocab_begin},
           stream);
     });
   });

@@ -1,6 +1,7 @@
-// CudaBackend: softmax, cross-entropy, LayerNorm and RMSNorm (functors in
-// kernels/functors/rowwise.h). Row functors run one warp per row
-// (cuda::for_each_row). The norms' weight/bias gradients are column sums in two
+// CudaBackend: softmax, cross-entropy (whole and vocabulary-parallel), LayerNorm
+// and RMSNorm (functors in kernels/functors/rowwise.h). Row functors run one
+// warp per row (cuda::for_each_row), per-row scalars one thread per row
+// (cuda::for_each_index). The norms' weight/bias gradients are column sums in two
 // deterministic stages: a thread per (column, chunk of rows) sums its chunk in
 // row order into f32 scratch, then a thread per column adds the chunks in
 // order and stores (honouring `accumulate`).
@@ -105,7 +106,8 @@ void CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targ
 }
 
 void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& logsumexp, const Tensor& targets,
-                                         const Tensor& grad_losses, Tensor& grad_logits, int64_t ignore_index) {
+                                         const Tensor& grad_losses, Tensor& grad_logits, int64_t ignore_index,
+                                         int64_t vocab_begin, int64_t vocab_size) {
   const cudaStream_t stream = cuda::device_stream(logits);
   dispatch_float(logits.dtype(), "cross_entropy_backward", [&](auto tag) {
     using T = decltype(tag);
@@ -114,9 +116,51 @@ void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& log
       const int64_t v = ops::detail::last_dim(logits);
       cuda::for_each_row(ops::detail::rows(logits),
                          CrossEntropyBackward<T, I>{logits.data<T>(), logsumexp.data<float>(), targets.data<I>(),
-                                                    grad_losses.data<float>(), grad_logits.data<T>(), v, ignore_index},
+                                                    grad_losses.data<float>(), grad_logits.data<T>(), v, ignore_index,
+                                                    vocab_begin, vocab_size},
                          stream);
     });
+  });
+}
+
+void CudaBackend::cross_entropy_shard_max(const Tensor& logits, Tensor& row_max) {
+  const cudaStream_t stream = cuda::device_stream(logits);
+  dispatch_float(logits.dtype(), "cross_entropy_shard_max", [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t v = ops::detail::last_dim(logits);
+    cuda::for_each_row(ops::detail::rows(logits), CrossEntropyShardMax<T>{logits.data<T>(), row_max.data<float>(), v},
+                       stream);
+  });
+}
+
+void CudaBackend::cross_entropy_shard_sums(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
+                                           int64_t vocab_begin, Tensor& sums, int64_t ignore_index) {
+  const cudaStream_t stream = cuda::device_stream(logits);
+  dispatch_float(logits.dtype(), "cross_entropy_shard_sums", [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_index(targets.dtype(), "cross_entropy_shard_sums targets", [&](auto index_tag) {
+      using I = decltype(index_tag);
+      const int64_t v = ops::detail::last_dim(logits), rows = ops::detail::rows(logits);
+      cuda::for_each_row(rows,
+                         CrossEntropyShardSums<T, I>{logits.data<T>(), targets.data<I>(), row_max.data<float>(),
+                                                     sums.data<float>(), rows, v, vocab_begin, ignore_index},
+                         stream);
+    });
+  });
+}
+
+void CudaBackend::cross_entropy_shard_finish(const Tensor& row_max, const Tensor& sums, const Tensor& targets,
+                                             int64_t vocab_size, Tensor& losses, Tensor& logsumexp,
+                                             int64_t ignore_index) {
+  const cudaStream_t stream = cuda::device_stream(targets);
+  dispatch_index(targets.dtype(), "cross_entropy_shard_finish targets", [&](auto index_tag) {
+    using I = decltype(index_tag);
+    const int64_t rows = targets.numel();
+    cuda::for_each_index(
+        rows,
+        CrossEntropyShardFinish<I>{row_max.data<float>(), sums.data<float>(), targets.data<I>(), losses.data<float>(),
+                                   logsumexp.data<float>(), rows, vocab_size, ignore_index},
+        stream);
   });
 }
 

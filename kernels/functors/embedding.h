@@ -22,47 +22,52 @@
 
 namespace tessera {
 
-// out [N, D] from table [V, D]. An id outside [0, V) gives a NaN row (the CPU
-// throws before launching; on CUDA nothing is checked, so it surfaces in the loss).
+// out [N, D] from table [V, D], which holds rows [begin, begin + V) of a
+// vocabulary of `total` (begin 0, total V: the whole table). An id outside
+// [0, total) gives a NaN row (the CPU throws before launching; on CUDA nothing
+// is checked, so it surfaces in the loss); an id held by another shard a zero
+// row (vocabulary-parallel embedding: the shards' rows are summed).
 template <typename T, typename I>
 struct EmbeddingForward {
   const I* ids;
   const T* table;
   T* out;
-  int64_t vocab, dim;
+  int64_t vocab, dim, begin, total;
   template <typename Group>
   TESSERA_HD void operator()(const Group& g, int64_t n) const {
-    const int64_t id = int64_t(ids[n]);
+    const int64_t id = int64_t(ids[n]), row = id - begin;
     T* dst = out + n * dim;
-    if (id < 0 || id >= vocab) {
-      const T nan = from_float<T>(bits_float(0x7fc00000u));  // quiet NaN
-      for (int64_t d = g.lane(); d < dim; d += kGroupLanes<Group>) dst[d] = nan;
+    if (id < 0 || id >= total || row < 0 || row >= vocab) {
+      const T fill = (id < 0 || id >= total) ? from_float<T>(bits_float(0x7fc00000u)) : from_float<T>(0.0f);
+      for (int64_t d = g.lane(); d < dim; d += kGroupLanes<Group>) dst[d] = fill;
       return;
     }
-    const T* src = table + id * dim;
+    const T* src = table + row * dim;
     for (int64_t d = g.lane(); d < dim; d += kGroupLanes<Group>) dst[d] = src[d];
   }
 };
 
-// grad_table[v, :] += Σ_{n: ids[n] = v} grad_out[n, :], sums in token order.
-// kColumns consecutive columns per lane per sweep (registers on a GPU, a
-// vector or two on the CPU). Ids outside [0, V) are skipped.
+// grad_table[v − begin, :] += Σ_{n: ids[n] = v} grad_out[n, :], sums in token
+// order. kColumns consecutive columns per lane per sweep (registers on a GPU,
+// a vector or two on the CPU). Ids outside the table's rows [begin, begin + V)
+// are skipped.
 template <typename T, typename I, int kColumns>
 struct EmbeddingBackward {
   const I* sorted_ids;   // [N], ascending
   const int64_t* order;  // [N], token positions, ascending within equal ids
   const T* grad_out;     // [N, D]
   T* grad_table;         // [V, D]
-  int64_t tokens, vocab, dim;
+  int64_t tokens, vocab, dim, begin;
 
   template <typename Group>
   TESSERA_HD void operator()(const Group& g, int64_t k) const {
     const I id = sorted_ids[k];
     if (k > 0 && sorted_ids[k - 1] == id) return;  // not the first of its run
-    if (id < 0 || int64_t(id) >= vocab) return;
+    const int64_t local = int64_t(id) - begin;
+    if (local < 0 || local >= vocab) return;
     int64_t end = k + 1;
     while (end < tokens && sorted_ids[end] == id) ++end;
-    T* row = grad_table + int64_t(id) * dim;
+    T* row = grad_table + local * dim;
     for (int64_t d0 = int64_t(g.lane()) * kColumns; d0 < dim; d0 += kGroupLanes<Group> * kColumns) {
       if (dim - d0 >= kColumns)
         accumulate<true>(row, d0, kColumns, k, end);
@@ -71,13 +76,13 @@ struct EmbeddingBackward {
     }
   }
 
-  // row[d0 + j] += Σ_{t in [begin, end)} grad_out[order[t], d0 + j] for j < width (= kColumns when kFull).
+  // row[d0 + j] += Σ_{t in [first, end)} grad_out[order[t], d0 + j] for j < width (= kColumns when kFull).
   template <bool kFull>
-  TESSERA_HD void accumulate(T* row, int64_t d0, int64_t width, int64_t begin, int64_t end) const {
+  TESSERA_HD void accumulate(T* row, int64_t d0, int64_t width, int64_t first, int64_t end) const {
     float acc[kColumns];
 #pragma unroll
     for (int j = 0; j < kColumns; ++j) acc[j] = (kFull || j < width) ? to_float(row[d0 + j]) : 0.0f;
-    for (int64_t t = begin; t < end; ++t) {
+    for (int64_t t = first; t < end; ++t) {
       const T* src = grad_out + order[t] * dim + d0;
 #pragma unroll
       for (int j = 0; j < kColumns; ++j)

@@ -1,8 +1,10 @@
-// Softmax, fused cross-entropy, LayerNorm and RMSNorm, forward and backward,
-// written once for the host and the device:
+// Softmax, fused cross-entropy (whole or vocabulary-parallel), LayerNorm and
+// RMSNorm, forward and backward, written once for the host and the device:
 //   - row functors, op(group, row), for everything computed along a row
 //     (run by cpu_for_each_row with SerialGroup, cuda::for_each_row with a
 //     warp; see kernels/functors/row_group.h);
+//   - an index functor, op(row), for the per-row scalars that finish the
+//     vocabulary-parallel cross-entropy (cpu_for_each_index, cuda::for_each_index);
 //   - column-sum functors for the weight/bias gradients of the norms, which
 //     sum over rows: term(row, col) gives a row's contributions to a column,
 //     store(col, sums) writes the totals (honouring `accumulate`). The
@@ -157,9 +159,12 @@ struct CrossEntropyForward {
   }
 };
 
-// grad_logits[n, v] = grad_losses[n]·(exp(logits[n, v] − logsumexp[n]) − [v == target]);
-// rows whose target is ignore_index get 0, rows with an out-of-range target NaN
-// (their loss is NaN). grad_logits may be logits: each element is read, then written.
+// grad_logits[n, v] = grad_losses[n]·(exp(logits[n, v] − logsumexp[n]) − [vocab_begin + v == target]);
+// rows whose target is ignore_index get 0, rows with a target outside
+// [0, vocab_size) NaN (their loss is NaN). The logits may be one shard, the
+// columns [vocab_begin, vocab_begin + v) of a vocabulary of vocab_size (whole:
+// vocab_begin 0, vocab_size v); logsumexp is then the global one.
+// grad_logits may be logits: each element is read, then written.
 template <typename T, typename I>
 struct CrossEntropyBackward {
   const T* logits;
@@ -169,6 +174,8 @@ struct CrossEntropyBackward {
   T* grad_logits;
   int64_t v;
   int64_t ignore_index;
+  int64_t vocab_begin;
+  int64_t vocab_size;
 
   template <typename Group>
   TESSERA_HD_INLINE void operator()(const Group& g, int64_t row) const {
@@ -180,13 +187,86 @@ struct CrossEntropyBackward {
       for (int64_t i = g.lane(); i < v; i += kGroupLanes<Group>) gr[i] = from_float<T>(0.0f);
       return;
     }
-    const float scale = (target >= 0 && target < v) ? grad_losses[row] : quiet_nan_f32();
+    const bool valid = target >= 0 && target < vocab_size;
+    const float scale = valid ? grad_losses[row] : quiet_nan_f32();
+    // The target's column in this shard; outside [0, v) (never matched) when another shard holds it.
+    const int64_t local_target = valid ? target - vocab_begin : -1;
     const float lse = logsumexp[row];
     // One pass over a row that is not in cache, with an exp per element: prefetch.
     for_each_lane_index_prefetching<kGroupLanes<Group>>(g.lane(), v, xr, gr, [&](int64_t i) {
       const float p = exp_f32(to_float(xr[i]) - lse);
-      gr[i] = from_float<T>(scale * (i == target ? p - 1.0f : p));
+      gr[i] = from_float<T>(scale * (i == local_target ? p - 1.0f : p));
     });
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Vocabulary-parallel cross-entropy: logits [N, v] hold the columns
+// [vocab_begin, vocab_begin + v) of a vocabulary of vocab_size; the caller
+// all-reduces between the steps (max of maxima, sum of sums).
+// ---------------------------------------------------------------------------
+// maxima[n] = max_v logits[n, v] over this shard.
+template <typename T>
+struct CrossEntropyShardMax {
+  const T* logits;
+  float* maxima;
+  int64_t v;
+
+  template <typename Group>
+  TESSERA_HD_INLINE void operator()(const Group& g, int64_t row) const {
+    const float m = row_max(g, logits + row * v, v);
+    if (g.lane() == 0) maxima[row] = m;
+  }
+};
+
+// sums [2, rows]: sums[0, n] = Σ_v exp(logits[n, v] − maxima[n]) over this shard (maxima: the global
+// row maxima); sums[1, n] = logits[n, target − vocab_begin] when this shard holds the target, else 0
+// (and 0 when target == ignore_index).
+template <typename T, typename I>
+struct CrossEntropyShardSums {
+  const T* logits;
+  const I* targets;
+  const float* maxima;
+  float* sums;
+  int64_t rows;
+  int64_t v;
+  int64_t vocab_begin;
+  int64_t ignore_index;
+
+  template <typename Group>
+  TESSERA_HD_INLINE void operator()(const Group& g, int64_t row) const {
+    const T* xr = logits + row * v;
+    const float sum_exp = row_sum_exp(g, xr, v, maxima[row]);
+    if (g.lane() != 0) return;
+    const int64_t target = int64_t(targets[row]);
+    // target ≥ vocab_begin ≥ 0 first, so the subtraction cannot overflow.
+    const bool here = target != ignore_index && target >= vocab_begin && target - vocab_begin < v;
+    sums[row] = sum_exp;
+    sums[rows + row] = here ? to_float(xr[target - vocab_begin]) : 0.0f;
+  }
+};
+
+// From the all-reduced maxima and sums, per row (as CrossEntropyForward):
+// logsumexp[n] = maxima[n] + log(sums[0, n]); losses[n] = logsumexp[n] − sums[1, n],
+// 0 when target == ignore_index, NaN when the target is outside [0, vocab_size).
+template <typename I>
+struct CrossEntropyShardFinish {
+  const float* maxima;
+  const float* sums;
+  const I* targets;
+  float* losses;
+  float* logsumexp;
+  int64_t rows;
+  int64_t vocab_size;
+  int64_t ignore_index;
+
+  TESSERA_HD_INLINE void operator()(int64_t row) const {
+    const float lse = maxima[row] + logf(sums[row]);
+    const int64_t target = int64_t(targets[row]);
+    float loss = 0.0f;
+    if (target != ignore_index) loss = (target >= 0 && target < vocab_size) ? lse - sums[rows + row] : quiet_nan_f32();
+    losses[row] = loss;
+    logsumexp[row] = lse;
   }
 };
 

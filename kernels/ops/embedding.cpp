@@ -22,19 +22,32 @@ void check_table(std::string_view op, const detail::Arg& table) {
   detail::check_ndim(op, table, 2);
 }
 
+// The vocabulary the ids index: the table's rows unless it is a shard.
+int64_t whole_vocabulary(std::string_view op, const Tensor& table, int64_t vocab_begin, int64_t vocab_size) {
+  if (vocab_size == 0) {
+    TESSERA_CHECK(vocab_begin == 0, op, ": vocab_begin ", vocab_begin, " without a vocab_size");
+    return table.size(0);
+  }
+  TESSERA_CHECK(vocab_begin >= 0 && vocab_begin + table.size(0) <= vocab_size, op, ": the table's ", table.size(0),
+                " rows from vocab_begin ", vocab_begin, " do not fit in a vocabulary of ", vocab_size);
+  return vocab_size;
+}
+
 }  // namespace
 
-void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
+void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, int64_t vocab_begin, int64_t vocab_size) {
   constexpr std::string_view op = "embedding_forward";
   detail::check_index(op, {"ids", ids});
   check_table(op, {"table", table});
   check_rows(op, {"out", out}, ids.numel(), table.size(1));
   detail::check_same_dtype(op, {"table", table}, {"out", out});
   detail::check_same_device(op, {{"ids", ids}, {"table", table}, {"out", out}});
-  backend_for(ids.device()).embedding_forward(ids, table, out);
+  const int64_t total = whole_vocabulary(op, table, vocab_begin, vocab_size);
+  backend_for(ids.device()).embedding_forward(ids, table, out, vocab_begin, total);
 }
 
-void embedding_backward(const Tensor& ids, const Tensor& grad_out, Tensor& grad_table) {
+void embedding_backward(const Tensor& ids, const Tensor& grad_out, Tensor& grad_table, int64_t vocab_begin,
+                        int64_t vocab_size) {
   constexpr std::string_view op = "embedding_backward";
   detail::check_index(op, {"ids", ids});
   check_table(op, {"grad_table", grad_table});
@@ -42,7 +55,8 @@ void embedding_backward(const Tensor& ids, const Tensor& grad_out, Tensor& grad_
   detail::check_same_dtype(op, {"grad_out", grad_out}, {"grad_table", grad_table});
   detail::check_same_device(op, {{"ids", ids}, {"grad_out", grad_out}, {"grad_table", grad_table}});
   TESSERA_CHECK(!grad_out.shares_storage_with(grad_table), op, ": 'grad_out' and 'grad_table' must not share memory");
-  backend_for(ids.device()).embedding_backward(ids, grad_out, grad_table);
+  const int64_t total = whole_vocabulary(op, grad_table, vocab_begin, vocab_size);
+  backend_for(ids.device()).embedding_backward(ids, grad_out, grad_table, vocab_begin, total);
 }
 
 }  // namespace tessera::ops

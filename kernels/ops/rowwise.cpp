@@ -1,7 +1,8 @@
 // ops:: softmax, cross-entropy, LayerNorm and RMSNorm: argument checks, then
 // the device's backend. Rows are all leading dimensions flattened; per-row
 // outputs (losses, logsumexp, mean, rstd) are f32 with one element per row,
-// in any shape (e.g. [N] or [B, T]).
+// in any shape (e.g. [N] or [B, T]); the vocabulary-parallel cross-entropy's
+// partial sums are [2, N].
 #include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "kernels/validate.h"
@@ -36,6 +37,18 @@ void check_parameter(std::string_view op, const detail::Arg& arg, const detail::
   detail::check_floating(op, arg);
   detail::check_same_dtype(op, dtype_of, arg);
   detail::check_shape(op, arg, Shape{d});
+}
+
+// Logits of width `width` as the columns [vocab_begin, vocab_begin + width) of a
+// vocabulary of vocab_size (0: the width itself, the whole vocabulary).
+void check_vocab_shard(std::string_view op, int64_t vocab_begin, int64_t width, int64_t vocab_size) {
+  TESSERA_CHECK(vocab_begin >= 0, op, ": vocab_begin must be >= 0 (the shard's first vocabulary column), got ",
+                vocab_begin);
+  TESSERA_CHECK(vocab_size >= 0, op, ": vocab_size must be >= 0 (0: the logits' width), got ", vocab_size);
+  const int64_t vocab = vocab_size == 0 ? width : vocab_size;
+  TESSERA_CHECK(vocab_begin <= vocab && width <= vocab - vocab_begin, op, ": the logits' ", width,
+                " columns from vocab_begin ", vocab_begin, " reach past vocab_size ", vocab,
+                "; a shard must lie within the vocabulary");
 }
 
 void check_eps(std::string_view op, float eps) {
@@ -76,22 +89,66 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& 
 }
 
 void cross_entropy_backward(const Tensor& logits, const Tensor& logsumexp, const Tensor& targets,
-                            const Tensor& grad_losses, Tensor& grad_logits, int64_t ignore_index) {
+                            const Tensor& grad_losses, Tensor& grad_logits, int64_t ignore_index, int64_t vocab_begin,
+                            int64_t vocab_size) {
   constexpr std::string_view op = "cross_entropy_backward";
   check_rows_input(op, {"logits", logits});
-  const int64_t n = detail::rows(logits);
+  const int64_t n = detail::rows(logits), width = detail::last_dim(logits);
   check_per_row(op, {"logsumexp", logsumexp}, n);
   detail::check_index(op, {"targets", targets});
   detail::check_numel(op, {"targets", targets}, n);
   check_per_row(op, {"grad_losses", grad_losses}, n);
   check_like(op, {"grad_logits", grad_logits}, {"logits", logits});
+  check_vocab_shard(op, vocab_begin, width, vocab_size);
   detail::check_same_device(op, {{"logits", logits},
                                  {"logsumexp", logsumexp},
                                  {"targets", targets},
                                  {"grad_losses", grad_losses},
                                  {"grad_logits", grad_logits}});
   backend_for(logits.device())
-      .cross_entropy_backward(logits, logsumexp, targets, grad_losses, grad_logits, ignore_index);
+      .cross_entropy_backward(logits, logsumexp, targets, grad_losses, grad_logits, ignore_index, vocab_begin,
+                              vocab_size == 0 ? width : vocab_size);
+}
+
+void cross_entropy_shard_max(const Tensor& logits, Tensor& row_max) {
+  constexpr std::string_view op = "cross_entropy_shard_max";
+  check_rows_input(op, {"logits", logits});
+  check_per_row(op, {"row_max", row_max}, detail::rows(logits));
+  detail::check_same_device(op, {{"logits", logits}, {"row_max", row_max}});
+  backend_for(logits.device()).cross_entropy_shard_max(logits, row_max);
+}
+
+void cross_entropy_shard_sums(const Tensor& logits, const Tensor& targets, const Tensor& row_max, int64_t vocab_begin,
+                              Tensor& sums, int64_t ignore_index) {
+  constexpr std::string_view op = "cross_entropy_shard_sums";
+  check_rows_input(op, {"logits", logits});
+  const int64_t n = detail::rows(logits);
+  detail::check_index(op, {"targets", targets});
+  detail::check_numel(op, {"targets", targets}, n);
+  check_per_row(op, {"row_max", row_max}, n);
+  detail::check_dtype(op, {"sums", sums}, DType::f32);
+  detail::check_shape(op, {"sums", sums}, Shape{2, n});
+  TESSERA_CHECK(vocab_begin >= 0, op, ": vocab_begin must be >= 0 (the shard's first vocabulary column), got ",
+                vocab_begin);
+  detail::check_same_device(op, {{"logits", logits}, {"targets", targets}, {"row_max", row_max}, {"sums", sums}});
+  backend_for(logits.device()).cross_entropy_shard_sums(logits, targets, row_max, vocab_begin, sums, ignore_index);
+}
+
+void cross_entropy_shard_finish(const Tensor& row_max, const Tensor& sums, const Tensor& targets, int64_t vocab_size,
+                                Tensor& losses, Tensor& logsumexp, int64_t ignore_index) {
+  constexpr std::string_view op = "cross_entropy_shard_finish";
+  detail::check_index(op, {"targets", targets});
+  const int64_t n = targets.numel();
+  check_per_row(op, {"row_max", row_max}, n);
+  detail::check_dtype(op, {"sums", sums}, DType::f32);
+  detail::check_shape(op, {"sums", sums}, Shape{2, n});
+  check_per_row(op, {"losses", losses}, n);
+  check_per_row(op, {"logsumexp", logsumexp}, n);
+  TESSERA_CHECK(vocab_size >= 1, op, ": vocab_size must be >= 1 (the whole vocabulary, every shard), got ", vocab_size);
+  detail::check_same_device(
+      op, {{"row_max", row_max}, {"sums", sums}, {"targets", targets}, {"losses", losses}, {"logsumexp", logsumexp}});
+  backend_for(targets.device())
+      .cross_entropy_shard_finish(row_max, sums, targets, vocab_size, losses, logsumexp, ignore_index);
 }
 
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean, Tensor& rstd,

@@ -202,6 +202,7 @@ CommHandle NcclCommunicator::launch(const std::string& at, std::vector<Tensor> k
 
 CommHandle NcclCommunicator::all_reduce(Tensor& tensor, ReduceOp op) {
   ++sequence_;
+  count(CommCounters::all_reduce, tensor);
   const std::string at = where("all_reduce") + " " + op_name(op);
   check_device(at, "", tensor);
   return launch(at, {tensor}, [&](cudaStream_t stream) {
@@ -212,6 +213,7 @@ CommHandle NcclCommunicator::all_reduce(Tensor& tensor, ReduceOp op) {
 
 CommHandle NcclCommunicator::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) {
   ++sequence_;
+  count(CommCounters::reduce_scatter, input);
   const std::string at = where("reduce_scatter") + " " + op_name(op);
   check_device(at, "input", input);
   check_device(at, "output", output);
@@ -227,6 +229,7 @@ CommHandle NcclCommunicator::reduce_scatter(const Tensor& input, Tensor& output,
 
 CommHandle NcclCommunicator::all_gather(const Tensor& input, Tensor& output) {
   ++sequence_;
+  count(CommCounters::all_gather, output);
   const std::string at = where("all_gather");
   check_device(at, "input", input);
   check_device(at, "output", output);
@@ -242,6 +245,7 @@ CommHandle NcclCommunicator::all_gather(const Tensor& input, Tensor& output) {
 
 CommHandle NcclCommunicator::broadcast(Tensor& tensor, int root) {
   ++sequence_;
+  count(CommCounters::broadcast, tensor);
   const std::string at = where("broadcast") + " from root " + std::to_string(root);
   check_device(at, "", tensor);
   TESSERA_CHECK(root >= 0 && root < size_, at, ": root ", root, " is not a rank of this communicator (0..", size_ - 1,
@@ -262,6 +266,7 @@ CommHandle NcclCommunicator::recv(Tensor& tensor, int peer) {
 
 CommHandle NcclCommunicator::send_recv(const std::vector<P2POp>& ops) {
   ++sequence_;
+  count(ops);
   const std::string at = where("send_recv") + " (" + std::to_string(ops.size()) + " transfers)";
   std::vector<Tensor> keep;
   for (const P2POp& op : ops) {

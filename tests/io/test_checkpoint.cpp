@@ -6,7 +6,11 @@
 // forked child killed by the checkpoint_crash fault in the middle of a save);
 // a flipped byte detected by read() and verify(); files that are not
 // checkpoints; ownership gaps and overlaps refused with nothing published;
-// and the TESSERA_FAULT parser. Multi-rank saves are in tests/mpi/.
+// head shards of a fused QKV weight (dim_range of a view) and ZeRO sub-ranges
+// of them saved from many pieces and read back under other cuts, their
+// agreement with nn::ParameterShard, their gaps and overlaps; the reader's
+// one-tensor cache; and the TESSERA_FAULT parser. Multi-rank saves are in
+// tests/mpi/.
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <sys/wait.h>
@@ -25,6 +29,7 @@
 #include "core/context.h"
 #include "core/error.h"
 #include "core/fault.h"
+#include "core/nn/parameter.h"
 #include "io/checkpoint.h"
 #include "parallel/local_communicator.h"
 #include "tests/io/io_test_files.h"
@@ -64,30 +69,48 @@ Tensor random_bytes_tensor(Context& ctx, const Shape& shape, DType dtype, std::m
   return tensor;
 }
 
-// The slice `slice` of a whole tensor's bytes, cut element by element through
-// multi-indices (the reference for read()).
+// The global element index of each element of the slice `slice` with local
+// shape `local`, through multi-indices: a dim_range shard is the cut shape
+// (the view, or the global shape) with `count` indices along `dim`; local
+// element l (plus sub_begin in a sub-range) is a multi-index of the shard,
+// shifted by `begin` along `dim` and flattened in the cut shape (the global
+// tensor's row-major order).
+std::vector<int64_t> expected_indices(const Shape& global, const TensorSlice& slice, const Shape& local) {
+  std::vector<int64_t> out;
+  for (int64_t l = 0; l < local.numel(); ++l) {
+    if (slice.kind == TensorSlice::Kind::whole) {
+      out.push_back(l);
+    } else if (slice.kind == TensorSlice::Kind::flat_range) {
+      out.push_back(slice.begin + l);
+    } else {
+      const Shape cut = slice.view.ndim() > 0 ? slice.view : global;
+      int64_t count = local.ndim() == cut.ndim() ? local[slice.dim] : 0;
+      if (slice.view.ndim() > 0) count = local.numel() / (cut.numel() / cut[slice.dim]);
+      if (slice.sub_range) count = slice.shard_length;
+      const Shape shard = cut.with_dim(slice.dim, count);
+      std::vector<int64_t> index(size_t(shard.ndim()));
+      int64_t rest = l + (slice.sub_range ? slice.sub_begin : 0);
+      for (int d = shard.ndim() - 1; d >= 0; --d) {
+        index[size_t(d)] = rest % shard[d];
+        rest /= shard[d];
+      }
+      index[size_t(slice.dim)] += slice.begin;
+      int64_t g = 0;
+      for (int d = 0; d < cut.ndim(); ++d) g = g * cut[d] + index[size_t(d)];
+      out.push_back(g);
+    }
+  }
+  return out;
+}
+
+// The slice `slice` of a whole tensor's bytes, element by element (the reference for read()).
 std::vector<uint8_t> expected_slice(const std::vector<uint8_t>& whole, const Shape& global, DType dtype,
                                     const TensorSlice& slice, const Shape& local) {
   const size_t size = dtype_size(dtype);
   std::vector<uint8_t> out(size_t(local.numel()) * size);
-  for (int64_t l = 0; l < local.numel(); ++l) {
-    int64_t g = 0;
-    if (slice.kind == TensorSlice::Kind::whole) {
-      g = l;
-    } else if (slice.kind == TensorSlice::Kind::flat_range) {
-      g = slice.begin + l;
-    } else {
-      std::vector<int64_t> index(size_t(local.ndim()));
-      int64_t rest = l;
-      for (int d = local.ndim() - 1; d >= 0; --d) {
-        index[size_t(d)] = rest % local[d];
-        rest /= local[d];
-      }
-      index[size_t(slice.dim)] += slice.begin;
-      for (int d = 0; d < global.ndim(); ++d) g = g * global[d] + index[size_t(d)];
-    }
-    std::memcpy(out.data() + size_t(l) * size, whole.data() + size_t(g) * size, size);
-  }
+  const std::vector<int64_t> indices = expected_indices(global, slice, local);
+  for (size_t l = 0; l < indices.size(); ++l)
+    std::memcpy(out.data() + l * size, whole.data() + size_t(indices[l]) * size, size);
   return out;
 }
 
@@ -109,6 +132,42 @@ std::pair<TensorSlice, Shape> random_dim_slice(const Shape& global, std::mt19937
   slice.begin = std::uniform_int_distribution<int64_t>(0, extent - 1)(rng);
   const int64_t count = std::uniform_int_distribution<int64_t>(1, extent - slice.begin)(rng);
   return {slice, global.with_dim(slice.dim, count)};
+}
+
+// A piece of `original` cut as `slice` with local shape `local`, its values
+// copied by the reference.
+TensorPiece cut_piece(Context& ctx, const std::string& name, const Tensor& original, const TensorSlice& slice,
+                      const Shape& local) {
+  TensorPiece piece = whole_piece(name, original);
+  piece.slice = slice;
+  piece.local = ctx.empty(local, original.dtype());
+  const std::vector<uint8_t> bytes =
+      expected_slice(bytes_of(original), original.shape(), original.dtype(), slice, local);
+  if (!bytes.empty()) std::memcpy(piece.local.data_ptr(), bytes.data(), bytes.size());
+  return piece;
+}
+
+// `parts` + 1 boundaries 0 = b0 ≤ b1 ≤ ... ≤ b_parts = n at random (uneven, empty parts allowed).
+std::vector<int64_t> random_cuts(int64_t n, int parts, std::mt19937_64& rng) {
+  std::vector<int64_t> cuts = {0, n};
+  for (int i = 1; i < parts; ++i) cuts.push_back(std::uniform_int_distribution<int64_t>(0, n)(rng));
+  std::sort(cuts.begin(), cuts.end());
+  return cuts;
+}
+
+// A fused QKV weight [3·H·Dh, C] cut by heads: viewed as [3, H, Dh·C], cut along dimension 1.
+constexpr int64_t kHeads = 4, kHeadDim = 3, kChannels = 5;
+const Shape kQkvShape{3 * kHeads * kHeadDim, kChannels};
+constexpr int64_t kHeadColumns = kHeadDim * kChannels;  // Dh·C
+const Shape kQkvView{3, kHeads, kHeadColumns};
+
+// Head shard `part` of `parts` (a tensor-parallel rank's weight) and its
+// local shape [3·(H/parts)·Dh, C], as the layer holds it.
+TensorSlice head_slice(int part, int parts) {
+  return TensorSlice::along(1, part * kHeads / parts, kQkvView);
+}
+Shape head_local(int parts) {
+  return Shape{3 * kHeads / parts * kHeadDim, kChannels};
 }
 
 std::string read_text(const fs::path& path) {
@@ -504,6 +563,263 @@ TEST_F(Checkpoint, RefusesGapsOverlapsAndMismatchesWithoutPublishing) {
   EXPECT_CONTAINS(error_of([&] { reader.read(half); }), "tensor w is f32 in the checkpoint but bf16 here");
   TensorPiece missing = whole_piece("v", weight);
   EXPECT_CONTAINS(error_of([&] { reader.read(missing); }), "the checkpoint has no tensor v");
+}
+
+TEST_F(Checkpoint, SavesHeadShardsAndSubRangesAndReadsThemUnderAnotherCut) {
+  TESSERA_SEED_TRACE();
+  // Each "rank" of a tensor-parallel group of 2 or 4 holds the heads
+  // [p·H/parts, (p+1)·H/parts) of a fused QKV weight (3 runs each: Q, K and V),
+  // and its optimizer moment split into uneven ZeRO-like sub-ranges of the
+  // shard (some empty); the one process owns them all, in shuffled order.
+  int64_t step = 0;
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (int parts : {2, 4}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + ", " + std::to_string(parts) + " head shards");
+      const Tensor weight = random_bytes_tensor(ctx, kQkvShape, dtype, rng);
+      const Tensor moment = random_bytes_tensor(ctx, kQkvShape, dtype, rng);
+      const std::string name = "blocks.0.attn.qkv.weight", moment_name = name + ".exp_avg";
+      const int64_t shard_heads = kHeads / parts, shard_numel = kQkvShape.numel() / parts;
+      std::vector<TensorPiece> pieces;
+      for (int p = 0; p < parts; ++p) {
+        pieces.push_back(cut_piece(ctx, name, weight, head_slice(p, parts), head_local(parts)));
+        const std::vector<int64_t> cuts = random_cuts(shard_numel, 3, rng);
+        for (size_t i = 0; i + 1 < cuts.size(); ++i)
+          pieces.push_back(cut_piece(ctx, moment_name, moment,
+                                     head_slice(p, parts).with_sub_range(cuts[i], shard_heads),
+                                     Shape{cuts[i + 1] - cuts[i]}));
+      }
+      std::shuffle(pieces.begin(), pieces.end(), rng);
+      io::CheckpointReader reader(io::save_checkpoint(*world, save_dir, ++step, pieces, {}));
+
+      // Stored whole, equal to the originals.
+      for (const auto& [stored_name, original] : {std::pair{name, weight}, std::pair{moment_name, moment}}) {
+        SCOPED_TRACE(stored_name);
+        const auto stored = std::find_if(reader.tensors().begin(), reader.tensors().end(),
+                                         [&](const io::StoredTensor& t) { return t.name == stored_name; });
+        ASSERT_NE(stored, reader.tensors().end());
+        EXPECT_EQ(stored->shape, kQkvShape);
+        EXPECT_EQ(stored->crc32, naive_crc32(bytes_of(original)));
+        TensorPiece load = whole_piece(stored_name, poisoned(ctx, kQkvShape, dtype));
+        reader.read(load);
+        EXPECT_EQ(bytes_of(load.local), bytes_of(original));
+      }
+
+      // Read back under another cut: the other number of head shards, plain
+      // and in sub-ranges (local shapes flat or the layer's), a row range
+      // without a view, and a flat range.
+      const int read_parts = 6 - parts;  // 2 ↔ 4
+      const int64_t read_heads = kHeads / read_parts, read_numel = kQkvShape.numel() / read_parts;
+      std::vector<std::pair<TensorSlice, Shape>> cuts;
+      for (int p = 0; p < read_parts; ++p) {
+        cuts.push_back({head_slice(p, read_parts), head_local(read_parts)});
+        cuts.push_back({head_slice(p, read_parts), Shape{read_numel}});
+        const std::vector<int64_t> sub = random_cuts(read_numel, 2, rng);
+        for (size_t i = 0; i + 1 < sub.size(); ++i)
+          cuts.push_back({head_slice(p, read_parts).with_sub_range(sub[i], read_heads), Shape{sub[i + 1] - sub[i]}});
+      }
+      const int64_t row = std::uniform_int_distribution<int64_t>(0, kQkvShape[0] - 1)(rng);
+      cuts.push_back({TensorSlice::along(0, row), Shape{kQkvShape[0] - row, kChannels}});
+      cuts.push_back({TensorSlice::along(0, row).with_sub_range(3, kQkvShape[0] - row),
+                      Shape{(kQkvShape[0] - row) * kChannels - 3}});
+      const int64_t flat = std::uniform_int_distribution<int64_t>(0, kQkvShape.numel())(rng);
+      cuts.push_back({TensorSlice::flat(flat), Shape{kQkvShape.numel() - flat}});
+      for (const auto& [stored_name, original] : {std::pair{name, weight}, std::pair{moment_name, moment}})
+        for (const auto& [slice, local] : cuts) {
+          TensorPiece load = whole_piece(stored_name, original);
+          load.slice = slice;
+          load.local = poisoned(ctx, local, dtype);
+          reader.read(load);
+          EXPECT_EQ(bytes_of(load.local), expected_slice(bytes_of(original), kQkvShape, dtype, slice, local))
+              << stored_name << " kind " << int(slice.kind) << " dim " << slice.dim << " begin " << slice.begin
+              << " view " << slice.view.to_string() << " sub-range " << slice.sub_range << " [" << slice.sub_begin
+              << ", +" << local.numel() << ") of " << slice.shard_length;
+        }
+    }
+}
+
+TEST_F(Checkpoint, ShardSliceDescribesAParameterShard) {
+  TESSERA_SEED_TRACE();
+  // A trainer's pieces: each tensor-parallel rank's weight is filled through
+  // nn::shard_runs (as nn::init_shard_* draws it), its optimizer state split
+  // by ZeRO into flat sub-ranges of the local tensor, both described by
+  // shard_slice(); the result is the original, and the slices cut the same
+  // elements as the multi-index reference.
+  const Tensor weight = random_bytes_tensor(ctx, kQkvShape, DType::f32, rng);
+  const Tensor moment = random_bytes_tensor(ctx, kQkvShape, DType::f32, rng);
+  const auto* weight_values = static_cast<const float*>(weight.data_ptr());
+  const auto* moment_values = static_cast<const float*>(moment.data_ptr());
+  const int parts = 4, zero = 3;
+  std::vector<TensorPiece> pieces;
+  for (int p = 0; p < parts; ++p) {
+    nn::ParameterShard shard;
+    shard.global_shape = kQkvShape;
+    shard.split = true;
+    shard.view = kQkvView;
+    shard.dim = 1;
+    shard.begin = p * kHeads / parts;
+    shard.length = kHeads / parts;
+    const TensorSlice slice = io::shard_slice(shard);
+    EXPECT_EQ(slice.kind, TensorSlice::Kind::dim_range);
+    EXPECT_EQ(slice.dim, 1);
+    EXPECT_EQ(slice.begin, shard.begin);
+    EXPECT_EQ(slice.view, kQkvView);
+    EXPECT_FALSE(slice.sub_range);
+
+    TensorPiece piece = whole_piece("qkv.weight", weight);
+    piece.slice = slice;
+    piece.local = ctx.empty(head_local(parts), DType::f32);
+    Tensor local_moment = ctx.empty(head_local(parts), DType::f32);
+    for (const nn::ShardRun& run : nn::shard_runs(shard)) {
+      std::memcpy(piece.local.data<float>() + run.local_offset, weight_values + run.global_offset,
+                  size_t(run.count) * sizeof(float));
+      std::memcpy(local_moment.data<float>() + run.local_offset, moment_values + run.global_offset,
+                  size_t(run.count) * sizeof(float));
+    }
+    EXPECT_EQ(bytes_of(piece.local), expected_slice(bytes_of(weight), kQkvShape, DType::f32, slice, head_local(parts)));
+    pieces.push_back(piece);
+
+    const std::vector<int64_t> cuts = random_cuts(shard.local_numel(), zero, rng);
+    for (int z = 0; z < zero; ++z) {
+      const TensorSlice sub = io::shard_slice(shard, cuts[size_t(z)]);
+      EXPECT_TRUE(sub.sub_range);
+      EXPECT_EQ(sub.sub_begin, cuts[size_t(z)]);
+      EXPECT_EQ(sub.shard_length, shard.length);
+      TensorPiece part = whole_piece("qkv.weight.exp_avg", moment);
+      part.slice = sub;
+      part.local = ctx.empty(Shape{cuts[size_t(z) + 1] - cuts[size_t(z)]}, DType::f32)
+                       .copy_(local_moment.flatten().slice(cuts[size_t(z)], cuts[size_t(z) + 1]));
+      pieces.push_back(part);
+    }
+  }
+  nn::ParameterShard unsplit;
+  unsplit.global_shape = Shape{7, 3};
+  EXPECT_EQ(io::shard_slice(unsplit).kind, TensorSlice::Kind::whole);
+  const TensorSlice flat = io::shard_slice(unsplit, 5);
+  EXPECT_EQ(flat.kind, TensorSlice::Kind::flat_range);
+  EXPECT_EQ(flat.begin, 5);
+
+  io::CheckpointReader reader(io::save_checkpoint(*world, save_dir, 1, pieces, {}));
+  for (const auto& [name, original] : {std::pair{"qkv.weight", weight}, std::pair{"qkv.weight.exp_avg", moment}}) {
+    TensorPiece load = whole_piece(name, poisoned(ctx, kQkvShape, DType::f32));
+    reader.read(load);
+    EXPECT_EQ(bytes_of(load.local), bytes_of(original)) << name;
+  }
+}
+
+TEST_F(Checkpoint, ReadsConsecutivePiecesOfATensorFromOneVerifiedCopy) {
+  TESSERA_SEED_TRACE();
+  // read() keeps the last tensor it read and verified: further pieces of it
+  // come from that copy (a byte flipped on disk in between goes unseen), and
+  // reading another tensor drops it (the flip is then detected). The tensors
+  // are larger than HDF5's 64 KiB sieve buffer, so every read is from the file.
+  const Tensor first = random_bytes_tensor(ctx, Shape{160, 128}, DType::f32, rng);
+  const Tensor second = random_bytes_tensor(ctx, Shape{160, 128}, DType::f32, rng);
+  const std::string path =
+      io::save_checkpoint(*world, save_dir, 1, {whole_piece("first", first), whole_piece("second", second)}, {});
+  const std::string file = (fs::path(path) / "checkpoint.h5").string();
+  io::CheckpointReader reader(path);
+  const auto read_rows = [&](const std::string& name, int64_t begin, int64_t end) {
+    TensorPiece load = whole_piece(name, first);
+    load.slice = TensorSlice::along(0, begin);
+    load.local = poisoned(ctx, Shape{end - begin, 128}, DType::f32);
+    reader.read(load);
+    return bytes_of(load.local);
+  };
+  const Tensor& original_first = first;
+  const auto rows_of = [&](int64_t begin, int64_t end) {
+    return expected_slice(bytes_of(original_first), first.shape(), DType::f32, TensorSlice::along(0, begin),
+                          Shape{end - begin, 128});
+  };
+  EXPECT_EQ(read_rows("first", 0, 80), rows_of(0, 80));
+
+  const haddr_t offset = dataset_offset(file, "/tensors/first");
+  ASSERT_NE(offset, HADDR_UNDEF);
+  {
+    std::fstream stream(file, std::ios::in | std::ios::out | std::ios::binary);
+    const int64_t at = int64_t(offset) + 100 * 128 * 4;  // in row 100
+    stream.seekg(at);
+    char byte = 0;
+    stream.read(&byte, 1);
+    byte = char(byte ^ 0x10);
+    stream.seekp(at);
+    stream.write(&byte, 1);
+  }
+  EXPECT_EQ(read_rows("first", 80, 160), rows_of(80, 160));  // the verified copy
+  TensorPiece other = whole_piece("second", poisoned(ctx, second.shape(), DType::f32));
+  reader.read(other);
+  EXPECT_EQ(bytes_of(other.local), bytes_of(second));
+  EXPECT_CONTAINS(error_of([&] { read_rows("first", 80, 160); }), "checksum mismatch in tensor first");
+  EXPECT_CONTAINS(error_of([&] { read_rows("first", 0, 10); }), "checksum mismatch in tensor first");  // not cached
+}
+
+TEST_F(Checkpoint, RefusesGapsAndOverlapsOfHeadShardsAndSubRanges) {
+  const Tensor weight = ctx.full(kQkvShape, DType::f32, 1.0);
+  const std::string first = io::save_checkpoint(*world, save_dir, 1, {whole_piece("w", weight)}, {});
+  // Heads [begin, begin + heads) of the view [3, 4, 15] (45 elements a head),
+  // whole or a sub-range [sub_begin, sub_end) of the shard's flattening.
+  const auto heads = [&](int64_t begin, int64_t count) {
+    TensorPiece piece = whole_piece("qkv", weight);
+    piece.slice = TensorSlice::along(1, begin, kQkvView);
+    piece.local = ctx.zeros(Shape{count * 45}, DType::f32);
+    return piece;
+  };
+  const auto sub = [&](int64_t begin, int64_t count, int64_t sub_begin, int64_t sub_end) {
+    TensorPiece piece = heads(begin, count);
+    piece.slice = piece.slice.with_sub_range(sub_begin, count);
+    piece.local = ctx.zeros(Shape{sub_end - sub_begin}, DType::f32);
+    return piece;
+  };
+  const auto save = [&](std::vector<TensorPiece> pieces) {
+    return error_of([&] { io::save_checkpoint(*world, save_dir, 2, pieces, {}); });
+  };
+  EXPECT_CONTAINS(save({heads(0, 1), heads(2, 2)}),
+                  "tensor qkv: indices along dimension 1 of view [3, 4, 15] [1, 2) are owned by no rank");
+  EXPECT_CONTAINS(
+      save({heads(0, 2), heads(1, 3)}),
+      "tensor qkv: indices along dimension 1 of view [3, 4, 15] [1, 2) are owned by both rank 0 and rank 0");
+  EXPECT_CONTAINS(save({heads(0, 3)}),
+                  "tensor qkv: indices along dimension 1 of view [3, 4, 15] [3, 4) are owned by no rank");
+  // Shard heads [0, 2) is [3, 2, 15]: its elements 40 and 41 are (1, 0, 10)
+  // and (1, 0, 11), at 1·60 + 10 = 70 and 71 of the tensor.
+  EXPECT_CONTAINS(save({sub(0, 2, 0, 40), sub(0, 2, 42, 90), heads(2, 2)}),
+                  "tensor qkv: elements [70, 72) are owned by no rank");
+  EXPECT_CONTAINS(save({sub(0, 2, 0, 41), sub(0, 2, 40, 90), heads(2, 2)}),
+                  "tensor qkv: elements [70, 71) are owned by both rank 0 and rank 0");
+  // A sub-range of heads [2, 4) overlapping a whole shard of heads [1, 3):
+  // head 2 of Q is elements [30, 45) of the tensor.
+  EXPECT_CONTAINS(save({heads(0, 1), heads(1, 2), sub(2, 2, 0, 90)}),
+                  "tensor qkv: elements [30, 45) are owned by both rank 0 and rank 0");
+
+  TensorPiece uneven = heads(0, 1);
+  uneven.local = ctx.zeros(Shape{50}, DType::f32);
+  EXPECT_CONTAINS(save({uneven}),
+                  "tensor qkv: a dim_range piece along dimension 1 of view [3, 4, 15] (tensor shape [36, 5]) holds a "
+                  "whole number of indices of 45 elements each, but its local tensor [50] has 50 elements");
+  TensorPiece resized = heads(0, 4);
+  resized.slice.view = Shape{3, 4, 16};
+  EXPECT_CONTAINS(save({resized}),
+                  "tensor qkv: dim_range view [3, 4, 16] holds 192 elements but the tensor [36, 5] has 180");
+  TensorPiece outside = heads(3, 2);
+  EXPECT_CONTAINS(save({outside}), "dim_range piece [3, 5) along dimension 1 lies outside its size 4 of view");
+  EXPECT_CONTAINS(save({sub(0, 2, 80, 100), heads(2, 2)}),
+                  "tensor qkv: sub-range [80, 100) lies outside the 90 elements of its dim_range shard [0, 2) along "
+                  "dimension 1 of view [3, 4, 15]");
+  TensorPiece flat_sub = whole_piece("qkv", weight);
+  flat_sub.slice = TensorSlice::flat(0);
+  flat_sub.slice.sub_range = true;
+  EXPECT_CONTAINS(save({flat_sub}), "tensor qkv: a view or a sub-range belongs to a dim_range slice only");
+  TensorPiece stray = heads(0, 4);
+  stray.slice.shard_length = 4;
+  EXPECT_CONTAINS(save({stray}), "sub_begin and shard_length describe a sub-range");
+  EXPECT_EQ(io::find_latest_checkpoint(save_dir), first);
+  EXPECT_FALSE(fs::exists(fs::path(save_dir) / "step_00000002"));
+
+  // Loading checks the same way.
+  io::CheckpointReader reader(first);
+  TensorPiece load = heads(0, 1);
+  load.name = "w";
+  load.local = ctx.zeros(Shape{44}, DType::f32);
+  EXPECT_CONTAINS(error_of([&] { reader.read(load); }), "loading " + reader.path() + ": tensor w: a dim_range piece");
 }
 
 TEST(Fault, ParsesKindsStepsAndRanks) {

@@ -106,6 +106,57 @@ TEST_P(Embedding, Backward) {
   }
 }
 
+// Vocabulary-parallel: the table split into uneven row shards; each shard's
+// forward gives its ids' rows and zeros for the others, so the sum over the
+// shards is the whole lookup; each shard's backward adds exactly the rows it
+// holds (against the double scatter-add of the whole table).
+TEST_P(Embedding, ShardsSumToTheWholeLookup) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  auto rng = make_rng();
+  const int64_t vocab = 53, dim = 19, tokens = 211;
+  const int64_t bounds[] = {0, 17, 30, 53};  // three shards of 17, 13 and 23 rows
+  auto table = random_tensor(ctx, Shape{vocab, dim}, dtype, rng);
+  auto grad_out = random_tensor(ctx, Shape{tokens, dim}, dtype, rng);
+  for (const DType index : kIndexDtypes) {
+    SCOPED_TRACE(std::string("ids ") + std::string(dtype_name(index)));
+    auto ids = random_indices(ctx, Shape{tokens}, index, rng, 0, vocab);
+    const std::vector<double> whole = gather(ids.values, table.values, dim);
+    const std::vector<double> whole_grad =
+        scatter_add(ids.values, round_to(dtype, grad_out.values), dim, std::vector<double>(size_t(vocab * dim), 0.0));
+    std::vector<double> sum(whole.size(), 0.0);
+    for (int s = 0; s < 3; ++s) {
+      const int64_t begin = bounds[s], rows = bounds[s + 1] - bounds[s];
+      SCOPED_TRACE("shard [" + std::to_string(begin) + ", " + std::to_string(begin + rows) + ")");
+      Tensor shard = table.tensor.slice(begin, begin + rows).clone();
+      Tensor out = poisoned(ctx, Shape{tokens, dim}, dtype);
+      ops::embedding_forward(ids.tensor, shard, out, begin, vocab);
+      const std::vector<double> got = out.to_doubles();
+      for (int64_t n = 0; n < tokens; ++n) {
+        const bool mine = ids.values[size_t(n)] >= double(begin) && ids.values[size_t(n)] < double(begin + rows);
+        for (int64_t d = 0; d < dim; ++d) {
+          const size_t i = size_t(n * dim + d);
+          if (!mine) {
+            EXPECT_EQ(got[i], 0.0) << "token " << n << " is held by another shard";
+          }
+          sum[i] += got[i];
+        }
+      }
+      Tensor grad_shard = ctx.zeros(Shape{rows, dim}, dtype);
+      ops::embedding_backward(ids.tensor, grad_out.tensor, grad_shard, begin, vocab);
+      const std::vector<double> expected(whole_grad.begin() + begin * dim, whole_grad.begin() + (begin + rows) * dim);
+      EXPECT_TRUE(all_close(grad_shard, round_to(dtype, expected), accumulate_tolerance(dtype))) << "backward";
+    }
+    EXPECT_TRUE(all_close(sum, whole, {0, 0})) << "sum of the shards";
+    // An id outside the whole vocabulary is still an error, whichever shard looks it up.
+    Tensor bad = ctx.from_doubles(Shape{2}, index, std::vector<double>{3, double(vocab)});
+    Tensor out = poisoned(ctx, Shape{2, dim}, dtype);
+    Tensor shard = table.tensor.slice(0, 17).clone();
+    EXPECT_THROW(ops::embedding_forward(bad, shard, out, 0, vocab), Error);
+  }
+}
+
 TEST_P(Embedding, GpuMatchesCpu) {
   TESSERA_SEED_TRACE();
   const DType dtype = GetParam();
@@ -129,6 +180,15 @@ TEST_P(Embedding, GpuMatchesCpu) {
     ops::embedding_backward(ids.tensor, grad_out.tensor, gt_cpu);
     ops::embedding_backward(ids.tensor.to(gpu), grad_out.tensor.to(gpu), gt_gpu);
     EXPECT_TRUE(all_close(gt_gpu, gt_cpu, {0, 0})) << "backward";
+    // A vocabulary shard (rows [100, 200)): zeros for the other ids on both.
+    Tensor shard = table.tensor.slice(100, 200).clone();
+    ops::embedding_forward(ids.tensor, shard, out_cpu, 100, vocab);
+    ops::embedding_forward(ids.tensor.to(gpu), shard.to(gpu), out_gpu, 100, vocab);
+    EXPECT_TRUE(all_close(out_gpu, out_cpu, {0, 0})) << "sharded forward";
+    Tensor st_cpu = shard.clone(), st_gpu = shard.to(gpu);
+    ops::embedding_backward(ids.tensor, grad_out.tensor, st_cpu, 100, vocab);
+    ops::embedding_backward(ids.tensor.to(gpu), grad_out.tensor.to(gpu), st_gpu, 100, vocab);
+    EXPECT_TRUE(all_close(st_gpu, st_cpu, {0, 0})) << "sharded backward";
   }
 }
 

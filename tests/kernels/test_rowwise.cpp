@@ -1,6 +1,6 @@
-// Softmax, cross-entropy, LayerNorm and RMSNorm: forward against double
-// references, backward against central differences of those references, GPU
-// against CPU, and argument checks. Every dtype; rows of length 1, 3, 129,
+// Softmax, cross-entropy (whole and vocabulary-parallel), LayerNorm and
+// RMSNorm: forward against double references, backward against central
+// differences of those references, GPU against CPU, and argument checks. Every dtype; rows of length 1, 3, 129,
 // 1000 (and a GPT-sized vocabulary), enough rows to cross the CPU's threading
 // grain, and logits of magnitude 100 for stability (exp(100) overflows f32).
 #include <gtest/gtest.h>
@@ -8,6 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "kernels/functors/rowwise_math.h"
 #include "kernels/ops.h"
@@ -409,6 +412,327 @@ TEST_P(CrossEntropy, GpuMatchesCpu) {
 INSTANTIATE_FLOAT_DTYPES(CrossEntropy);
 
 // ---------------------------------------------------------------------------
+// VocabParallelCrossEntropy: logits [N, V] split by columns into shards, the
+// three steps run on every shard with the all-reduces done here on the host
+// (in f32, as a communicator would), against the double reference of the
+// whole cross-entropy
+// ---------------------------------------------------------------------------
+struct VocabSplit {
+  int64_t rows;
+  std::vector<int64_t> widths;  // of the shards, in vocabulary order; V is their sum
+
+  int64_t vocab() const {
+    int64_t v = 0;
+    for (const int64_t w : widths) v += w;
+    return v;
+  }
+  std::vector<int64_t> begins() const {
+    std::vector<int64_t> out;
+    int64_t begin = 0;
+    for (const int64_t w : widths) out.push_back(std::exchange(begin, begin + w));
+    return out;
+  }
+};
+
+// Columns [begin, begin + width) of the row-major [rows, v] `values`.
+std::vector<double> column_slice(const std::vector<double>& values, int64_t v, int64_t begin, int64_t width) {
+  std::vector<double> out;
+  for (size_t r = 0; r < values.size() / size_t(v); ++r) {
+    const auto row = values.begin() + ptrdiff_t(r * v + begin);
+    out.insert(out.end(), row, row + width);
+  }
+  return out;
+}
+
+// The shards of the [rows, V] `values` (already rounded to `dtype`, so stored exactly).
+std::vector<Tensor> split_columns(Context& ctx, const std::vector<double>& values, const VocabSplit& split, DType dtype,
+                                  Device device) {
+  std::vector<Tensor> shards;
+  const std::vector<int64_t> begins = split.begins();
+  for (size_t k = 0; k < begins.size(); ++k)
+    shards.push_back(ctx.from_doubles(Shape{split.rows, split.widths[k]}, dtype,
+                                      column_slice(values, split.vocab(), begins[k], split.widths[k]), device));
+  return shards;
+}
+
+struct ShardedForward {
+  Tensor row_max;                         // the all-reduced maxima [N] f32
+  std::vector<std::vector<double>> sums;  // every shard's own sums [2, N], before the all-reduce
+  Tensor losses, logsumexp;               // [N] f32, from cross_entropy_shard_finish
+};
+
+// Steps 1–3 on every shard (on the shards' device), outputs poisoned first;
+// max and sum all-reduced on the host in f32, the sums added in shard order.
+ShardedForward sharded_forward(Context& ctx, const std::vector<Tensor>& shards, const VocabSplit& split,
+                               const Tensor& targets, int64_t ignore_index) {
+  const Device device = targets.device();
+  const int64_t n = split.rows;
+  const std::vector<int64_t> begins = split.begins();
+  std::vector<double> global_max(size_t(n), -INFINITY);
+  for (const Tensor& shard : shards) {
+    Tensor row_max = poisoned(ctx, Shape{n}, DType::f32, device);
+    ops::cross_entropy_shard_max(shard, row_max);
+    const std::vector<double> m = row_max.to_doubles();
+    for (size_t r = 0; r < size_t(n); ++r) global_max[r] = std::max(global_max[r], m[r]);
+  }
+  ShardedForward out;
+  out.row_max = ctx.from_doubles(Shape{n}, DType::f32, global_max, device);
+  std::vector<float> total(size_t(2 * n), 0.0f);
+  for (size_t k = 0; k < shards.size(); ++k) {
+    Tensor sums = poisoned(ctx, Shape{2, n}, DType::f32, device);
+    ops::cross_entropy_shard_sums(shards[k], targets, out.row_max, begins[k], sums, ignore_index);
+    out.sums.push_back(sums.to_doubles());
+    for (size_t i = 0; i < total.size(); ++i) total[i] += float(out.sums.back()[i]);
+  }
+  const Tensor total_sums =
+      ctx.from_doubles(Shape{2, n}, DType::f32, std::vector<double>(total.begin(), total.end()), device);
+  out.losses = poisoned(ctx, Shape{n}, DType::f32, device);
+  out.logsumexp = poisoned(ctx, Shape{n}, DType::f32, device);
+  ops::cross_entropy_shard_finish(out.row_max, total_sums, targets, split.vocab(), out.losses, out.logsumexp,
+                                  ignore_index);
+  return out;
+}
+
+// The double reference gradient of the whole cross-entropy: grad_losses·(softmax − one-hot),
+// 0 on ignored rows, NaN on rows whose target is outside [0, v).
+std::vector<double> cross_entropy_gradient_reference(const std::vector<double>& logits,
+                                                     const std::vector<double>& targets,
+                                                     const std::vector<double>& grad_losses, int64_t v,
+                                                     int64_t ignore_index) {
+  std::vector<double> grad = softmax_reference(logits, v);
+  for (size_t r = 0; r < targets.size(); ++r) {
+    const auto t = int64_t(targets[r]);
+    for (int64_t i = 0; i < v; ++i) {
+      double& g = grad[r * v + i];
+      if (t == ignore_index)
+        g = 0;
+      else if (t < 0 || t >= v)
+        g = kNan;
+      else
+        g = grad_losses[r] * (g - (i == t ? 1.0 : 0.0));
+    }
+  }
+  return grad;
+}
+
+struct VocabCase {
+  VocabSplit split;
+  double magnitude;
+  int64_t ignore_index;
+};
+// Uneven shards, a shard of one column, one shard (the whole vocabulary), an
+// ignore_index inside the vocabulary, logits large enough that a shard's own
+// sums underflow against the global maximum, and a GPT-sized vocabulary.
+const VocabCase kVocabCases[] = {{{37, {13, 20, 17}}, 4, kIgnore},
+                                 {{37, {50}}, 4, kIgnore},
+                                 {{301, {1, 64, 64}}, kLargeLogit, 5},
+                                 {{41, {333, 1, 666}}, kLargeLogit, kIgnore},
+                                 {{6, {25129, 25128}}, 8, kIgnore}};
+
+class VocabParallelCrossEntropy : public DtypeTest {};
+
+TEST_P(VocabParallelCrossEntropy, Forward) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  auto rng = make_rng();
+  for (const DType index_dtype : {DType::i32, DType::i64}) {
+    for (const VocabCase& c : kVocabCases) {
+      const VocabSplit& split = c.split;
+      const int64_t n = split.rows, v = split.vocab();
+      auto logits = random_tensor(ctx, Shape{n, v}, dtype, rng, -c.magnitude, c.magnitude);
+      const Targets targets = make_targets(ctx, n, v, index_dtype, rng, c.ignore_index, /*invalid=*/true);
+      const std::vector<Tensor> shards = split_columns(ctx, logits.values, split, dtype, Device::cpu());
+      const ShardedForward out = sharded_forward(ctx, shards, split, targets.tensor, c.ignore_index);
+      const std::string where = std::string(dtype_name(index_dtype)) + " targets, v " + std::to_string(v) + ", " +
+                                std::to_string(split.widths.size()) + " shards";
+
+      // Each step's own contract: the maxima, then every shard's sums.
+      const auto reference = cross_entropy_reference(logits.values, targets.values, v, c.ignore_index);
+      const Tolerance tolerance = f32_tolerance(c.magnitude + std::log(double(v)));
+      // sums[0] is exp(logsumexp − max) summed over the shards: the logsumexp's tolerance, an absolute error
+      // in log sums, is this relative error in sums (f32 sums of up to 25k terms lose ~3e-5 here).
+      double largest_lse = 0;
+      for (const double lse : reference.logsumexp) largest_lse = std::max(largest_lse, std::abs(lse));
+      const Tolerance sum_tolerance{tolerance.rel * largest_lse + tolerance.abs, 1e-7};
+      std::vector<double> expected_max;
+      for (int64_t r = 0; r < n; ++r) {
+        const double* xr = &logits.values[r * v];
+        expected_max.push_back(*std::max_element(xr, xr + v));
+      }
+      EXPECT_TRUE(all_close(out.row_max, expected_max, Tolerance{0, 0})) << "all-reduced row_max, " << where;
+      const std::vector<int64_t> begins = split.begins();
+      for (size_t k = 0; k < begins.size(); ++k) {
+        std::vector<double> expected_sums(size_t(2 * n));
+        for (int64_t r = 0; r < n; ++r) {
+          const double* xr = &logits.values[r * v];
+          for (int64_t i = begins[k]; i < begins[k] + split.widths[k]; ++i)
+            expected_sums[r] += std::exp(xr[i] - expected_max[r]);
+          const auto t = int64_t(targets.values[r]);
+          const bool here = t != c.ignore_index && t >= begins[k] && t < begins[k] + split.widths[k];
+          expected_sums[n + r] = here ? xr[t] : 0.0;
+        }
+        const std::vector<double> sum_exp(out.sums[k].begin(), out.sums[k].begin() + n);
+        const std::vector<double> picked(out.sums[k].begin() + n, out.sums[k].end());
+        EXPECT_TRUE(
+            all_close(sum_exp, std::vector<double>(expected_sums.begin(), expected_sums.begin() + n), sum_tolerance))
+            << "sums[0] of shard " << k << ", " << where;
+        // The target's logit is copied, not computed: exact.
+        EXPECT_TRUE(
+            all_close(picked, std::vector<double>(expected_sums.begin() + n, expected_sums.end()), Tolerance{0, 0}))
+            << "sums[1] of shard " << k << ", " << where;
+      }
+
+      // The finished losses and logsumexp against the whole cross-entropy.
+      EXPECT_TRUE(close_or_both_nan(out.losses, reference.losses, tolerance)) << "losses, " << where;
+      EXPECT_TRUE(all_close(out.logsumexp, reference.logsumexp, tolerance)) << "logsumexp, " << where;
+      const std::vector<double> loss_values = out.losses.to_doubles();
+      EXPECT_TRUE(std::isnan(loss_values[1]) && std::isnan(loss_values[3]))
+          << "targets v and -1 give NaN losses, " << where;
+      for (size_t r = 0; r < targets.values.size(); ++r) {
+        if (targets.values[r] == double(c.ignore_index)) {
+          EXPECT_EQ(loss_values[r], 0.0) << "ignored row " << r << ", " << where;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(VocabParallelCrossEntropy, Backward) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  auto rng = make_rng();
+  for (const DType index_dtype : {DType::i32, DType::i64}) {
+    for (const VocabCase& c : kVocabCases) {
+      const VocabSplit& split = c.split;
+      const int64_t n = split.rows, v = split.vocab();
+      auto logits = random_tensor(ctx, Shape{n, v}, dtype, rng, -c.magnitude, c.magnitude);
+      const Targets targets = make_targets(ctx, n, v, index_dtype, rng, c.ignore_index, /*invalid=*/true);
+      auto grad_losses = random_tensor(ctx, Shape{n}, DType::f32, rng, -2, 2);
+      const std::vector<Tensor> shards = split_columns(ctx, logits.values, split, dtype, Device::cpu());
+      // The global logsumexp, as every rank has it after the forward.
+      const Tensor lse = sharded_forward(ctx, shards, split, targets.tensor, c.ignore_index).logsumexp;
+      const std::vector<double> expected =
+          cross_entropy_gradient_reference(logits.values, targets.values, grad_losses.values, v, c.ignore_index);
+      Tolerance tolerance = backward_tolerance(dtype);
+      // exp(x − lse) with |lse| up to magnitude + log v (see f32_tolerance).
+      tolerance.abs = std::max(tolerance.abs, 2 * 8 * kF32Epsilon * (c.magnitude + std::log(double(v))));
+      const std::vector<int64_t> begins = split.begins();
+      for (size_t k = 0; k < shards.size(); ++k) {
+        Tensor grad = poisoned(ctx, Shape{n, split.widths[k]}, dtype);
+        ops::cross_entropy_backward(shards[k], lse, targets.tensor, grad_losses.tensor, grad, c.ignore_index, begins[k],
+                                    v);
+        EXPECT_TRUE(close_or_both_nan(grad, column_slice(expected, v, begins[k], split.widths[k]), tolerance))
+            << "shard " << k << " [" << begins[k] << ", " << begins[k] + split.widths[k] << ") of v " << v << ", "
+            << index_dtype << " targets";
+      }
+      // The whole vocabulary spelled out is the default, bit for bit.
+      Tensor grad_default = poisoned(ctx, Shape{n, v}, dtype), grad_explicit = poisoned(ctx, Shape{n, v}, dtype);
+      ops::cross_entropy_backward(logits.tensor, lse, targets.tensor, grad_losses.tensor, grad_default, c.ignore_index);
+      ops::cross_entropy_backward(logits.tensor, lse, targets.tensor, grad_losses.tensor, grad_explicit, c.ignore_index,
+                                  0, v);
+      EXPECT_TRUE(close_or_both_nan(grad_explicit, grad_default.to_doubles(), Tolerance{0, 0}))
+          << "vocab_begin 0, vocab_size v against the defaults, v " << v;
+    }
+  }
+}
+
+// Targets outside [0, vocab_size), at the edges and far out (where
+// target − vocab_begin would overflow), give NaN losses and NaN gradient rows
+// on every shard; ignored rows give 0 and zero rows; the others are finite.
+TEST_P(VocabParallelCrossEntropy, OutOfRangeTargets) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  auto rng = make_rng();
+  const VocabSplit split{8, {3, 4}};
+  const int64_t n = split.rows, v = split.vocab();
+  for (const DType index_dtype : {DType::i32, DType::i64}) {
+    const double far = index_dtype == DType::i32 ? 2147483647.0 : 1099511627776.0;  // INT32_MAX, 2^40
+    const double lowest = index_dtype == DType::i32 ? -2147483648.0 : -9223372036854775808.0;
+    const std::vector<double> target_values = {double(v), -1, far, lowest, 2, double(kIgnore), 6, 0};
+    const std::vector<bool> out_of_range = {true, true, true, true, false, false, false, false};
+    const Tensor targets = ctx.from_doubles(Shape{n}, index_dtype, target_values);
+    auto logits = random_tensor(ctx, Shape{n, v}, dtype, rng, -4, 4);
+    auto grad_losses = random_tensor(ctx, Shape{n}, DType::f32, rng, 0.5, 2);
+    const std::vector<Tensor> shards = split_columns(ctx, logits.values, split, dtype, Device::cpu());
+    const ShardedForward out = sharded_forward(ctx, shards, split, targets, kIgnore);
+    const std::vector<double> losses = out.losses.to_doubles();
+    for (int64_t r = 0; r < n; ++r) {
+      const std::string what = "row " + std::to_string(r) + ", target " + std::to_string(int64_t(target_values[r])) +
+                               ", " + std::string(dtype_name(index_dtype));
+      if (out_of_range[r])
+        EXPECT_TRUE(std::isnan(losses[r])) << what << ": loss " << losses[r];
+      else if (target_values[r] == double(kIgnore))
+        EXPECT_EQ(losses[r], 0.0) << what;
+      else
+        EXPECT_TRUE(std::isfinite(losses[r]) && losses[r] > 0) << what << ": loss " << losses[r];
+    }
+    const std::vector<int64_t> begins = split.begins();
+    for (size_t k = 0; k < shards.size(); ++k) {
+      Tensor grad = poisoned(ctx, Shape{n, split.widths[k]}, dtype);
+      ops::cross_entropy_backward(shards[k], out.logsumexp, targets, grad_losses.tensor, grad, kIgnore, begins[k], v);
+      const std::vector<double> g = grad.to_doubles();
+      for (int64_t r = 0; r < n; ++r) {
+        for (int64_t i = 0; i < split.widths[k]; ++i) {
+          const double value = g[r * split.widths[k] + i];
+          const std::string what = "shard " + std::to_string(k) + ", row " + std::to_string(r) + ", column " +
+                                   std::to_string(i) + ", " + std::string(dtype_name(index_dtype));
+          if (out_of_range[r])
+            EXPECT_TRUE(std::isnan(value)) << what << ": " << value;
+          else if (target_values[r] == double(kIgnore))
+            EXPECT_EQ(value, 0.0) << what;
+          else
+            EXPECT_TRUE(std::isfinite(value)) << what << ": " << value;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(VocabParallelCrossEntropy, GpuMatchesCpu) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  TESSERA_REQUIRE_GPU(ctx);
+  const Device gpu = Device::cuda(0);
+  auto rng = make_rng();
+  for (const DType index_dtype : {DType::i32, DType::i64}) {
+    for (const VocabCase& c : kVocabCases) {
+      const VocabSplit& split = c.split;
+      const int64_t n = split.rows, v = split.vocab();
+      auto logits = random_tensor(ctx, Shape{n, v}, dtype, rng, -c.magnitude, c.magnitude);
+      const Targets targets = make_targets(ctx, n, v, index_dtype, rng, c.ignore_index, /*invalid=*/true);
+      auto grad_losses = random_tensor(ctx, Shape{n}, DType::f32, rng, -2, 2);
+      const std::vector<Tensor> shards_cpu = split_columns(ctx, logits.values, split, dtype, Device::cpu());
+      const std::vector<Tensor> shards_gpu = split_columns(ctx, logits.values, split, dtype, gpu);
+      const Tensor targets_gpu = targets.tensor.to(gpu);
+      const ShardedForward cpu = sharded_forward(ctx, shards_cpu, split, targets.tensor, c.ignore_index);
+      const ShardedForward gpu_out = sharded_forward(ctx, shards_gpu, split, targets_gpu, c.ignore_index);
+      const Tolerance tolerance = f32_tolerance(c.magnitude + std::log(double(v)));
+      EXPECT_TRUE(close_or_both_nan(gpu_out.losses, cpu.losses.to_doubles(), tolerance)) << "losses, v " << v;
+      EXPECT_TRUE(all_close(gpu_out.logsumexp, cpu.logsumexp, tolerance)) << "logsumexp, v " << v;
+      Tolerance grad_tolerance = device_tolerance(dtype);
+      grad_tolerance.abs = std::max(grad_tolerance.abs, 16 * kF32Epsilon * (c.magnitude + std::log(double(v))));
+      const std::vector<int64_t> begins = split.begins();
+      for (size_t k = 0; k < shards_cpu.size(); ++k) {
+        Tensor grad_cpu = poisoned(ctx, Shape{n, split.widths[k]}, dtype);
+        Tensor grad_gpu = shards_gpu[k];  // in place on the device
+        ops::cross_entropy_backward(shards_cpu[k], cpu.logsumexp, targets.tensor, grad_losses.tensor, grad_cpu,
+                                    c.ignore_index, begins[k], v);
+        ops::cross_entropy_backward(grad_gpu, gpu_out.logsumexp, targets_gpu, grad_losses.tensor.to(gpu), grad_gpu,
+                                    c.ignore_index, begins[k], v);
+        EXPECT_TRUE(close_or_both_nan(grad_gpu, grad_cpu.to_doubles(), grad_tolerance))
+            << "backward, shard " << k << " of v " << v;
+      }
+    }
+  }
+}
+
+INSTANTIATE_FLOAT_DTYPES(VocabParallelCrossEntropy);
+
+// ---------------------------------------------------------------------------
 // LayerNorm
 // ---------------------------------------------------------------------------
 constexpr float kEps = 1e-5f;
@@ -720,6 +1044,40 @@ TEST(RowwiseArguments, CrossEntropy) {
   Tensor grad = ctx.zeros(Shape{4, 5}, DType::bf16);
   EXPECT_THROW(ops::cross_entropy_backward(logits, lse, targets, losses, grad), Error);
   EXPECT_NO_THROW(ops::cross_entropy_backward(logits, lse, targets, losses, logits));
+}
+
+TEST(RowwiseArguments, VocabParallelCrossEntropy) {
+  Context ctx;
+  Tensor logits = ctx.zeros(Shape{4, 5}, DType::f32), targets = ctx.zeros(Shape{4}, DType::i64);
+  Tensor row_max = ctx.zeros(Shape{4}, DType::f32), sums = ctx.zeros(Shape{2, 4}, DType::f32);
+  Tensor losses = ctx.zeros(Shape{4}, DType::f32), lse = ctx.zeros(Shape{4}, DType::f32);
+  Tensor long_row_max = ctx.zeros(Shape{5}, DType::f32), bf16_row_max = ctx.zeros(Shape{4}, DType::bf16);
+  EXPECT_THROW(ops::cross_entropy_shard_max(logits, long_row_max), Error);
+  EXPECT_THROW(ops::cross_entropy_shard_max(logits, bf16_row_max), Error);
+  EXPECT_NO_THROW(ops::cross_entropy_shard_max(logits, row_max));
+  Tensor flat_sums = ctx.zeros(Shape{8}, DType::f32), transposed_sums = ctx.zeros(Shape{4, 2}, DType::f32);
+  EXPECT_THROW(ops::cross_entropy_shard_sums(logits, targets, row_max, 0, flat_sums), Error);
+  EXPECT_THROW(ops::cross_entropy_shard_sums(logits, targets, row_max, 0, transposed_sums), Error);
+  EXPECT_THROW(ops::cross_entropy_shard_sums(logits, targets, row_max, -1, sums), Error);
+  EXPECT_THROW(ops::cross_entropy_shard_sums(logits, ctx.zeros(Shape{4}, DType::f32), row_max, 0, sums), Error);
+  EXPECT_THROW(ops::cross_entropy_shard_sums(logits, targets, ctx.zeros(Shape{3}, DType::f32), 0, sums), Error);
+  EXPECT_NO_THROW(ops::cross_entropy_shard_sums(logits, targets, row_max, 10, sums));
+  EXPECT_THROW(ops::cross_entropy_shard_finish(row_max, sums, targets, 0, losses, lse), Error);
+  EXPECT_THROW(ops::cross_entropy_shard_finish(row_max, transposed_sums, targets, 15, losses, lse), Error);
+  EXPECT_THROW(ops::cross_entropy_shard_finish(row_max, sums, targets, 15, long_row_max, lse), Error);
+  EXPECT_NO_THROW(ops::cross_entropy_shard_finish(row_max, sums, targets, 15, losses, lse));
+  // The backward's shard must lie within the vocabulary.
+  EXPECT_THROW(ops::cross_entropy_backward(logits, lse, targets, losses, logits, kIgnore, -1, 15), Error);
+  EXPECT_THROW(ops::cross_entropy_backward(logits, lse, targets, losses, logits, kIgnore, 11, 15), Error);
+  EXPECT_THROW(ops::cross_entropy_backward(logits, lse, targets, losses, logits, kIgnore, 1, 0), Error);
+  EXPECT_THROW(ops::cross_entropy_backward(logits, lse, targets, losses, logits, kIgnore, 0, -5), Error);
+  EXPECT_NO_THROW(ops::cross_entropy_backward(logits, lse, targets, losses, logits, kIgnore, 10, 15));
+  try {
+    ops::cross_entropy_backward(logits, lse, targets, losses, logits, kIgnore, 11, 15);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cross_entropy_backward"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("vocab_size"), std::string::npos) << e.what();
+  }
 }
 
 TEST(RowwiseArguments, LayerNorm) {

@@ -1,7 +1,9 @@
 // Checkpoints under mpiexec (2 and 4 ranks): every rank owns flat_range
 // (ZeRO-like) and dim_range (tensor-parallel-like) pieces of a few tensors,
 // cut at random points, plus whole tensors owned by one rank and listed as
-// non-owned replicas by the others; rank 0 gathers and writes them. Every
+// non-owned replicas by the others; rank 0 gathers and writes them. Head
+// shards of a fused QKV weight (a dim_range of a view), and ZeRO sub-ranges
+// of them under tp = 2 × dp = ranks / 2, the same way. Every
 // rank then reads the checkpoint back under a different slicing (resharding
 // at the file level) and compares, byte for byte, with the values it computes
 // itself from the shared seed. Ownership gaps and overlaps across ranks, and
@@ -94,7 +96,11 @@ std::vector<int64_t> random_cuts(int64_t n, int parts, std::mt19937_64& rng) {
   return cuts;
 }
 
-// The bytes of `slice` with local shape `local`, element by element through multi-indices.
+// The bytes of `slice` with local shape `local`, element by element through
+// multi-indices: a dim_range shard is the cut shape (the view, or the global
+// shape) with `count` indices along `dim`; local element l (plus sub_begin in
+// a sub-range) is a multi-index of the shard, shifted by `begin` along `dim`
+// and flattened in the cut shape.
 std::vector<uint8_t> slice_bytes(const Logical& t, const TensorSlice& slice, const Shape& local) {
   const size_t size = dtype_size(t.dtype);
   std::vector<uint8_t> out(size_t(local.numel()) * size);
@@ -102,15 +108,19 @@ std::vector<uint8_t> slice_bytes(const Logical& t, const TensorSlice& slice, con
     int64_t g = l;
     if (slice.kind == TensorSlice::Kind::flat_range) g = slice.begin + l;
     if (slice.kind == TensorSlice::Kind::dim_range) {
-      std::vector<int64_t> index(size_t(local.ndim()));
-      int64_t rest = l;
-      for (int d = local.ndim() - 1; d >= 0; --d) {
-        index[size_t(d)] = rest % local[d];
-        rest /= local[d];
+      const Shape cut = slice.view.ndim() > 0 ? slice.view : t.shape;
+      int64_t count = slice.view.ndim() > 0 ? local.numel() / (cut.numel() / cut[slice.dim]) : local[slice.dim];
+      if (slice.sub_range) count = slice.shard_length;
+      const Shape shard = cut.with_dim(slice.dim, count);
+      std::vector<int64_t> index(size_t(shard.ndim()));
+      int64_t rest = l + (slice.sub_range ? slice.sub_begin : 0);
+      for (int d = shard.ndim() - 1; d >= 0; --d) {
+        index[size_t(d)] = rest % shard[d];
+        rest /= shard[d];
       }
       index[size_t(slice.dim)] += slice.begin;
       g = 0;
-      for (int d = 0; d < t.shape.ndim(); ++d) g = g * t.shape[d] + index[size_t(d)];
+      for (int d = 0; d < cut.ndim(); ++d) g = g * cut[d] + index[size_t(d)];
     }
     std::memcpy(out.data() + size_t(l) * size, t.bytes.data() + size_t(g) * size, size);
   }
@@ -224,6 +234,92 @@ TEST_F(CheckpointMpi, SavesShardsAndReadsThemBackUnderAnotherLayout) {
     EXPECT_EQ(bytes_of(load.local), expected) << load.name << " slice kind " << int(load.slice.kind) << " begin "
                                               << load.slice.begin << " dim " << load.slice.dim;
   }
+}
+
+// A fused QKV weight [3·H·Dh, C] cut by heads: viewed as [3, H, Dh·C], cut along dimension 1.
+constexpr int64_t kHeads = 4, kHeadDim = 2, kChannels = 3;
+const Shape kQkvShape{3 * kHeads * kHeadDim, kChannels};
+constexpr int64_t kHeadColumns = kHeadDim * kChannels;  // Dh·C
+const Shape kQkvView{3, kHeads, kHeadColumns};
+
+TensorSlice head_slice(int part, int parts) {
+  return TensorSlice::along(1, part * kHeads / parts, kQkvView);
+}
+Shape head_local(int parts) {  // as the layer holds its shard
+  return Shape{3 * kHeads / parts * kHeadDim, kChannels};
+}
+
+TEST_F(CheckpointMpi, SavesHeadShardsAndZeroSubRangesOfEveryRank) {
+  TESSERA_SEED_TRACE();
+  SharedDir dir(*world);
+  // tp = 2 (rank % 2) × dp = ranks / 2 (rank / 2): the weight's head shard is
+  // owned by dp rank 0 (replicas elsewhere), its moment is split by ZeRO into
+  // uneven sub-ranges of the shard over the dp ranks; a third tensor is cut
+  // into `ranks` head shards, one per rank.
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<Logical> t = {{"attn.qkv.weight", kQkvShape, DType::f32, {}},
+                            {"attn.qkv.weight.exp_avg", kQkvShape, DType::bf16, {}},
+                            {"attn.qkv.heads", kQkvShape, DType::i32, {}}};
+  for (Logical& logical : t) {
+    logical.bytes.resize(size_t(logical.shape.numel()) * dtype_size(logical.dtype));
+    for (auto& b : logical.bytes) b = uint8_t(byte(rng));
+  }
+  const int tp = 2, dp = ranks / 2, tp_rank = rank % tp, dp_rank = rank / tp;
+  const int64_t shard_numel = kQkvShape.numel() / tp;
+  std::vector<std::vector<int64_t>> zero_cuts;
+  for (int s = 0; s < tp; ++s) zero_cuts.push_back(random_cuts(shard_numel, dp, rng));
+  const std::vector<int64_t>& mine = zero_cuts[size_t(tp_rank)];
+  const std::vector<TensorPiece> pieces = {
+      make_piece(ctx, t[0], head_slice(tp_rank, tp), head_local(tp), dp_rank == 0),
+      make_piece(ctx, t[1], head_slice(tp_rank, tp).with_sub_range(mine[size_t(dp_rank)], kHeads / tp),
+                 Shape{mine[size_t(dp_rank) + 1] - mine[size_t(dp_rank)]}, true),
+      make_piece(ctx, t[2], head_slice(rank, ranks), head_local(ranks), true),
+  };
+  std::string path;
+  try {
+    path = io::save_checkpoint(*world, dir.path(), 7, pieces, {{"tp", "2"}});
+  } catch (const Error& error) {
+    ADD_FAILURE() << error.what();
+  }
+  io::CheckpointReader reader(path);
+  EXPECT_TRUE(reader.verify().empty());
+
+  // Every rank reads every tensor whole, then under another cut: the
+  // moment as `ranks` head shards, the per-rank tensor as tp = 2 shards in
+  // dp sub-ranges cut elsewhere, the weight as one rank's ZeRO range of it
+  // at tp = 1 (a flat range).
+  std::vector<TensorPiece> loads;
+  for (const Logical& logical : t) loads.push_back(whole_piece(ctx, logical, true));
+  loads.push_back(make_piece(ctx, t[1], head_slice(rank, ranks), Shape{kQkvShape.numel() / ranks}, true));
+  const std::vector<int64_t> other = random_cuts(shard_numel, dp + 1, rng);
+  loads.push_back(make_piece(ctx, t[2], head_slice(tp_rank, tp).with_sub_range(other[size_t(dp_rank)], kHeads / tp),
+                             Shape{other[size_t(dp_rank) + 1] - other[size_t(dp_rank)]}, true));
+  const std::vector<int64_t> flat = random_cuts(kQkvShape.numel(), ranks, rng);
+  loads.push_back(flat_piece(ctx, t[0], flat[size_t(rank)], flat[size_t(rank) + 1]));
+  for (TensorPiece& load : loads) {
+    const std::vector<uint8_t> expected = bytes_of(load.local);  // made from the logical values
+    load.local.copy_(poisoned(ctx, load.local.shape(), load.dtype));
+    reader.read(load);
+    EXPECT_EQ(bytes_of(load.local), expected)
+        << load.name << " slice kind " << int(load.slice.kind) << " begin " << load.slice.begin << " sub-range "
+        << load.slice.sub_range << " at " << load.slice.sub_begin;
+  }
+
+  // A gap: the first rank with a non-empty ZeRO range of the moment does not own it.
+  int victim = 0;
+  while (zero_cuts[size_t(victim % tp)][size_t(victim / tp) + 1] == zero_cuts[size_t(victim % tp)][size_t(victim / tp)])
+    ++victim;
+  std::vector<TensorPiece> gap = pieces;
+  if (rank == victim) gap[1].owner = false;
+  std::string message = "(no error)";
+  try {
+    io::save_checkpoint(*world, dir.path(), 8, gap, {});
+  } catch (const Error& error) {
+    message = error.what();
+  }
+  EXPECT_NE(message.find("tensor attn.qkv.weight.exp_avg: elements ["), std::string::npos) << message;
+  EXPECT_NE(message.find("are owned by no rank"), std::string::npos) << message;
+  EXPECT_EQ(io::find_latest_checkpoint(dir.path()), path);
 }
 
 TEST_F(CheckpointMpi, GapsOverlapsAndOneRanksErrorStopEveryRank) {

@@ -5,7 +5,9 @@
 // and the reverse) continuing the loss curve of a run that never changed
 // layout; SIGTERM to one rank of a two-rank job (a checkpoint, every rank
 // exits 0, resuming continues from that step bit for bit); and a second
-// signal while that checkpoint is being written.
+// signal while that checkpoint is being written. With tensor parallelism:
+// bit-exact resume under dp = 2 × tp = 2 (ZeRO-1 over the shards), and
+// resharding between dp = 2 × tp = 2 and one rank both ways.
 //
 // Every process is spawned in its own process group and waited for with a
 // deadline, after which the whole group is killed, so nothing can hang the
@@ -210,42 +212,87 @@ std::vector<double> losses(const std::string& metrics, int64_t from, int64_t to)
   return out;
 }
 
-// Saved under one layout, resumed under another: each rank reads its own
-// slices, and the next losses are those of a run that kept its layout, to
-// f32 rounding (the gradient sums run in another order).
+// A checkpoint saved under one layout and resumed under another.
+struct LayoutChange {
+  const char* name;
+  int first_ranks, second_ranks;
+  std::vector<std::string> first_layout, second_layout;
+  std::string saved_under;  // what the resumed run must say: "resharding: the checkpoint was saved under <this>"
+};
+
+// Trains `args` for `steps` steps under the first layout (the reference),
+// again under it stopping at `stop`, then resumes under the second: each
+// rank reads its own slices, and the next losses are those of the run that
+// kept its layout, to f32 rounding (the gradient sums run in another order).
+void expect_resumed_losses_continue(const ScratchDirectory& dir, const std::vector<std::string>& args, int steps,
+                                    int stop, const LayoutChange& c) {
+  SCOPED_TRACE(c.name);
+  const std::string name = std::to_string(c.first_ranks) + "_" + std::to_string(c.second_ranks);
+  const auto run = joined(args, {"--train-steps", std::to_string(steps)});
+  run_training(c.first_ranks, joined(joined(run, c.first_layout), {"--metrics", dir / (name + "_reference.jsonl")}),
+               dir / (name + "_reference.log"));
+  const auto saving = joined(run, {"--save", dir / name, "--resume", "auto"});
+  run_training(c.first_ranks, joined(joined(saving, c.first_layout), {"--exit-interval", std::to_string(stop)}),
+               dir / (name + "_first.log"));
+  const std::string output =
+      run_training(c.second_ranks, joined(joined(saving, c.second_layout), {"--metrics", dir / (name + ".jsonl")}),
+                   dir / (name + "_second.log"));
+  EXPECT_TRUE(contains(output, "resharding: the checkpoint was saved under " + c.saved_under)) << output;
+  const std::vector<double> expected = losses(dir / (name + "_reference.jsonl"), stop + 1, steps);
+  const std::vector<double> actual = losses(dir / (name + ".jsonl"), stop + 1, steps);
+  ASSERT_EQ(expected.size(), size_t(steps - stop));
+  EXPECT_TRUE(all_close(actual, expected, Tolerance{1e-5, 1e-4}));
+}
+
 TEST(Resharding, SavedUnderTwoRanksZeroResumedOnOneAndTheReverse) {
   TESSERA_SEED_TRACE();
   ScratchDirectory dir("tessera_processes_");
   std::mt19937_64 rng = make_rng();
   const auto args = mlp_args(write_image_dataset(dir.path, 512, 6, 5, 4, rng), rng());
-  const auto steps = std::vector<std::string>{"--train-steps", "10"};
-  struct Case {
-    const char* name;
-    int first_ranks, second_ranks;
-    std::vector<std::string> first_layout, second_layout;
-  };
-  const std::vector<Case> cases = {{"dp=2 zero=1 -> 1 rank", 2, 1, {"--zero", "1"}, {}},
-                                   {"1 rank -> dp=2 zero=1", 1, 2, {}, {"--zero", "1"}}};
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.name);
-    const std::string name = std::to_string(c.first_ranks) + "_" + std::to_string(c.second_ranks);
-    // The reference keeps the first layout throughout.
-    run_training(c.first_ranks,
-                 joined(joined(joined(args, steps), c.first_layout), {"--metrics", dir / (name + "_reference.jsonl")}),
-                 dir / (name + "_reference.log"));
-    const auto saving = joined(joined(args, steps), {"--save", dir / name, "--resume", "auto"});
-    run_training(c.first_ranks, joined(joined(saving, c.first_layout), {"--exit-interval", "5"}),
-                 dir / (name + "_first.log"));
-    const std::string output =
-        run_training(c.second_ranks, joined(joined(saving, c.second_layout), {"--metrics", dir / (name + ".jsonl")}),
-                     dir / (name + "_second.log"));
-    EXPECT_TRUE(contains(output, "resharding: the checkpoint was saved under dp=" + std::to_string(c.first_ranks)))
-        << output;
-    const std::vector<double> expected = losses(dir / (name + "_reference.jsonl"), 6, 10);
-    const std::vector<double> actual = losses(dir / (name + ".jsonl"), 6, 10);
-    ASSERT_EQ(expected.size(), 5u);
-    EXPECT_TRUE(all_close(actual, expected, Tolerance{1e-5, 1e-4}));
-  }
+  expect_resumed_losses_continue(dir, args, 10, 5, {"dp=2 zero=1 -> 1 rank", 2, 1, {"--zero", "1"}, {}, "dp=2"});
+  expect_resumed_losses_continue(dir, args, 10, 5, {"1 rank -> dp=2 zero=1", 1, 2, {}, {"--zero", "1"}, "dp=1"});
+}
+
+// dp = 2 × tp = 2 on four ranks (the GPT with dropout, accumulation, and
+// ZeRO-1 over the tensor-parallel shards): 8 straight steps against 4, new
+// processes with --resume auto, and 4 more: identical final checkpoints.
+TEST(ResumeTensorParallel, DpTwoTpTwoStraightAndResumedRunsAreBitIdentical) {
+  TESSERA_SEED_TRACE();
+  ScratchDirectory dir("tessera_processes_");
+  std::mt19937_64 rng = make_rng();
+  const auto args = joined(gpt_args(write_text_dataset(dir.path, 4000, rng), rng()), {"--tp", "2", "--zero", "1"});
+  run_training(4, joined(args, {"--train-steps", "8", "--save", dir / "straight"}), dir / "straight.log");
+  const auto split = joined(args, {"--train-steps", "8", "--save", dir / "split", "--resume", "auto"});
+  run_training(4, joined(split, {"--exit-interval", "4"}), dir / "first.log");
+  const std::string second = run_training(4, split, dir / "second.log");
+  EXPECT_TRUE(contains(second, "resumed from " + (dir / "split/") + step_name(4))) << second;
+  EXPECT_FALSE(contains(second, "resharding")) << second;
+  EXPECT_TRUE(checkpoints_identical(dir / ("straight/" + step_name(8)), dir / ("split/" + step_name(8))));
+  const io::CheckpointReader reader(dir / ("split/" + step_name(8)));
+  EXPECT_EQ(reader.metadata().at("layout.dp"), "2");
+  EXPECT_EQ(reader.metadata().at("layout.tp"), "2");
+  // The logical tensors are stored whole, as a one-rank run stores them.
+  bool found = false;
+  for (const io::StoredTensor& t : reader.tensors())
+    if (t.name == "blocks.0.attn.qkv.weight") {
+      found = true;
+      EXPECT_EQ(t.shape, Shape({96, 32}));
+    }
+  EXPECT_TRUE(found);
+}
+
+// Saved under dp = 2 × tp = 2 (four ranks), resumed on one rank, and the
+// reverse (into sequence parallelism): the next losses are those of a run
+// that kept its layout.
+TEST(Resharding, SavedUnderDpTwoTpTwoResumedOnOneRankAndTheReverse) {
+  TESSERA_SEED_TRACE();
+  ScratchDirectory dir("tessera_processes_");
+  std::mt19937_64 rng = make_rng();
+  const auto args = gpt_args(write_text_dataset(dir.path, 4000, rng), rng());
+  expect_resumed_losses_continue(dir, args, 8, 4, {"dp=2 tp=2 -> 1 rank", 4, 1, {"--tp", "2"}, {}, "dp=2 tp=2"});
+  expect_resumed_losses_continue(
+      dir, args, 8, 4,
+      {"1 rank -> dp=2 tp=2 sequence-parallel", 1, 4, {}, {"--tp", "2", "--sequence-parallel"}, "dp=1 tp=1"});
 }
 
 // Every process below `root` (its descendants) that is rank `rank` of an

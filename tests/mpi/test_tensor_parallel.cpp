@@ -1,0 +1,384 @@
+// Tensor parallelism under mpiexec (2 and 4 ranks): the tensor-parallel GPT
+// against the plain nn::Gpt that every rank also builds from the same seed
+// (initial values, logits, loss and every gradient gathered whole), with and
+// without sequence parallelism, dropout and recomputation; the
+// vocabulary-parallel cross-entropy against a double-precision reference;
+// the communication each layout does per step against its formula (counted
+// by the communicator); gradient-norm counting; dp × tp training against one
+// rank; and the messages for layouts that cannot work.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "apps/trainer.h"
+#include "core/context.h"
+#include "core/nn/loss.h"
+#include "core/nn/models.h"
+#include "core/nn/optimizer.h"
+#include "parallel/data_parallel.h"
+#include "parallel/local_communicator.h"
+#include "parallel/mpi_communicator.h"
+#include "parallel/process_grid.h"
+#include "parallel/tensor_parallel.h"
+#include "tests/mpi/mpi_test.h"
+#include "tests/support/test_support.h"
+
+namespace tessera::testing {
+namespace {
+
+constexpr int64_t kIgnore = -100;
+
+std::unique_ptr<parallel::Communicator> world() {
+  return parallel::make_mpi_communicator(MPI_COMM_WORLD, "world");
+}
+
+ContextOptions one_thread() {
+  ContextOptions options;
+  options.cpu_threads = 1;
+  return options;
+}
+
+nn::ModelConfig small_gpt(float dropout = 0.0f, bool recompute = false) {
+  nn::ModelConfig m;
+  m.kind = "gpt";
+  m.vocab_size = 32;
+  m.seq_length = 8;
+  m.num_layers = 2;
+  m.num_heads = 4;
+  m.hidden_size = 16;
+  m.ffn_hidden_size = 24;
+  m.dropout = dropout;
+  m.recompute = recompute;
+  return m;
+}
+
+// The tensor-parallel sizes this world can make.
+std::vector<int> tp_sizes(int world_size) {
+  std::vector<int> sizes;
+  for (const int k : {2, 4})
+    if (world_size % k == 0) sizes.push_back(k);
+  return sizes;
+}
+
+// The whole tensor from every rank's shard of it: the shards (equal sizes
+// on every rank) are all-gathered and each rank's elements put in place
+// through its shard description (rank r holds indices [r·length, (r+1)·length)).
+std::vector<double> gather_whole(parallel::Communicator& tp, const nn::ParameterShard& shard, const Tensor& local) {
+  if (!shard.split) return local.to_doubles();
+  Tensor all = local.context().empty(Shape{local.numel() * tp.size()}, local.dtype(), Device::cpu());
+  tp.all_gather(local.flatten(), all)->wait();
+  const std::vector<double> pieces = all.to_doubles();
+  std::vector<double> whole(size_t(shard.global_shape.numel()), std::numeric_limits<double>::quiet_NaN());
+  for (int r = 0; r < tp.size(); ++r) {
+    nn::ParameterShard of_rank = shard;
+    of_rank.begin = int64_t(r) * shard.length;
+    for (const nn::ShardRun& run : nn::shard_runs(of_rank))
+      for (int64_t i = 0; i < run.count; ++i)
+        whole[size_t(run.global_offset + i)] = pieces[size_t(int64_t(r) * local.numel() + run.local_offset + i)];
+  }
+  return whole;
+}
+
+struct Batch {
+  Tensor ids, targets;
+};
+
+// Random ids and targets (a few targets ignored), the same on every rank.
+Batch random_batch(Context& ctx, const nn::ModelConfig& m, int64_t batch, std::mt19937_64& rng) {
+  Batch out;
+  out.ids = random_indices(ctx, Shape{batch, m.seq_length}, DType::i32, rng, 0, m.vocab_size).tensor;
+  std::vector<int32_t> targets =
+      random_indices(ctx, Shape{batch, m.seq_length}, DType::i32, rng, 0, m.vocab_size).tensor.to_vector<int32_t>();
+  for (size_t i = 0; i < targets.size(); i += 5) targets[i] = int32_t(kIgnore);
+  out.targets = ctx.from_vector(Shape{batch, m.seq_length}, targets);
+  return out;
+}
+
+// The logits of a tp = 1 run restricted to this rank's columns.
+std::vector<double> columns(const Tensor& logits, int64_t begin, int64_t count) {
+  const int64_t v = logits.shape()[-1], rows = logits.numel() / v;
+  const std::vector<double> all = logits.to_doubles();
+  std::vector<double> out;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < count; ++c) out.push_back(all[size_t(r * v + begin + c)]);
+  return out;
+}
+
+constexpr Tolerance kValues{0.0, 0.0};  // initialisation: the same numbers exactly
+constexpr Tolerance kForward{1e-5, 1e-6};
+constexpr Tolerance kGradients{1e-4, 2e-6};
+
+struct Variant {
+  bool sequence_parallel;
+  float dropout;
+  bool recompute;
+};
+
+// tp = K (every K the world allows) against tp = 1 from the same seed.
+TEST(TensorParallelGpt, MatchesOneRankExactlyAtInitAndWithinF32InForwardAndBackward) {
+  TESSERA_SEED_TRACE();
+  auto comm = world();
+  Context ctx(one_thread());
+  const uint64_t seed = test_seed();
+  for (const int k : tp_sizes(comm->size()))
+    for (const Variant variant : {Variant{false, 0.0f, false}, Variant{true, 0.0f, false}, Variant{false, 0.1f, true},
+                                  Variant{true, 0.1f, true}}) {
+      SCOPED_TRACE("tp=" + std::to_string(k) + " sequence_parallel=" + std::to_string(variant.sequence_parallel) +
+                   " dropout=" + std::to_string(variant.dropout) + " recompute=" + std::to_string(variant.recompute));
+      parallel::GridSizes sizes;
+      sizes.tp = k;
+      parallel::ProcessGrid grid(*comm, sizes);
+      const nn::ModelConfig m = small_gpt(variant.dropout, variant.recompute);
+      const nn::ModelSpec spec{&ctx, Device::cpu(), DType::f32, seed};
+      nn::Gpt reference(m, spec);
+      parallel::TensorParallelGpt split(m, spec, parallel::TensorParallelism{&grid.tp(), variant.sequence_parallel});
+
+      std::mt19937_64 rng(seed ^ 0x5eedull);
+      const Batch batch = random_batch(ctx, m, 3, rng);
+      const nn::Pass pass{seed, 4, 1};
+
+      // Initial values: exactly the slices of the tp = 1 tensors.
+      std::map<std::string, nn::Parameter*> whole;
+      for (nn::Parameter* p : reference.parameters()) whole[p->name] = p;
+      const std::vector<nn::Parameter*> parts = split.parameters();
+      ASSERT_EQ(parts.size(), whole.size());
+      for (nn::Parameter* p : parts) {
+        ASSERT_TRUE(whole.count(p->name)) << p->name;
+        EXPECT_TRUE(all_close(gather_whole(grid.tp(), p->shard, p->value), whole[p->name]->value.to_doubles(), kValues))
+            << p->name;
+      }
+
+      nn::Saved saved, loss_saved, split_saved, split_loss_saved;
+      Tensor logits = reference.forward(batch.ids, saved, pass);
+      const nn::CrossEntropyLoss loss(kIgnore);
+      const nn::LossValue expected = loss.forward(logits, batch.targets, loss_saved);
+      Tensor local_logits = split.forward(batch.ids, split_saved, pass);
+      const int64_t local_vocab = m.vocab_size / k;
+      EXPECT_TRUE(all_close(local_logits, columns(logits, split.vocab_begin(), local_vocab), kForward));
+      const parallel::VocabParallelCrossEntropy split_loss(grid.tp(), split.vocab_begin(), m.vocab_size, kIgnore);
+      const nn::LossValue actual = split_loss.forward(local_logits, batch.targets, split_loss_saved);
+      EXPECT_EQ(actual.count, expected.count);
+      EXPECT_NEAR(actual.loss, expected.loss, 1e-5 * std::abs(expected.loss));
+
+      loss.backward(logits, batch.targets, 0.5f, loss_saved);
+      reference.backward(logits, saved);
+      split_loss.backward(local_logits, batch.targets, 0.5f, split_loss_saved);
+      split.backward(local_logits, split_saved);
+      for (nn::Parameter* p : parts)
+        EXPECT_TRUE(
+            all_close(gather_whole(grid.tp(), p->shard, p->grad), whole[p->name]->grad.to_doubles(), kGradients))
+            << p->name;
+
+      // The global gradient norm counts each element once.
+      nn::OptimizerConfig opt;
+      parallel::DataParallelOptions dp_options;
+      dp_options.model_parallel = &grid.tp();
+      parallel::DataParallel replica(parts, grid.dp(), opt, dp_options);
+      replica.begin_micro_batch(true);
+      replica.finish_backward();
+      const double expected_norm = nn::global_grad_norm(reference.parameters()).norm;
+      // The replica averaged identical dp replicas: the same gradients.
+      EXPECT_NEAR(replica.grad_norm().norm, expected_norm, 1e-5 * expected_norm);
+    }
+}
+
+// The bytes a tp = K step moves, counted by the tensor-parallel communicator,
+// against the formula: per Transformer block one all-reduce of the
+// activations [B, T, C] in forward and one in backward for attention and for
+// the MLP, plus the embedding's (forward) and the LM head's (backward), plus
+// the loss's row statistics (max: N floats, sums: 2N floats, N = B·T).
+// Sequence parallelism replaces every all-reduce by a reduce-scatter and an
+// all-gather of the same size and adds the sums of the sequence-shard
+// gradients (LayerNorms and row-parallel biases: 6C per block; the position
+// table and ln_f: T·C + 2C).
+TEST(TensorParallelGpt, CommunicationPerStepMatchesTheFormula) {
+  TESSERA_SEED_TRACE();
+  auto comm = world();
+  Context ctx(one_thread());
+  const uint64_t seed = test_seed();
+  for (const int k : tp_sizes(comm->size()))
+    for (const bool sequence_parallel : {false, true}) {
+      SCOPED_TRACE("tp=" + std::to_string(k) + " sequence_parallel=" + std::to_string(sequence_parallel));
+      parallel::GridSizes sizes;
+      sizes.tp = k;
+      parallel::ProcessGrid grid(*comm, sizes);
+      const nn::ModelConfig m = small_gpt();
+      parallel::TensorParallelGpt split(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, seed},
+                                        parallel::TensorParallelism{&grid.tp(), sequence_parallel});
+      const parallel::VocabParallelCrossEntropy loss(grid.tp(), split.vocab_begin(), m.vocab_size, kIgnore);
+      std::mt19937_64 rng(seed);
+      const int64_t b = 3;
+      const Batch batch = random_batch(ctx, m, b, rng);
+      grid.tp().reset_counters();
+      nn::Saved saved, loss_saved;
+      Tensor logits = split.forward(batch.ids, saved, nn::Pass{seed, 0, 0});
+      loss.forward(logits, batch.targets, loss_saved);
+      loss.backward(logits, batch.targets, 1.0f, loss_saved);
+      split.backward(logits, saved);
+      const parallel::CommCounters& counted = grid.tp().counters();
+
+      const int64_t f32 = 4, n = b * m.seq_length, activation = n * m.hidden_size * f32, layers = m.num_layers;
+      const int64_t regions = 2 * (2 * layers + 1);  // forward and backward, each 2 per block + 1
+      const int64_t loss_bytes = 3 * n * f32;
+      using Kind = parallel::CommCounters;
+      if (!sequence_parallel) {
+        EXPECT_EQ(counted.calls[Kind::all_reduce], regions + 2);
+        EXPECT_EQ(counted.bytes[Kind::all_reduce], regions * activation + loss_bytes);
+        EXPECT_EQ(counted.calls[Kind::reduce_scatter] + counted.calls[Kind::all_gather], 0);
+      } else {
+        const int64_t partial = (layers * 6 * m.hidden_size + m.seq_length * m.hidden_size + 2 * m.hidden_size) * f32;
+        EXPECT_EQ(counted.calls[Kind::reduce_scatter], regions);
+        EXPECT_EQ(counted.bytes[Kind::reduce_scatter], regions * activation);
+        EXPECT_EQ(counted.calls[Kind::all_gather], regions);
+        EXPECT_EQ(counted.bytes[Kind::all_gather], regions * activation);
+        EXPECT_EQ(counted.calls[Kind::all_reduce], 2 + layers + 1);
+        EXPECT_EQ(counted.bytes[Kind::all_reduce], loss_bytes + partial);
+      }
+      if (comm->rank() == 0 && k == 2)
+        std::printf(
+            "tp=%d sequence_parallel=%d: per micro-batch of %lld tokens, C=%lld, L=%lld: %lld bytes "
+            "(all-reduce %lld in %lld calls, reduce-scatter %lld, all-gather %lld)\n",
+            k, int(sequence_parallel), static_cast<long long>(n), static_cast<long long>(m.hidden_size),
+            static_cast<long long>(layers), static_cast<long long>(counted.total_bytes()),
+            static_cast<long long>(counted.bytes[Kind::all_reduce]),
+            static_cast<long long>(counted.calls[Kind::all_reduce]),
+            static_cast<long long>(counted.bytes[Kind::reduce_scatter]),
+            static_cast<long long>(counted.bytes[Kind::all_gather]));
+    }
+}
+
+// logits [N, V] split by columns over the world (every K it allows) against a
+// double-precision log-softmax: losses, count, and each rank's columns of the
+// gradient, with ignored targets.
+TEST(VocabParallelCrossEntropy, EqualsThePlainLossIncludingIgnoredTargets) {
+  TESSERA_SEED_TRACE();
+  auto comm = world();
+  Context ctx(one_thread());
+  std::mt19937_64 rng(test_seed());
+  for (const int k : tp_sizes(comm->size())) {
+    parallel::GridSizes sizes;
+    sizes.tp = k;
+    parallel::ProcessGrid grid(*comm, sizes);
+    const int64_t n = 23, v = 12 * k, local = v / k, begin = grid.tp_rank() * local;
+    const RandomTensor full = random_tensor(ctx, Shape{n, v}, DType::f32, rng, -4.0, 4.0);
+    std::vector<int32_t> targets = random_indices(ctx, Shape{n}, DType::i32, rng, 0, v).tensor.to_vector<int32_t>();
+    for (size_t i = 1; i < targets.size(); i += 4) targets[i] = int32_t(kIgnore);
+    const Tensor target_tensor = ctx.from_vector(Shape{n}, targets);
+    std::vector<float> mine;
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < local; ++c) mine.push_back(float(full.values[size_t(r * v + begin + c)]));
+    Tensor logits = ctx.from_vector(Shape{n, local}, mine);
+
+    // Reference: mean over counted rows of logsumexp − logit[target], and its gradient.
+    double total = 0.0;
+    int64_t count = 0;
+    std::vector<double> grad(size_t(n * local), 0.0);
+    const float scale = 0.75f;
+    int64_t counted_rows = 0;
+    for (const int32_t t : targets) counted_rows += t != kIgnore;
+    for (int64_t r = 0; r < n; ++r) {
+      if (targets[size_t(r)] == kIgnore) continue;
+      double m = -INFINITY, s = 0.0;
+      for (int64_t c = 0; c < v; ++c) m = std::max(m, full.values[size_t(r * v + c)]);
+      for (int64_t c = 0; c < v; ++c) s += std::exp(full.values[size_t(r * v + c)] - m);
+      const double lse = m + std::log(s);
+      total += lse - full.values[size_t(r * v + targets[size_t(r)])];
+      ++count;
+      for (int64_t c = 0; c < local; ++c) {
+        const double p = std::exp(full.values[size_t(r * v + begin + c)] - lse);
+        grad[size_t(r * local + c)] =
+            scale / double(counted_rows) * (p - (begin + c == targets[size_t(r)] ? 1.0 : 0.0));
+      }
+    }
+    const parallel::VocabParallelCrossEntropy loss(grid.tp(), begin, v, kIgnore);
+    nn::Saved saved;
+    const nn::LossValue value = loss.forward(logits, target_tensor, saved);
+    EXPECT_EQ(value.count, count);
+    EXPECT_NEAR(value.loss, total / double(count), 1e-5 * total / double(count));
+    loss.backward(logits, target_tensor, scale, saved);
+    EXPECT_TRUE(all_close(logits, grad, Tolerance{1e-5, 1e-7}));
+  }
+}
+
+app::TrainConfig synthetic_gpt(int64_t micro, int tp, bool sequence_parallel) {
+  app::TrainConfig c;
+  c.model = "gpt";
+  c.vocab_size = 32;
+  c.seq_length = 8;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.hidden_size = 16;
+  c.synthetic = true;
+  c.micro_batch_size = micro;
+  c.train_steps = 20;
+  c.optimizer = "adamw";
+  c.lr = 3e-3f;
+  c.warmup_steps = 2;
+  c.clip_grad = 0.5f;  // active: the norm must count split and replicated parameters right
+  c.threads = 1;
+  c.log_interval = 1000;
+  c.tensor_parallel = tp;
+  c.sequence_parallel = sequence_parallel;
+  return c;
+}
+
+// `tessera train` with dp × tp on the world against one rank with the whole
+// global batch: the same loss at each of 20 steps within f32 tolerance.
+TEST(TensorParallelTrainer, DataTimesTensorParallelEqualsOneRankOverTwentySteps) {
+  auto comm = world();
+  const int ranks = comm->size();
+  const int tp = 2, dp = ranks / tp;
+  for (const bool sequence_parallel : {false, true}) {
+    SCOPED_TRACE("dp=" + std::to_string(dp) + " tp=2 sequence_parallel=" + std::to_string(sequence_parallel));
+    const app::TrainResult actual = app::train(synthetic_gpt(2, tp, sequence_parallel));
+    EXPECT_EQ(actual.data_parallel_size, dp);
+    const auto local = parallel::make_local_communicator();
+    const app::TrainResult expected = app::train(synthetic_gpt(2 * dp, 1, false), *local);
+    ASSERT_EQ(actual.losses.size(), expected.losses.size());
+    for (size_t s = 0; s < expected.losses.size(); ++s)
+      EXPECT_NEAR(actual.losses[s], expected.losses[s], 2e-4 * std::abs(expected.losses[s])) << "step " << s + 1;
+    EXPECT_LT(expected.losses.back(), expected.losses.front() - 0.1);
+  }
+}
+
+// Layouts that cannot work fail at start with the numbers in the message.
+TEST(TensorParallelTrainer, BadLayoutsFailAtStartNamingTheNumbers) {
+  auto comm = world();
+  const int ranks = comm->size();
+  const auto message_of = [](const app::TrainConfig& c) -> std::string {
+    try {
+      app::train(c);
+    } catch (const Error& error) {
+      return error.what();
+    }
+    return "(no error)";
+  };
+  app::TrainConfig heads = synthetic_gpt(2, 2, false);
+  heads.hidden_size = 18;
+  heads.num_heads = 3;
+  EXPECT_THAT(message_of(heads), ::testing::HasSubstr("--num-heads 3 is not divisible by --tensor-parallel 2"));
+  app::TrainConfig vocab = synthetic_gpt(2, 2, false);
+  vocab.vocab_size = 33;
+  EXPECT_THAT(message_of(vocab), ::testing::HasSubstr("--vocab-size 33 is not divisible by --tensor-parallel 2"));
+  EXPECT_THAT(message_of(vocab), ::testing::HasSubstr("--vocab-size 34"));
+  app::TrainConfig world_size = synthetic_gpt(2, ranks + 1, false);
+  const std::string text = message_of(world_size);
+  EXPECT_THAT(text, ::testing::HasSubstr(std::to_string(ranks) + " ranks"));
+  EXPECT_THAT(text, ::testing::HasSubstr(std::to_string(ranks + 1)));
+  app::TrainConfig sequence = synthetic_gpt(2, 2, true);
+  sequence.seq_length = 7;
+  EXPECT_THAT(message_of(sequence), ::testing::HasSubstr("--seq-length 7 is not divisible by --tensor-parallel 2"));
+  app::TrainConfig mlp = synthetic_gpt(2, 2, false);
+  mlp.model = "mlp";
+  EXPECT_THAT(message_of(mlp), ::testing::HasSubstr("--model mlp"));
+}
+
+}  // namespace
+}  // namespace tessera::testing
