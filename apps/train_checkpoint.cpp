@@ -145,14 +145,15 @@ std::string save_training_checkpoint(const TrainState& s, const Counters& k) {
     io::TensorPiece piece = parameter_piece(*p);
     piece.local = p->value;
     // One writer per element: data-parallel replicas and, for tensors every
-    // tensor-parallel rank holds whole, the tp ranks after the first write nothing.
-    piece.owner = s.dp_rank == 0 && (p->shard.split || s.tp_rank == 0);
+    // tensor-parallel rank holds whole, the tp ranks after the first write
+    // nothing; nor does the last pipeline stage's tied copy of the embedding.
+    piece.owner = s.dp_rank == 0 && (p->shard.split || s.tp_rank == 0) && !p->tied_copy;
     pieces.push_back(std::move(piece));
   }
   for (const parallel::OptimizerStateSlice& slice : s.replica->optimizer_state_slices()) {
     io::TensorPiece piece = state_piece(slice);
     piece.local = *slice.local;
-    piece.owner = slice.owner && (slice.parameter->shard.split || s.tp_rank == 0);
+    piece.owner = slice.owner && (slice.parameter->shard.split || s.tp_rank == 0) && !slice.parameter->tied_copy;
     pieces.push_back(std::move(piece));
   }
 

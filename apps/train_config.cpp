@@ -71,11 +71,25 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
   command.add_option("--threads", c.threads, "CPU threads (0: OpenMP's default)")->group(machine);
   command.add_option("--seed", c.seed, "Seed of initialisation, data order and dropout")->group(machine);
 
-  const std::string parallel = "Parallelism (launch with mpirun -np N; dp = N / tensor-parallel)";
+  const std::string parallel = "Parallelism (launch with mpirun -np N; dp = N / (tensor-parallel x pipeline-parallel))";
   command
       .add_option("--tensor-parallel,--tp", c.tensor_parallel,
                   "Split every GPT layer over K ranks (column/row-parallel, vocab-parallel embedding and loss)")
       ->check(CLI::PositiveNumber)
+      ->group(parallel);
+  command
+      .add_option("--pipeline-parallel,--pp", c.pipeline_parallel,
+                  "Split the model's layers into P pipeline stages (gpt, mlp); micro-batches = global batch / "
+                  "(micro-batch x dp)")
+      ->check(CLI::PositiveNumber)
+      ->group(parallel);
+  command.add_option("--pipeline-schedule", c.pipeline_schedule, "gpipe or 1f1b (at most P micro-batches in flight)")
+      ->check(CLI::IsMember({"gpipe", "1f1b"}))
+      ->group(parallel);
+  command
+      .add_option("--pipeline-split", c.pipeline_split,
+                  "Stage boundaries in layers, e.g. 0,5,9,12 for 3 stages of a 12-layer GPT (default: balanced by "
+                  "parameter count)")
       ->group(parallel);
   command
       .add_flag("--sequence-parallel", c.sequence_parallel,
@@ -175,6 +189,14 @@ void validate(const TrainConfig& c) {
   TESSERA_CHECK(c.max_skipped_steps > 0, "--max-skipped-steps must be positive, got ", c.max_skipped_steps);
   TESSERA_CHECK(c.zero == 0 || c.zero == 1, "--zero must be 0 or 1, got ", c.zero);
   TESSERA_CHECK(c.tensor_parallel >= 1, "--tensor-parallel must be at least 1, got ", c.tensor_parallel);
+  TESSERA_CHECK(c.pipeline_parallel >= 1, "--pipeline-parallel must be at least 1, got ", c.pipeline_parallel);
+  TESSERA_CHECK(c.pipeline_parallel == 1 || c.model == "gpt" || c.model == "mlp", "--pipeline-parallel ",
+                c.pipeline_parallel, " splits the layers of --model gpt or mlp; --model ", c.model,
+                " trains with --pipeline-parallel 1");
+  TESSERA_CHECK(c.pipeline_schedule == "gpipe" || c.pipeline_schedule == "1f1b", "--pipeline-schedule '",
+                c.pipeline_schedule, "' is not a schedule this build knows; use gpipe or 1f1b");
+  TESSERA_CHECK(c.pipeline_split.empty() || c.pipeline_parallel > 1, "--pipeline-split '", c.pipeline_split,
+                "' needs --pipeline-parallel > 1");
   TESSERA_CHECK(c.tensor_parallel == 1 || c.model == "gpt", "--tensor-parallel ", c.tensor_parallel,
                 " splits the layers of --model gpt; --model ", c.model,
                 " trains with data parallelism only (drop --tensor-parallel)");
@@ -217,10 +239,11 @@ std::string describe(const TrainConfig& c) {
       << " min_lr=" << c.min_lr << " warmup_steps=" << c.warmup_steps << " lr_decay_style=" << c.lr_decay_style
       << " weight_decay=" << c.weight_decay << " clip_grad=" << c.clip_grad << "\nprecision=" << c.precision
       << " device=" << c.device << " threads=" << c.threads << " seed=" << c.seed
-      << "\ntensor_parallel=" << c.tensor_parallel << " sequence_parallel=" << c.sequence_parallel << " zero=" << c.zero
-      << " bucket_size_mb=" << c.bucket_size_mb << " comm_backend=" << c.comm_backend
-      << "\neval_interval=" << c.eval_interval << " eval_iters=" << c.eval_iters << " metrics=" << c.metrics
-      << " trace=" << c.trace;
+      << "\ntensor_parallel=" << c.tensor_parallel << " sequence_parallel=" << c.sequence_parallel
+      << " pipeline_parallel=" << c.pipeline_parallel << " pipeline_schedule=" << c.pipeline_schedule
+      << " pipeline_split=" << c.pipeline_split << " zero=" << c.zero << " bucket_size_mb=" << c.bucket_size_mb
+      << " comm_backend=" << c.comm_backend << "\neval_interval=" << c.eval_interval << " eval_iters=" << c.eval_iters
+      << " metrics=" << c.metrics << " trace=" << c.trace;
   if (!c.save.empty() || !c.resume.empty())
     out << "\nsave=" << c.save << " save_interval=" << c.save_interval << " keep_checkpoints=" << c.keep_checkpoints
         << " resume=" << c.resume << " exit_interval=" << c.exit_interval;
@@ -285,6 +308,9 @@ std::vector<std::pair<std::string, std::string>> settings(const TrainConfig& c) 
       {"seed", std::to_string(c.seed)},
       {"tensor-parallel", std::to_string(c.tensor_parallel)},
       {"sequence-parallel", flag(c.sequence_parallel)},
+      {"pipeline-parallel", std::to_string(c.pipeline_parallel)},
+      {"pipeline-schedule", c.pipeline_schedule},
+      {"pipeline-split", c.pipeline_split},
       {"zero", std::to_string(c.zero)},
       {"bucket-size-mb", exact(c.bucket_size_mb)},
       {"comm-backend", c.comm_backend},

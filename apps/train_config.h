@@ -57,11 +57,14 @@ struct TrainConfig {
   int threads = 0;                 // CPU threads; 0: OpenMP's default
   uint64_t seed = 1234;
 
-  // Parallelism: world = dp × tp (× pp); dp = world / tp.
-  int tensor_parallel = 1;            // --tensor-parallel/--tp K: split each GPT layer over K ranks (Megatron-style)
-  bool sequence_parallel = false;     // --sequence-parallel: shard norms/dropout along the sequence (tp > 1)
-  int zero = 0;                       // --zero 0|1: 1 shards the optimizer state over the ranks (ZeRO-1)
-  double bucket_size_mb = 25.0;       // --bucket-size-mb: gradient all-reduce bucket size (MiB of f32)
+  // Parallelism: world = dp × tp × pp; dp = world / (tp · pp).
+  int tensor_parallel = 1;         // --tensor-parallel/--tp K: split each GPT layer over K ranks (Megatron-style)
+  bool sequence_parallel = false;  // --sequence-parallel: shard norms/dropout along the sequence (tp > 1)
+  int pipeline_parallel = 1;       // --pipeline-parallel/--pp P: consecutive layers on P stages
+  std::string pipeline_schedule = "1f1b";  // --pipeline-schedule gpipe|1f1b
+  std::string pipeline_split;              // --pipeline-split 0,5,9,12: stage boundaries (empty: balanced)
+  int zero = 0;                            // --zero 0|1: 1 shards the optimizer state over the ranks (ZeRO-1)
+  double bucket_size_mb = 25.0;            // --bucket-size-mb: gradient all-reduce bucket size (MiB of f32)
   std::string comm_backend = "auto";  // --comm-backend auto|mpi|nccl (auto: NCCL for CUDA devices when built, else MPI)
 
   // Evaluation and output.

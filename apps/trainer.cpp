@@ -41,6 +41,7 @@
 #include "parallel/library_versions.h"
 #include "parallel/local_communicator.h"
 #include "parallel/mpi_env.h"
+#include "parallel/pipeline.h"
 #include "parallel/process_grid.h"
 #include "parallel/process_group.h"
 #include "parallel/tensor_parallel.h"
@@ -191,8 +192,17 @@ std::string first_non_finite_gradient(const std::vector<nn::Parameter*>& paramet
 // all ranks run the same number of batches), then the loss sums, target
 // counts and correct counts are summed over the ranks. --eval-iters counts
 // global batches.
+// Under pipeline parallelism (`pipeline` non-null) the batches flow through
+// the stages and the last one computes the sums, which it then shares with
+// the other stages.
+struct PipelineEval {
+  parallel::PipelineEngine* engine = nullptr;
+  parallel::Communicator* stages = nullptr;         // the pipeline axis
+  std::function<Shape(const Tensor&)> input_shape;  // what a stage after the first receives for a batch's inputs
+};
+
 EvalResult evaluate(Context& ctx, nn::Module& model, const nn::Loss& loss, const TrainConfig& c, Device device,
-                    DType dtype, io::TraceWriter& trace, parallel::Communicator& dp) {
+                    DType dtype, io::TraceWriter& trace, parallel::Communicator& dp, const PipelineEval& pipeline) {
   auto scope = trace.scope("eval", "eval");
   io::LoaderOptions options;
   options.batch_size = c.micro_batch_size;
@@ -215,20 +225,34 @@ EvalResult evaluate(Context& ctx, nn::Module& model, const nn::Loss& loss, const
     io::Batch batch = loader.next();
     if (batch.targets.numel() == 0) continue;
     nn::Saved saved, loss_saved;
-    Tensor logits = model.forward(batch.inputs, saved, nn::Pass{c.seed, 0, 0});
+    const nn::Pass pass{c.seed, 0, 0};
+    Tensor logits = pipeline.engine
+                        ? pipeline.engine->forward_only(batch.inputs, pipeline.input_shape(batch.inputs), dtype, pass)
+                        : model.forward(batch.inputs, saved, pass);
+    if (!logits.defined()) continue;  // a pipeline stage before the last
     if (classifier) correct += nn::count_correct(logits, batch.targets);
     const nn::LossValue value = loss.forward(logits, batch.targets, loss_saved);
     loss_sum += value.loss * double(value.count);
     count += value.count;
   }
   model.train();
-  if (dp.size() > 1) {
+  // Summed over the data-parallel replicas; under pipeline parallelism
+  // computed by the last stage and handed to the others.
+  const bool pipelined = pipeline.engine && pipeline.stages->size() > 1;
+  if (dp.size() > 1 || pipelined) {
     Tensor sum = ctx.from_vector(Shape{1}, std::vector<float>{float(loss_sum)}, device);
     Tensor counts = ctx.from_vector(Shape{2}, std::vector<int64_t>{count, correct}, device);
-    parallel::CommHandle sum_done = dp.all_reduce(sum, parallel::ReduceOp::sum);
-    parallel::CommHandle counts_done = dp.all_reduce(counts, parallel::ReduceOp::sum);
-    sum_done->wait();
-    counts_done->wait();
+    if (dp.size() > 1) {
+      parallel::CommHandle sum_done = dp.all_reduce(sum, parallel::ReduceOp::sum);
+      parallel::CommHandle counts_done = dp.all_reduce(counts, parallel::ReduceOp::sum);
+      sum_done->wait();
+      counts_done->wait();
+    }
+    if (pipelined) {
+      const int last = pipeline.stages->size() - 1;
+      pipeline.stages->broadcast(sum, last)->wait();
+      pipeline.stages->broadcast(counts, last)->wait();
+    }
     loss_sum = sum.to_vector<float>()[0];
     const std::vector<int64_t> totals = counts.to_vector<int64_t>();
     count = totals[0];
@@ -239,6 +263,31 @@ EvalResult evaluate(Context& ctx, nn::Module& model, const nn::Loss& loss, const
   result.loss = count > 0 ? loss_sum / double(count) : 0.0;
   if (classifier) result.accuracy = count > 0 ? double(correct) / double(count) : 0.0;
   return result;
+}
+
+// Pipeline stage boundaries over the model's layers: --pipeline-split, or
+// balanced by parameter count (the first stage also holds the embeddings,
+// the last the final norm and the LM head's copy of the tied table).
+std::vector<int64_t> stage_bounds(const nn::ModelConfig& m, const TrainConfig& c, int stages) {
+  const int64_t layers = nn::pipeline_layers(m);
+  if (!c.pipeline_split.empty()) return parallel::parse_pipeline_split(c.pipeline_split, layers, stages);
+  std::vector<int64_t> costs;
+  int64_t first = 0, last = 0;
+  if (m.kind == "gpt") {
+    const int64_t h = m.hidden_size, f = m.ffn();
+    const int64_t block = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h);
+    costs.assign(size_t(layers), block);
+    first = m.vocab_size * h + m.seq_length * h;
+    last = m.vocab_size * h + 2 * h;
+  } else {
+    int64_t in = m.channels * m.height * m.width;
+    for (int64_t i = 0; i < layers; ++i) {
+      const int64_t out = i + 1 == layers ? m.num_classes : m.hidden[size_t(i)];
+      costs.push_back(in * out + out);
+      in = out;
+    }
+  }
+  return parallel::partition_layers(costs, first, last, stages);
 }
 
 // --device cuda: the local rank's GPU under MPI; otherwise as given.
@@ -311,7 +360,7 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
   parallel::Communicator* world = env ? owned.get() : given;
   parallel::GridSizes grid_sizes;
   grid_sizes.tp = c.tensor_parallel;
-  grid_sizes.pp = 1;
+  grid_sizes.pp = c.pipeline_parallel;
   parallel::ProcessGrid grid(*world, grid_sizes);
   parallel::Communicator& dp = grid.dp();
   const bool root = world->rank() == 0;
@@ -332,25 +381,65 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
   spec.device = device;
   spec.dtype = dtype;
   spec.seed = c.seed;
-  // tp = 1: the plain model and loss; tp > 1: this rank's part of the
-  // tensor-parallel GPT (same parameter names and values) and the
-  // vocabulary-parallel loss.
+  // This rank's part of the model: the layers of its pipeline stage, split
+  // over its tensor-parallel group (same parameter names and values as the
+  // whole model), with the vocabulary-parallel loss; or, for tp = pp = 1,
+  // the plain model and loss.
   const std::string tp_problem = parallel::tensor_parallel_problem(model_cfg, grid.tp_size(), c.sequence_parallel);
   TESSERA_CHECK(tp_problem.empty(), tp_problem);
+  TESSERA_CHECK(grid.pp().rank() == grid.pp_rank(), "process grid: pipeline rank ", grid.pp().rank(), " is not stage ",
+                grid.pp_rank());
+  nn::StageLayers stage;
+  stage.stage = grid.pp_rank();
+  stage.stages = grid.pp_size();
+  std::string stage_description;
+  if (grid.pp_size() > 1) {
+    const std::vector<int64_t> bounds = stage_bounds(model_cfg, c, grid.pp_size());
+    stage.begin = bounds[size_t(stage.stage)];
+    stage.end = bounds[size_t(stage.stage) + 1];
+    std::ostringstream text;
+    text << "pipeline: " << grid.pp_size() << " stages, " << c.pipeline_schedule << ", "
+         << (model_cfg.kind == "gpt" ? "blocks" : "layers");
+    for (size_t s = 0; s + 1 < bounds.size(); ++s)
+      text << (s ? ", " : " ") << "[" << bounds[s] << ", " << bounds[s + 1] << ")";
+    stage_description = text.str();
+  }
   std::unique_ptr<nn::Module> model;
   std::unique_ptr<nn::Loss> loss_function;
-  if (grid.tp_size() > 1) {
+  nn::Parameter* tied_table = nullptr;  // pp > 1, first and last stage: the embedding table whose gradients are summed
+  std::function<Shape(const Tensor&)> stage_input_shape;  // pp > 1: what this stage receives for a batch's inputs
+  if (model_cfg.kind == "gpt" && (grid.tp_size() > 1 || grid.pp_size() > 1)) {
     auto gpt = std::make_unique<parallel::TensorParallelGpt>(
-        model_cfg, spec, parallel::TensorParallelism{&grid.tp(), c.sequence_parallel});
-    loss_function =
-        std::make_unique<parallel::VocabParallelCrossEntropy>(grid.tp(), gpt->vocab_begin(), model_cfg.vocab_size);
+        model_cfg, spec, parallel::TensorParallelism{&grid.tp(), c.sequence_parallel}, stage);
+    const int64_t local_vocab = model_cfg.vocab_size / grid.tp_size();
+    loss_function = std::make_unique<parallel::VocabParallelCrossEntropy>(grid.tp(), grid.tp_rank() * local_vocab,
+                                                                          model_cfg.vocab_size);
+    if (grid.pp_size() > 1) tied_table = gpt->embedding_table();
+    const parallel::TensorParallelGpt* stage_model = gpt.get();
+    stage_input_shape = [stage_model](const Tensor& ids) {
+      return stage_model->hidden_shape(ids.size(0), ids.size(1));
+    };
     model = std::move(gpt);
   } else {
-    model = nn::build_model(model_cfg, spec);
+    model = nn::build_model(model_cfg, spec, stage);
     loss_function = std::make_unique<nn::CrossEntropyLoss>();
+    const int64_t width = stage.begin == 0 ? model_cfg.channels * model_cfg.height * model_cfg.width
+                                           : (stage.begin > 0 ? model_cfg.hidden[size_t(stage.begin) - 1] : 0);
+    stage_input_shape = [width](const Tensor& inputs) { return Shape{inputs.size(0), width}; };
   }
   const nn::Loss& loss = *loss_function;
   std::vector<nn::Parameter*> parameters = model->parameters();
+  // Pipeline groups (collective over the world, so every rank makes them):
+  // the ranks of one replica's model (tp x pp, for the gradient norm) and
+  // the first and last stage of one tensor-parallel rank (the tied embedding).
+  std::unique_ptr<parallel::Communicator> model_group, embedding_group;
+  if (grid.pp_size() > 1) {
+    model_group = world->split(grid.dp_rank(), world->rank(), "model");
+    const bool end_stage = stage.first() || stage.last();
+    const int color =
+        end_stage ? grid.dp_rank() * grid.tp_size() + grid.tp_rank() : grid.dp_size() * grid.tp_size() + world->rank();
+    embedding_group = world->split(color, world->rank(), "embedding");
+  }
 
   nn::OptimizerConfig opt;
   opt.kind = nn::parse_optimizer_kind(c.optimizer);
@@ -380,7 +469,11 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
   parallel::DataParallelOptions dp_options;
   dp_options.zero_stage = c.zero;
   dp_options.bucket_size_mb = c.bucket_size_mb;
-  dp_options.model_parallel = &grid.tp();
+  dp_options.model_parallel = model_group ? model_group.get() : &grid.tp();
+  const int tp_rank = grid.tp_rank();
+  dp_options.counts_in_norm = [tp_rank](const nn::Parameter& p) {
+    return !p.tied_copy && (p.shard.split || tp_rank == 0);
+  };
   if (trace.enabled()) {
     dp_options.clock = [&trace] { return trace.now_ns(); };
     dp_options.on_event = [&trace](const parallel::CommEvent& event) {
@@ -389,6 +482,17 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
   }
   parallel::DataParallel replica(parameters, dp, opt, dp_options);
   nn::GradScaler scaler = nn::GradScaler::for_dtype(dtype);
+  std::unique_ptr<parallel::PipelineEngine> engine;
+  if (grid.pp_size() > 1) {
+    parallel::PipelineOptions pipeline_options;
+    pipeline_options.schedule = parallel::parse_pipeline_schedule(c.pipeline_schedule);
+    if (trace.enabled()) {
+      pipeline_options.clock = [&trace] { return trace.now_ns(); };
+      pipeline_options.on_event = [&trace](const std::string& name, const std::string& category, int64_t start,
+                                           int64_t end) { trace.complete(name, category, start, end); };
+    }
+    engine = std::make_unique<parallel::PipelineEngine>(*model, grid.pp(), loss, pipeline_options);
+  }
 
   // What checkpoints save and restore.
   TrainState state;
@@ -404,6 +508,7 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
   state.pp = grid_sizes.pp;
   state.dp_rank = dp.rank();
   state.tp_rank = grid.tp_rank();
+  state.pp_rank = grid.pp_rank();
   state.global_micro_batch = c.micro_batch_size * dp.size();
   Counters counters;
   std::optional<Resumed> resumed;
@@ -465,6 +570,7 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
     std::printf("tessera train: %s\n%s\n", ctx.describe().c_str(), describe(c).c_str());
     std::printf("ranks: %s; %s; communicator %s; data parallel: %s\n", layout.c_str(), grid.describe().c_str(),
                 backend.c_str(), replica_description.c_str());
+    if (!stage_description.empty()) std::printf("%s\n", stage_description.c_str());
     if (env) std::printf("mpi: %s; nccl: %s\n", mpi_library_version().c_str(), nccl_library_version().c_str());
     if (data_info) std::printf("data: %s\n", data_info->describe().c_str());
     if (resumed) {
@@ -526,7 +632,47 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
     int64_t epoch = 0;
     Tensor global_loss;  // the loss averaged over the ranks, in flight during the last backward
     parallel::CommHandle global_loss_done;
-    for (int64_t micro = 0; micro < accumulation; ++micro) {
+    parallel::PipelineStepStats pipeline_stats;
+    if (engine) {
+      // The step's micro-batches through the pipeline schedule; the
+      // data-parallel reduction after the flush.
+      parallel::PipelineStep pipeline_step;
+      pipeline_step.micro_batches = int(accumulation);
+      for (int64_t micro = 0; micro < accumulation; ++micro) {
+        auto scope = trace.scope("data_wait", "data");
+        io::Batch batch = source.next();
+        epoch = batch.epoch;
+        counters.sampler = source.after(batch);
+        if (micro == 0) pipeline_step.input_shape = stage_input_shape(batch.inputs);
+        pipeline_step.inputs.push_back(batch.inputs);
+        pipeline_step.targets.push_back(batch.targets);
+      }
+      pipeline_step.activation_dtype = dtype;
+      pipeline_step.loss_scale = loss_scale;
+      const int dp_size = dp.size(), dp_rank = dp.rank();
+      pipeline_step.pass = [&, step, dp_size, dp_rank](int micro) {
+        return nn::Pass{c.seed, uint64_t(step), uint64_t(micro * dp_size + dp_rank)};
+      };
+      pipeline_step.before_backward = [&replica](int) { replica.begin_micro_batch(false); };
+      pipeline_stats = engine->run(pipeline_step);
+      if (embedding_group && embedding_group->size() > 1 && tied_table) {
+        // The first stage's table and the last stage's tied copy: one gradient.
+        auto scope = trace.scope("embedding_grad_sync", "comm");
+        embedding_group->all_reduce(tied_table->grad, parallel::ReduceOp::sum)->wait();
+      }
+      {
+        auto scope = trace.scope("grad_sync", "comm");
+        replica.begin_micro_batch(true);
+        replica.finish_backward();
+      }
+      // The loss is the last stage's: shared over the pipeline, averaged over the replicas.
+      global_loss = ctx.from_vector(Shape{1}, std::vector<float>{float(pipeline_stats.loss_sum)}, device);
+      grid.pp().broadcast(global_loss, grid.pp_size() - 1)->wait();
+      if (dp.size() > 1) dp.all_reduce(global_loss, parallel::ReduceOp::avg)->wait();
+      loss_sum = global_loss.to_vector<float>()[0];
+      global_loss = Tensor();
+    }
+    for (int64_t micro = 0; !engine && micro < accumulation; ++micro) {
       const bool last_micro = micro + 1 == accumulation;
       replica.begin_micro_batch(last_micro);
       io::Batch batch;
@@ -608,6 +754,11 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
     record.skipped = skipped;
     record.epoch = epoch;
     record.extra.emplace_back("grad_sync_ms", double(sync.reduction_end_ns - sync.backward_end_ns) * 1e-6);
+    if (engine) {
+      // This stage's idle share of the pipeline part of the step (the bubble).
+      const double span = double(pipeline_stats.end_ns - pipeline_stats.start_ns);
+      record.extra.emplace_back("pipeline_idle", span > 0 ? double(pipeline_stats.idle_ns()) / span : 0.0);
+    }
     // Bytes this rank's tensor-parallel group moved in the step (counted by the communicator).
     if (grid.tp_size() > 1)
       record.extra.emplace_back("tp_comm_bytes", double(grid.tp().counters().total_bytes() - tp_bytes_before));
@@ -625,7 +776,8 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
     const bool due = c.eval_interval > 0 ? (step + 1) % c.eval_interval == 0
                                          : evaluate_per_epoch && (step + 1) % steps_per_epoch == 0;
     if (!c.eval_data.empty() && (due || last)) {
-      const EvalResult eval = evaluate(ctx, *model, loss, c, device, dtype, trace, dp);
+      const EvalResult eval = evaluate(ctx, *model, loss, c, device, dtype, trace, dp,
+                                       PipelineEval{engine.get(), &grid.pp(), stage_input_shape});
       io::EvalRecord eval_record;
       eval_record.step = step + 1;
       eval_record.eval_loss = eval.loss;

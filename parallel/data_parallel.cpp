@@ -263,6 +263,7 @@ nn::GradNorm DataParallel::grad_norm() {
   Communicator* model_parallel =
       options_.model_parallel && options_.model_parallel->size() > 1 ? options_.model_parallel : nullptr;
   const auto counted = [&](const nn::Parameter& p) {
+    if (options_.counts_in_norm) return options_.counts_in_norm(p);
     return !model_parallel || p.shard.split || model_parallel->rank() == 0;
   };
   std::vector<nn::Parameter*> local;

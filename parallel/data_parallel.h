@@ -75,6 +75,10 @@ struct DataParallelOptions {
   // replicated one once, and sums over the group, so the norm is the one
   // tp = 1 computes.
   Communicator* model_parallel = nullptr;
+  // Which parameters this rank counts in the norm (empty: split ones always,
+  // replicated ones on the model-parallel group's rank 0). Pipeline
+  // parallelism passes its own rule (a tied copy counts nowhere).
+  std::function<bool(const nn::Parameter&)> counts_in_norm{};
 };
 
 // Overlap evidence for the last step's gradient reduction, on `clock`.

@@ -566,31 +566,45 @@ std::string tensor_parallel_problem(const nn::ModelConfig& config, int tp, bool 
   return out.str();
 }
 
-TensorParallelGpt::TensorParallelGpt(const nn::ModelConfig& config, const nn::ModelSpec& spec, TensorParallelism tp)
-    : Module(spec, ""), config_(config), tp_(tp) {
+TensorParallelGpt::TensorParallelGpt(const nn::ModelConfig& config, const nn::ModelSpec& spec, TensorParallelism tp,
+                                     const nn::StageLayers& stage)
+    : Module(spec, ""), config_(config), tp_(tp), stage_(stage) {
   config_.validate();
   if (tp_.size() == 1) tp_.sequence_parallel = false;
   const std::string problem = tensor_parallel_problem(config_, tp_.size(), tp_.sequence_parallel);
   TESSERA_CHECK(problem.empty(), problem);
+  if (stage_.end < 0) stage_.end = config_.num_layers;
+  TESSERA_CHECK(stage_.begin >= 0 && stage_.begin <= stage_.end && stage_.end <= config_.num_layers,
+                "gpt pipeline stage ", stage_.stage, ": blocks [", stage_.begin, ", ", stage_.end,
+                ") are not among its ", config_.num_layers, " blocks");
   const int64_t c = config_.hidden_size;
-  wte_ = &add_child<VocabParallelEmbedding>(spec, "wte", tp_, config_.vocab_size, c);
-  wpe_ = &add_child<nn::PositionEmbedding>(spec, "wpe", config_.seq_length, c);
-  if (tp_.sequence_parallel) wpe_->set_sequence_shard(tp_.rank(), tp_.size());
-  dropout_ = &add_child<TensorParallelDropout>(spec, "dropout", tp_, config_.dropout);
-  for (int64_t i = 0; i < config_.num_layers; ++i)
+  // The first stage's embedding, or the last stage's tied copy for the head.
+  if (stage_.first() || stage_.last())
+    wte_ = &add_child<VocabParallelEmbedding>(spec, "wte", tp_, config_.vocab_size, c);
+  if (stage_.first()) {
+    wpe_ = &add_child<nn::PositionEmbedding>(spec, "wpe", config_.seq_length, c);
+    if (tp_.sequence_parallel) wpe_->set_sequence_shard(tp_.rank(), tp_.size());
+    dropout_ = &add_child<TensorParallelDropout>(spec, "dropout", tp_, config_.dropout);
+  } else if (wte_) {
+    wte_->weight().tied_copy = true;
+  }
+  for (int64_t i = stage_.begin; i < stage_.end; ++i)
     blocks_.push_back(&add_child<ParallelTransformerBlock>(spec, "blocks." + std::to_string(i), tp_, c,
                                                            config_.num_heads, config_.ffn(), config_.dropout,
                                                            config_.recompute));
-  ln_f_ = &add_child<nn::LayerNorm>(spec, "ln_f", c);
-  if (tp_.sequence_parallel)
-    partial_ = std::make_unique<SequenceParallelGradients>(
-        std::vector<nn::Parameter*>{&wpe_->weight(), &ln_f_->weight(), ln_f_->bias()}, *tp_.group);
+  if (stage_.last()) ln_f_ = &add_child<nn::LayerNorm>(spec, "ln_f", c);
+  if (tp_.sequence_parallel) {
+    std::vector<nn::Parameter*> partial;
+    if (wpe_) partial.push_back(&wpe_->weight());
+    if (ln_f_) partial.insert(partial.end(), {&ln_f_->weight(), ln_f_->bias()});
+    if (!partial.empty()) partial_ = std::make_unique<SequenceParallelGradients>(partial, *tp_.group);
+  }
 
   // GPT-2 initialisation, as nn::Gpt: each shard draws its elements of the whole tensors.
   constexpr float kStd = 0.02f;
   const float residual_std = kStd / std::sqrt(2.0f * float(config_.num_layers));
-  init_normal(wte_->weight(), kStd);
-  init_normal(wpe_->weight(), kStd);
+  if (wte_) init_normal(wte_->weight(), kStd);
+  if (wpe_) init_normal(wpe_->weight(), kStd);
   for (nn::Parameter* p : parameters()) {
     const std::string& n = p->name;
     const auto ends_with = [&](std::string_view tail) {
@@ -611,19 +625,37 @@ void TensorParallelGpt::set_recompute(bool recompute) {
   for (ParallelTransformerBlock* block : blocks_) block->set_recompute(recompute);
 }
 
-Tensor TensorParallelGpt::forward(const Tensor& ids, nn::Saved& saved, const nn::Pass& pass) {
-  TESSERA_CHECK(ids.ndim() == 2, "gpt: token ids must be [batch, tokens], got shape ", ids.shape().to_string());
-  TESSERA_CHECK(ids.size(1) <= config_.seq_length, "gpt: a sequence of ", ids.size(1),
-                " tokens is longer than --seq-length ", config_.seq_length);
-  TESSERA_CHECK(!tp_.sequence_parallel || ids.size(1) % tp_.size() == 0, "gpt: --sequence-parallel: a sequence of ",
-                ids.size(1), " tokens cannot be split over --tensor-parallel ", tp_.size());
-  const int64_t batch = ids.size(0), tokens = ids.size(1), c = config_.hidden_size;
-  const int64_t local_vocab = wte_->weight().value.size(0);
-  Tensor x = wte_->forward(ids, saved.child(0), pass);
-  x = wpe_->forward(x, saved.child(1), pass);
-  x = dropout_->forward(x, saved.child(2), pass);
+Shape TensorParallelGpt::hidden_shape(int64_t batch, int64_t tokens) const {
+  return Shape{batch, tp_.sequence_parallel ? tokens / tp_.size() : tokens, config_.hidden_size};
+}
+
+Tensor TensorParallelGpt::forward(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) {
+  const size_t head = 3 + blocks_.size();
+  Tensor x = input;
+  int64_t batch = 0, tokens = 0;
+  if (stage_.first()) {
+    TESSERA_CHECK(input.ndim() == 2, "gpt: token ids must be [batch, tokens], got shape ", input.shape().to_string());
+    TESSERA_CHECK(input.size(1) <= config_.seq_length, "gpt: a sequence of ", input.size(1),
+                  " tokens is longer than --seq-length ", config_.seq_length);
+    TESSERA_CHECK(!tp_.sequence_parallel || input.size(1) % tp_.size() == 0,
+                  "gpt: --sequence-parallel: a sequence of ", input.size(1),
+                  " tokens cannot be split over --tensor-parallel ", tp_.size());
+    batch = input.size(0);
+    tokens = input.size(1);
+    x = wte_->forward(input, saved.child(0), pass);
+    x = wpe_->forward(x, saved.child(1), pass);
+    x = dropout_->forward(x, saved.child(2), pass);
+  } else {
+    TESSERA_CHECK(input.ndim() == 3 && input.size(2) == config_.hidden_size, "gpt pipeline stage ", stage_.stage,
+                  ": the hidden states have shape ", input.shape().to_string(), ", expected [B, T, ",
+                  config_.hidden_size, "]");
+    batch = input.size(0);
+    tokens = input.size(1) * (tp_.sequence_parallel ? tp_.size() : 1);
+  }
   for (size_t i = 0; i < blocks_.size(); ++i) x = blocks_[i]->forward(x, saved.child(3 + i), pass);
-  x = ln_f_->forward(x, saved.child(3 + blocks_.size()), pass);
+  if (!stage_.last()) return x;
+  const int64_t c = config_.hidden_size, local_vocab = wte_->weight().value.size(0);
+  x = ln_f_->forward(x, saved.child(head), pass);
   if (tp_.sequence_parallel) x = gather_sequence_in(tp_, x);
   const Tensor features = x.view(Shape{batch * tokens, c});
   Tensor logits = context().empty(Shape{batch * tokens, local_vocab}, spec().dtype, spec().device);
@@ -635,29 +667,40 @@ Tensor TensorParallelGpt::forward(const Tensor& ids, nn::Saved& saved, const nn:
   return logits.view(Shape{batch, tokens, local_vocab});
 }
 
-Tensor TensorParallelGpt::backward_impl(const Tensor& grad_logits, nn::Saved& saved) {
-  TESSERA_CHECK(saved.tensors.size() == 1 && saved.scalars.size() == 2, "gpt: backward without a matching forward");
-  const Tensor features = saved.tensors[0];
-  const int64_t batch = saved.scalars[0], tokens = saved.scalars[1];
-  saved.tensors.clear();
-  saved.scalars.clear();
-  nn::Parameter& wte = wte_->weight();
-  const int64_t rows = batch * tokens, c = config_.hidden_size, local_vocab = wte.value.size(0);
-  TESSERA_CHECK(grad_logits.numel() == rows * local_vocab, "gpt: the logits gradient has shape ",
-                grad_logits.shape().to_string(), ", expected ", rows, " rows of ", local_vocab);
+Tensor TensorParallelGpt::backward_impl(const Tensor& grad_output, nn::Saved& saved) {
+  const size_t head = 3 + blocks_.size();
   if (partial_) partial_->begin();
-  const Tensor dlogits = grad_logits.view(Shape{rows, local_vocab});
-  ops::matmul_backward(dlogits, features, wte.value, nullptr, &wte.grad, false, true, /*accumulate=*/true);
-  Tensor grad = context().empty(features.shape(), spec().dtype, spec().device);
-  ops::matmul_backward(dlogits, features, wte.value, &grad, nullptr, false, true, /*accumulate=*/false);
-  grad = grad.view(Shape{batch, tokens, c});
-  // The features were the same on every rank: sum the ranks' parts of their gradient.
-  if (tp_.sequence_parallel)
-    grad = reduce_scatter_sequence_in(tp_, grad);
-  else
-    all_reduce_in(tp_, grad);
-  grad = ln_f_->backward(grad, saved.child(3 + blocks_.size()));
+  Tensor grad = grad_output;
+  if (stage_.last()) {
+    TESSERA_CHECK(saved.tensors.size() == 1 && saved.scalars.size() == 2, "gpt: backward without a matching forward");
+    const Tensor features = saved.tensors[0];
+    const int64_t batch = saved.scalars[0], tokens = saved.scalars[1];
+    saved.tensors.clear();
+    saved.scalars.clear();
+    nn::Parameter& wte = wte_->weight();
+    const int64_t rows = batch * tokens, c = config_.hidden_size, local_vocab = wte.value.size(0);
+    TESSERA_CHECK(grad_output.numel() == rows * local_vocab, "gpt: the logits gradient has shape ",
+                  grad_output.shape().to_string(), ", expected ", rows, " rows of ", local_vocab);
+    const Tensor dlogits = grad_output.view(Shape{rows, local_vocab});
+    ops::matmul_backward(dlogits, features, wte.value, nullptr, &wte.grad, false, true, /*accumulate=*/true);
+    grad = context().empty(features.shape(), spec().dtype, spec().device);
+    ops::matmul_backward(dlogits, features, wte.value, &grad, nullptr, false, true, /*accumulate=*/false);
+    grad = grad.view(Shape{batch, tokens, c});
+    // The features were the same on every rank: sum the ranks' parts of their gradient.
+    if (tp_.sequence_parallel)
+      grad = reduce_scatter_sequence_in(tp_, grad);
+    else
+      all_reduce_in(tp_, grad);
+    grad = ln_f_->backward(grad, saved.child(head));
+    // The head's use of the table is complete (a tied copy's, or the first stage's before the embedding adds its own).
+    if (!stage_.first() && wte.on_grad_ready) wte.on_grad_ready(wte);
+  }
   for (size_t i = blocks_.size(); i-- > 0;) grad = blocks_[i]->backward(grad, saved.child(3 + i));
+  if (!stage_.first()) {
+    if (partial_) partial_->end();
+    saved.clear();
+    return grad;
+  }
   grad = dropout_->backward(grad, saved.child(2));
   grad = wpe_->backward(grad, saved.child(1));
   if (partial_) partial_->end();

@@ -266,24 +266,41 @@ std::string tensor_parallel_problem(const nn::ModelConfig& config, int tp, bool 
 // The GPT of nn::Gpt (same parameter names, same initial values element for
 // element) split over the group. forward(ids [B, T]) returns this rank's
 // logits [B, T, V/K] (columns [vocab_begin, vocab_begin + V/K)); train it with
-// the loss from make_loss().
+// VocabParallelCrossEntropy.
+//
+// A pipeline stage (StageLayers) holds blocks [begin, end) and: on the first
+// stage the embeddings (its forward takes the ids), on the last ln_f and the
+// LM head (its forward returns the logits); a stage in between maps hidden
+// states [B, T, C] ([B, T/K, C] under sequence parallelism) to hidden states,
+// and its backward returns their gradient. The last stage of several holds a
+// tied copy of wte (Parameter::tied_copy) for the head, initialised like the
+// first stage's; the pipeline sums the two gradients after the flush.
 class TensorParallelGpt : public nn::Module {
  public:
-  TensorParallelGpt(const nn::ModelConfig& config, const nn::ModelSpec& spec, TensorParallelism tp);
-  Tensor forward(const Tensor& ids, nn::Saved& saved, const nn::Pass& pass) override;
-  Tensor backward_impl(const Tensor& grad_logits, nn::Saved& saved) override;
+  TensorParallelGpt(const nn::ModelConfig& config, const nn::ModelSpec& spec, TensorParallelism tp,
+                    const nn::StageLayers& stage = {});
+  Tensor forward(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
+  Tensor backward_impl(const Tensor& grad_output, nn::Saved& saved) override;
   void set_recompute(bool recompute);
   int64_t vocab_begin() const { return wte_->vocab_begin(); }
   const TensorParallelism& parallelism() const { return tp_; }
+  const nn::StageLayers& stage() const { return stage_; }
+  // The embedding table this stage holds (the first stage's, or the last
+  // stage's tied copy; null on stages in between).
+  nn::Parameter* embedding_table() { return wte_ ? &wte_->weight() : nullptr; }
+  // The hidden states between stages for a micro-batch of `batch` sequences
+  // of `tokens` tokens: [B, T, C], or [B, T/K, C] under sequence parallelism.
+  Shape hidden_shape(int64_t batch, int64_t tokens) const;
 
  private:
   nn::ModelConfig config_;
   TensorParallelism tp_;
-  VocabParallelEmbedding* wte_;
-  nn::PositionEmbedding* wpe_;
-  TensorParallelDropout* dropout_;
+  nn::StageLayers stage_;
+  VocabParallelEmbedding* wte_ = nullptr;
+  nn::PositionEmbedding* wpe_ = nullptr;
+  TensorParallelDropout* dropout_ = nullptr;
   std::vector<ParallelTransformerBlock*> blocks_;
-  nn::LayerNorm* ln_f_;
+  nn::LayerNorm* ln_f_ = nullptr;
   std::unique_ptr<SequenceParallelGradients> partial_;  // wpe and ln_f under sequence parallelism
 };
 

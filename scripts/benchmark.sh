@@ -2,7 +2,8 @@
 # Benchmarks on this machine, beside PyTorch (installs Debian's python3-torch)
 # and MPI: GEMM through the tensor API vs OpenBLAS and PyTorch; training step
 # time for MLP, CNN and GPT in f32 and bf16 vs PyTorch; all-reduce through the
-# communicator vs MPI_Allreduce; data-parallel efficiency of 2 ranks vs 1.
+# communicator vs MPI_Allreduce; data-parallel efficiency of 2 ranks vs 1;
+# the pipeline bubble of P = 2, 4 stages against theory.
 # Prints name=value lines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,3 +17,7 @@ build/bin/benchmarks/gemm
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mpirun -np 2 --bind-to none --oversubscribe build/bin/benchmarks/allreduce
 /usr/bin/python3 benchmarks/dp_efficiency.py
+# Pipeline bubble: measured idle share of a step for P = 2, 4 stages and M = 4, 8, 16 micro-batches, beside (P-1)/(M+P-1).
+for stages in 2 4; do
+  mpirun -np $stages --bind-to none --oversubscribe build/bin/benchmarks/pipeline_bubble --micro-batches 4 8 16
+done

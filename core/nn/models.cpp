@@ -123,20 +123,26 @@ Tensor Gpt::backward_impl(const Tensor& grad_logits, Saved& saved) {
 // ---------------------------------------------------------------------------
 namespace {
 
-std::unique_ptr<Module> build_mlp(const ModelConfig& config, const ModelSpec& spec) {
+// Layers [stage.begin, stage.end) of the MLP's linear layers (the input cast
+// and flatten on the first stage).
+std::unique_ptr<Module> build_mlp(const ModelConfig& config, const ModelSpec& spec, const StageLayers& stage) {
   auto model = std::make_unique<Sequential>(spec, "");
-  model->add<InputCast>(spec, "input_cast");
-  model->add<Flatten>(spec, "flatten");
-  int64_t in = config.channels * config.height * config.width;
-  size_t index = 0;
-  for (const int64_t width : config.hidden) {
-    Linear& layer = model->add<Linear>(spec, "layers." + std::to_string(index), in, width, true, ops::Activation::relu);
-    if (index == 0) layer.set_input_grad(false);  // the data needs no gradient
-    in = width;
-    ++index;
+  if (stage.first()) {
+    model->add<InputCast>(spec, "input_cast");
+    model->add<Flatten>(spec, "flatten");
   }
-  Linear& head = model->add<Linear>(spec, "layers." + std::to_string(index), in, config.num_classes);
-  if (index == 0) head.set_input_grad(false);
+  const int64_t layers = int64_t(config.hidden.size()) + 1, end = stage.end < 0 ? layers : stage.end;
+  int64_t in = config.channels * config.height * config.width;
+  for (int64_t index = 0; index < layers; ++index) {
+    const bool head = index + 1 == layers;
+    const int64_t width = head ? config.num_classes : config.hidden[size_t(index)];
+    if (index >= stage.begin && index < end) {
+      Linear& layer = model->add<Linear>(spec, "layers." + std::to_string(index), in, width, true,
+                                         head ? ops::Activation::none : ops::Activation::relu);
+      if (index == 0) layer.set_input_grad(false);  // the data needs no gradient
+    }
+    in = width;
+  }
   return model;
 }
 
@@ -158,9 +164,27 @@ std::unique_ptr<Module> build_cnn(const ModelConfig& config, const ModelSpec& sp
 
 }  // namespace
 
+int64_t pipeline_layers(const ModelConfig& config) {
+  if (config.kind == "gpt") return config.num_layers;
+  if (config.kind == "mlp") return int64_t(config.hidden.size()) + 1;
+  return 0;
+}
+
+std::unique_ptr<Module> build_model(const ModelConfig& config, const ModelSpec& spec, const StageLayers& stage) {
+  config.validate();
+  TESSERA_CHECK(config.kind == "mlp" || stage.stages == 1, "--pipeline-parallel ", stage.stages,
+                ": --model ", config.kind, " is not split into pipeline stages here (gpt stages are built by "
+                "parallel::TensorParallelGpt; cnn trains with --pipeline-parallel 1)");
+  const int64_t layers = pipeline_layers(config), end = stage.end < 0 ? layers : stage.end;
+  TESSERA_CHECK(stage.begin >= 0 && stage.begin <= end && end <= layers, "pipeline stage ", stage.stage, " of ",
+                config.kind, ": layers [", stage.begin, ", ", end, ") are not among its ", layers, " layers");
+  if (config.kind == "mlp") return build_mlp(config, spec, stage);
+  return build_model(config, spec);
+}
+
 std::unique_ptr<Module> build_model(const ModelConfig& config, const ModelSpec& spec) {
   config.validate();
-  if (config.kind == "mlp") return build_mlp(config, spec);
+  if (config.kind == "mlp") return build_mlp(config, spec, StageLayers{});
   if (config.kind == "cnn") return build_cnn(config, spec);
   return std::make_unique<Gpt>(config, spec);
 }

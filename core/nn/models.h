@@ -77,9 +77,27 @@ class Gpt : public Module {
   LayerNorm* ln_f_;
 };
 
+// The layers a pipeline stage holds: layers [begin, end) of the model's
+// partitionable layers (the GPT's Transformer blocks, the MLP's linear
+// layers), plus what comes before them on the first stage (embeddings,
+// input cast) and after them on the last (final norm, LM head).
+struct StageLayers {
+  int stage = 0, stages = 1;
+  int64_t begin = 0, end = -1;  // end -1: to the last layer
+  bool first() const { return stage == 0; }
+  bool last() const { return stage + 1 == stages; }
+};
+
+// The number of partitionable layers of a model (GPT: --num-layers, MLP:
+// hidden layers + the output layer; 0 for models that cannot be split).
+int64_t pipeline_layers(const ModelConfig& config);
+
 // Validates `config` and builds the model with its parameters on spec.device
-// in spec.dtype (a Sequential for mlp/cnn, a Gpt for gpt).
+// in spec.dtype (a Sequential for mlp/cnn, a Gpt for gpt). With `stage`:
+// only that pipeline stage's part of an mlp (the gpt's stages are
+// parallel::TensorParallelGpt's).
 std::unique_ptr<Module> build_model(const ModelConfig& config, const ModelSpec& spec);
+std::unique_ptr<Module> build_model(const ModelConfig& config, const ModelSpec& spec, const StageLayers& stage);
 
 // Total number of parameter elements of the logical model (whole tensors,
 // also when a rank holds only tensor-parallel shards of them).

@@ -48,6 +48,11 @@ struct Parameter {
   Tensor grad;               // always f32, same shape: the "main" gradient that micro-batches accumulate into
   bool weight_decay = true;  // false for biases and normalisation weights (AdamW/SGD skip decay)
   ParameterShard shard;      // the whole tensor unless a tensor-parallel layer says otherwise
+  // A copy of a parameter another pipeline stage owns (the LM head's tied
+  // embedding on the last stage): kept equal by summing the two gradients,
+  // updated identically, and neither counted in the gradient norm nor
+  // written to checkpoints by this copy.
+  bool tied_copy = false;
   // Called when a backward pass has finished adding into `grad` (by the
   // module that owns the parameter, after its backward); empty by default.
   std::function<void(Parameter&)> on_grad_ready;

@@ -5,10 +5,20 @@
 // does not leave its peers waiting).
 #pragma once
 
+#include <memory>
+
+#include "core/context.h"
+#include "parallel/communicator.h"
 #include "parallel/mpi_env.h"
 
 namespace tessera::testing {
 
 parallel::MpiEnv& mpi_env();
+
+// A communicator over MPI_COMM_WORLD for a test.
+std::unique_ptr<parallel::Communicator> world();
+
+// Ranks share this machine's cores: one OpenMP thread each.
+ContextOptions one_thread();
 
 }  // namespace tessera::testing

@@ -28,10 +28,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::unique_ptr<parallel::Communicator> world() {
-  return parallel::make_mpi_communicator(MPI_COMM_WORLD, "world");
-}
-
 TEST(OptimizerStateSlices, EveryElementHasExactlyOneOwner) {
   auto comm = world();
   Context ctx;

@@ -174,22 +174,11 @@ void expect_same_parameters(const RunResult& actual, const RunResult& expected, 
     EXPECT_TRUE(all_close(actual.parameters[i], expected.parameters[i], tolerance)) << "parameter " << i;
 }
 
-// Ranks share this machine's cores: one OpenMP thread each.
-ContextOptions one_thread() {
-  ContextOptions options;
-  options.cpu_threads = 1;
-  return options;
-}
-
 parallel::DataParallelOptions dp_options(int zero, double bucket_size_mb = 25.0) {
   parallel::DataParallelOptions options;
   options.zero_stage = zero;
   options.bucket_size_mb = bucket_size_mb;
   return options;
-}
-
-std::unique_ptr<parallel::Communicator> world() {
-  return parallel::make_mpi_communicator(MPI_COMM_WORLD, "world");
 }
 
 // N ranks × micro-batch b = one process × N·b, for the MLP and the GPT, with

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 
+#include "parallel/mpi_communicator.h"
 #include "tests/mpi/mpi_test.h"
 
 namespace tessera::testing {
@@ -72,6 +73,16 @@ void share_test_seed(int rank) {
 
 parallel::MpiEnv& mpi_env() {
   return *the_env;
+}
+
+std::unique_ptr<parallel::Communicator> world() {
+  return parallel::make_mpi_communicator(MPI_COMM_WORLD, "world");
+}
+
+ContextOptions one_thread() {
+  ContextOptions options;
+  options.cpu_threads = 1;
+  return options;
 }
 
 }  // namespace tessera::testing

@@ -35,16 +35,6 @@ namespace {
 
 constexpr int64_t kIgnore = -100;
 
-std::unique_ptr<parallel::Communicator> world() {
-  return parallel::make_mpi_communicator(MPI_COMM_WORLD, "world");
-}
-
-ContextOptions one_thread() {
-  ContextOptions options;
-  options.cpu_threads = 1;
-  return options;
-}
-
 nn::ModelConfig small_gpt(float dropout = 0.0f, bool recompute = false) {
   nn::ModelConfig m;
   m.kind = "gpt";
@@ -187,6 +177,100 @@ TEST(TensorParallelGpt, MatchesOneRankExactlyAtInitAndWithinF32InForwardAndBackw
       // The replica averaged identical dp replicas: the same gradients.
       EXPECT_NEAR(replica.grad_norm().norm, expected_norm, 1e-5 * expected_norm);
     }
+}
+
+// Megatron's dropout rule. Replicated region: every rank draws the tp = 1
+// mask (nn::Dropout of the same name), and under sequence parallelism each
+// rank its positions of it. Split region: the ranks' masks differ, and a
+// second forward of the same pass draws the same one again (reproducible);
+// backward applies the forward's mask.
+TEST(TensorParallelDropout, ReplicatedRegionsDrawTheOneRankMaskSplitRegionsDiffer) {
+  TESSERA_SEED_TRACE();
+  auto comm = world();
+  Context ctx(one_thread());
+  std::mt19937_64 rng(test_seed());
+  const nn::ModelSpec spec{&ctx, Device::cpu(), DType::f32, 1};
+  const nn::Pass pass{test_seed(), 3, 2};
+  for (const int k : tp_sizes(comm->size())) {
+    parallel::GridSizes sizes;
+    sizes.tp = k;
+    parallel::ProcessGrid grid(*comm, sizes);
+    const int64_t batch = 3, tokens = 4 * k, features = 5;
+    const RandomTensor x = random_tensor(ctx, Shape{batch, tokens, features}, DType::f32, rng, 0.5, 1.5);
+    nn::Dropout plain(spec, "blocks.1.mlp.dropout", 0.3f);
+    nn::Saved plain_saved;
+    const std::vector<double> expected = plain.forward(x.tensor, plain_saved, pass).to_doubles();
+
+    parallel::TensorParallelDropout replicated(spec, "blocks.1.mlp.dropout", {&grid.tp(), false}, 0.3f);
+    nn::Saved saved;
+    EXPECT_TRUE(all_close(replicated.forward(x.tensor, saved, pass), expected, kValues)) << "replicated, tp=" << k;
+
+    // Sequence parallelism: this rank's positions [r·T/K, (r+1)·T/K) of every sequence.
+    parallel::TensorParallelDropout sequence(spec, "blocks.1.mlp.dropout", {&grid.tp(), true}, 0.3f);
+    const int64_t local = tokens / k, first = grid.tp_rank() * local;
+    std::vector<float> mine;
+    std::vector<double> expected_mine;
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t t = first; t < first + local; ++t)
+        for (int64_t f = 0; f < features; ++f) {
+          const size_t i = size_t((b * tokens + t) * features + f);
+          mine.push_back(float(x.values[i]));
+          expected_mine.push_back(expected[i]);
+        }
+    const Tensor shard = ctx.from_vector(Shape{batch, local, features}, mine);
+    nn::Saved sequence_saved;
+    EXPECT_TRUE(all_close(sequence.forward(shard, sequence_saved, pass), expected_mine, kValues))
+        << "sequence-parallel, tp=" << k;
+    // Backward multiplies by the same mask (the input was x, so dx = y / x · dy with dy = x).
+    EXPECT_TRUE(all_close(sequence.backward(shard, sequence_saved), expected_mine, kValues));
+
+    // Split region: different masks on different ranks, the same on a second draw.
+    parallel::TensorParallelDropout split(spec, "blocks.1.attn.dropout", {&grid.tp(), false}, 0.3f,
+                                          parallel::TensorParallelDropout::Region::split);
+    nn::Saved first_saved, second_saved;
+    const Tensor once = split.forward(x.tensor, first_saved, pass);
+    const Tensor again = split.forward(x.tensor, second_saved, pass);
+    EXPECT_TRUE(all_close(again, once.to_doubles(), kValues)) << "reproducible";
+    Tensor all = ctx.empty(Shape{once.numel() * k}, DType::f32);
+    grid.tp().all_gather(once.flatten(), all)->wait();
+    const std::vector<double> masks = all.to_doubles();
+    for (int r = 1; r < k; ++r) {
+      int64_t different = 0;
+      for (int64_t i = 0; i < once.numel(); ++i)
+        different += (masks[size_t(i)] == 0.0) != (masks[size_t(r * once.numel() + i)] == 0.0);
+      EXPECT_GT(different, 0) << "ranks 0 and " << r << " drew the same split-region mask";
+    }
+  }
+}
+
+// A column-parallel layer that gathers its output is nn::Linear: the same
+// output, input gradient and (gathered) weight and bias gradients.
+TEST(ColumnParallelLinear, WithGatheredOutputEqualsLinear) {
+  TESSERA_SEED_TRACE();
+  auto comm = world();
+  Context ctx(one_thread());
+  std::mt19937_64 rng(test_seed());
+  const nn::ModelSpec spec{&ctx, Device::cpu(), DType::f32, test_seed()};
+  for (const int k : tp_sizes(comm->size())) {
+    parallel::GridSizes sizes;
+    sizes.tp = k;
+    parallel::ProcessGrid grid(*comm, sizes);
+    const int64_t in = 11, out = 6 * k;
+    nn::Linear whole(spec, "head", in, out, true, ops::Activation::gelu);
+    parallel::ColumnParallelLinear split(spec, "head", {&grid.tp(), false}, in, out, true, ops::Activation::gelu,
+                                         parallel::OutputSplit{}, /*gather_output=*/true);
+    const RandomTensor x = random_tensor(ctx, Shape{2, 7, in}, DType::f32, rng);
+    const RandomTensor dy = random_tensor(ctx, Shape{2, 7, out}, DType::f32, rng);
+    nn::Saved saved, split_saved;
+    const Tensor expected = whole.forward(x.tensor, saved, {});
+    EXPECT_TRUE(all_close(split.forward(x.tensor, split_saved, {}), expected.to_doubles(), kForward));
+    const Tensor expected_dx = whole.backward(dy.tensor, saved);
+    EXPECT_TRUE(all_close(split.backward(dy.tensor, split_saved), expected_dx.to_doubles(), kGradients));
+    EXPECT_TRUE(all_close(gather_whole(grid.tp(), split.weight().shard, split.weight().grad),
+                          whole.weight().grad.to_doubles(), kGradients));
+    EXPECT_TRUE(all_close(gather_whole(grid.tp(), split.bias()->shard, split.bias()->grad),
+                          whole.bias()->grad.to_doubles(), kGradients));
+  }
 }
 
 // The bytes a tp = K step moves, counted by the tensor-parallel communicator,

@@ -5,9 +5,10 @@
 // and the reverse) continuing the loss curve of a run that never changed
 // layout; SIGTERM to one rank of a two-rank job (a checkpoint, every rank
 // exits 0, resuming continues from that step bit for bit); and a second
-// signal while that checkpoint is being written. With tensor parallelism:
-// bit-exact resume under dp = 2 × tp = 2 (ZeRO-1 over the shards), and
-// resharding between dp = 2 × tp = 2 and one rank both ways.
+// signal while that checkpoint is being written. With model parallelism:
+// bit-exact resume under dp = 2 × tp = 2 (ZeRO-1 over the shards) and
+// tp = 2 × pp = 2, resharding from tp = 2 × pp = 2 and dp = 2 × tp = 2 to one
+// rank and back, and dp × tp × pp on eight ranks against one.
 //
 // Every process is spawned in its own process group and waited for with a
 // deadline, after which the whole group is killed, so nothing can hang the
@@ -19,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -227,7 +229,9 @@ struct LayoutChange {
 void expect_resumed_losses_continue(const ScratchDirectory& dir, const std::vector<std::string>& args, int steps,
                                     int stop, const LayoutChange& c) {
   SCOPED_TRACE(c.name);
-  const std::string name = std::to_string(c.first_ranks) + "_" + std::to_string(c.second_ranks);
+  std::string name = c.name;  // one directory per case
+  for (char& ch : name)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   const auto run = joined(args, {"--train-steps", std::to_string(steps)});
   run_training(c.first_ranks, joined(joined(run, c.first_layout), {"--metrics", dir / (name + "_reference.jsonl")}),
                dir / (name + "_reference.log"));
@@ -253,14 +257,18 @@ TEST(Resharding, SavedUnderTwoRanksZeroResumedOnOneAndTheReverse) {
   expect_resumed_losses_continue(dir, args, 10, 5, {"1 rank -> dp=2 zero=1", 1, 2, {}, {"--zero", "1"}, "dp=1"});
 }
 
-// dp = 2 × tp = 2 on four ranks (the GPT with dropout, accumulation, and
-// ZeRO-1 over the tensor-parallel shards): 8 straight steps against 4, new
-// processes with --resume auto, and 4 more: identical final checkpoints.
-TEST(ResumeTensorParallel, DpTwoTpTwoStraightAndResumedRunsAreBitIdentical) {
+// Four ranks of model parallelism (the GPT with dropout and accumulation):
+// dp = 2 × tp = 2 with ZeRO-1 over the tensor-parallel shards, and tp = 2 ×
+// pp = 2 (the tied embedding on the first and last stage). 8 straight steps
+// against 4, new processes with --resume auto, and 4 more: identical final
+// checkpoints, which hold the logical tensors whole.
+class ResumeModelParallel : public ::testing::TestWithParam<std::vector<std::string>> {};
+
+TEST_P(ResumeModelParallel, StraightAndResumedRunsAreBitIdentical) {
   TESSERA_SEED_TRACE();
   ScratchDirectory dir("tessera_processes_");
   std::mt19937_64 rng = make_rng();
-  const auto args = joined(gpt_args(write_text_dataset(dir.path, 4000, rng), rng()), {"--tp", "2", "--zero", "1"});
+  const auto args = joined(gpt_args(write_text_dataset(dir.path, 4000, rng), rng()), GetParam());
   run_training(4, joined(args, {"--train-steps", "8", "--save", dir / "straight"}), dir / "straight.log");
   const auto split = joined(args, {"--train-steps", "8", "--save", dir / "split", "--resume", "auto"});
   run_training(4, joined(split, {"--exit-interval", "4"}), dir / "first.log");
@@ -269,9 +277,8 @@ TEST(ResumeTensorParallel, DpTwoTpTwoStraightAndResumedRunsAreBitIdentical) {
   EXPECT_FALSE(contains(second, "resharding")) << second;
   EXPECT_TRUE(checkpoints_identical(dir / ("straight/" + step_name(8)), dir / ("split/" + step_name(8))));
   const io::CheckpointReader reader(dir / ("split/" + step_name(8)));
-  EXPECT_EQ(reader.metadata().at("layout.dp"), "2");
   EXPECT_EQ(reader.metadata().at("layout.tp"), "2");
-  // The logical tensors are stored whole, as a one-rank run stores them.
+  EXPECT_TRUE(reader.has_tensor("wte.weight.exp_avg"));
   bool found = false;
   for (const io::StoredTensor& t : reader.tensors())
     if (t.name == "blocks.0.attn.qkv.weight") {
@@ -281,18 +288,45 @@ TEST(ResumeTensorParallel, DpTwoTpTwoStraightAndResumedRunsAreBitIdentical) {
   EXPECT_TRUE(found);
 }
 
-// Saved under dp = 2 × tp = 2 (four ranks), resumed on one rank, and the
-// reverse (into sequence parallelism): the next losses are those of a run
-// that kept its layout.
-TEST(Resharding, SavedUnderDpTwoTpTwoResumedOnOneRankAndTheReverse) {
+INSTANTIATE_TEST_SUITE_P(Layouts, ResumeModelParallel,
+                         ::testing::Values(std::vector<std::string>{"--tp", "2", "--zero", "1"},
+                                           std::vector<std::string>{"--tp", "2", "--pp", "2"}));
+
+// Saved under tp = 2 × pp = 2 and under dp = 2 × tp = 2 (four ranks),
+// resumed on one rank, and the reverse (into sequence parallelism): the next
+// losses are those of a run that kept its layout.
+TEST(Resharding, SavedUnderTpTwoPpTwoOrDpTwoTpTwoResumedOnOneRankAndTheReverse) {
   TESSERA_SEED_TRACE();
   ScratchDirectory dir("tessera_processes_");
   std::mt19937_64 rng = make_rng();
   const auto args = gpt_args(write_text_dataset(dir.path, 4000, rng), rng());
+  expect_resumed_losses_continue(dir, args, 8, 4,
+                                 {"tp=2 pp=2 -> 1 rank", 4, 1, {"--tp", "2", "--pp", "2"}, {}, "dp=1 tp=2 pp=2"});
   expect_resumed_losses_continue(dir, args, 8, 4, {"dp=2 tp=2 -> 1 rank", 4, 1, {"--tp", "2"}, {}, "dp=2 tp=2"});
   expect_resumed_losses_continue(
       dir, args, 8, 4,
       {"1 rank -> dp=2 tp=2 sequence-parallel", 1, 4, {}, {"--tp", "2", "--sequence-parallel"}, "dp=1 tp=1"});
+}
+
+// dp = 2 × tp = 2 × pp = 2 on eight ranks (oversubscribed) against one rank
+// with the same global batch: the same losses over 10 steps.
+TEST(ThreeDimensionalParallelism, EightRanksEqualOneRankOverTenSteps) {
+  TESSERA_SEED_TRACE();
+  ScratchDirectory dir("tessera_processes_");
+  std::mt19937_64 rng = make_rng();
+  const auto args =
+      joined(words("--model gpt --vocab-size 256 --seq-length 16 --num-layers 4 --num-heads 2 --hidden-size 32 "
+                   "--global-batch-size 16 --lr 2e-3 --warmup-steps 2 --weight-decay 0.1 --clip-grad 0.5 "
+                   "--threads 1 --train-steps 10"),
+             {"--data", write_text_dataset(dir.path, 4000, rng), "--seed", std::to_string(rng())});
+  const std::string output = run_training(
+      8, joined(args, {"--micro-batch-size", "2", "--tp", "2", "--pp", "2", "--metrics", dir / "3d.jsonl"}),
+      dir / "3d.log");
+  EXPECT_TRUE(contains(output, "dp=2 pp=2 tp=2")) << output;
+  run_training(1, joined(args, {"--micro-batch-size", "4", "--metrics", dir / "one.jsonl"}), dir / "one.log");
+  const std::vector<double> expected = losses(dir / "one.jsonl", 1, 10), actual = losses(dir / "3d.jsonl", 1, 10);
+  ASSERT_EQ(expected.size(), 10u);
+  EXPECT_TRUE(all_close(actual, expected, Tolerance{1e-5, 1e-5}));
 }
 
 // Every process below `root` (its descendants) that is rank `rank` of an

@@ -1,0 +1,358 @@
+// Pipeline parallelism under mpiexec (2 and 4 ranks): a step of P stages
+// (every P the world allows, both schedules) against the whole model that
+// every rank also builds from the same seed, for the GPT (with dropout, the
+// tied embedding summed between the first and last stage) and the MLP: the
+// loss and every gradient; 1F1B holds fewer micro-batches' activations than
+// GPipe when M > P (allocator counters); partitioning; `tessera train` with
+// dp × pp against one rank; and the messages for layouts that cannot work.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "apps/trainer.h"
+#include "core/context.h"
+#include "core/nn/loss.h"
+#include "core/nn/models.h"
+#include "parallel/local_communicator.h"
+#include "parallel/mpi_communicator.h"
+#include "parallel/pipeline.h"
+#include "parallel/process_grid.h"
+#include "parallel/tensor_parallel.h"
+#include "tests/mpi/mpi_test.h"
+#include "tests/support/resume_support.h"
+#include "tests/support/test_support.h"
+
+namespace tessera::testing {
+namespace {
+
+nn::ModelConfig model_config(const std::string& kind) {
+  nn::ModelConfig m;
+  m.kind = kind;
+  if (kind == "gpt") {
+    m.vocab_size = 24;
+    m.seq_length = 6;
+    m.num_layers = 4;
+    m.num_heads = 2;
+    m.hidden_size = 8;
+    m.dropout = 0.1f;
+  } else {
+    m.hidden = {13, 11, 9};  // four layers
+    m.channels = 1;
+    m.height = 3;
+    m.width = 4;
+    m.num_classes = 5;
+  }
+  return m;
+}
+
+struct MicroBatches {
+  std::vector<Tensor> inputs, targets;
+};
+
+MicroBatches micro_batches(Context& ctx, const nn::ModelConfig& m, int count, int64_t batch, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  MicroBatches out;
+  for (int i = 0; i < count; ++i) {
+    if (m.kind == "gpt") {
+      out.inputs.push_back(random_indices(ctx, Shape{batch, m.seq_length}, DType::i32, rng, 0, m.vocab_size).tensor);
+      out.targets.push_back(random_indices(ctx, Shape{batch, m.seq_length}, DType::i32, rng, 0, m.vocab_size).tensor);
+    } else {
+      out.inputs.push_back(random_tensor(ctx, Shape{batch, m.channels, m.height, m.width}, DType::f32, rng).tensor);
+      out.targets.push_back(random_indices(ctx, Shape{batch}, DType::i32, rng, 0, m.num_classes).tensor);
+    }
+  }
+  return out;
+}
+
+nn::Pass pass_of(uint64_t seed, int micro) {
+  return nn::Pass{seed, 2, uint64_t(micro)};
+}
+
+// One rank's stage of a P-stage model, and what the engine needs for it.
+struct Stage {
+  std::unique_ptr<nn::Module> model;
+  std::unique_ptr<nn::Loss> loss;
+  nn::Parameter* tied = nullptr;
+  Shape input_shape;
+};
+
+Stage build_stage(const nn::ModelConfig& m, const nn::ModelSpec& spec, parallel::ProcessGrid& grid, int64_t batch,
+                  const std::vector<int64_t>& bounds) {
+  nn::StageLayers layers;
+  layers.stage = grid.pp_rank();
+  layers.stages = grid.pp_size();
+  layers.begin = bounds[size_t(layers.stage)];
+  layers.end = bounds[size_t(layers.stage) + 1];
+  Stage stage;
+  if (m.kind == "gpt") {
+    auto gpt =
+        std::make_unique<parallel::TensorParallelGpt>(m, spec, parallel::TensorParallelism{&grid.tp(), false}, layers);
+    stage.tied = gpt->embedding_table();
+    stage.input_shape = gpt->hidden_shape(batch, m.seq_length);
+    stage.loss = std::make_unique<parallel::VocabParallelCrossEntropy>(grid.tp(), 0, m.vocab_size);
+    stage.model = std::move(gpt);
+  } else {
+    stage.model = nn::build_model(m, spec, layers);
+    stage.loss = std::make_unique<nn::CrossEntropyLoss>();
+    const int64_t width = layers.begin == 0 ? m.channels * m.height * m.width : m.hidden[size_t(layers.begin) - 1];
+    stage.input_shape = Shape{batch, width};
+  }
+  return stage;
+}
+
+TEST(PipelineParallel, StagesGiveTheWholeModelsLossAndGradientsForBothSchedules) {
+  TESSERA_SEED_TRACE();
+  auto comm = world();
+  Context ctx(one_thread());
+  const uint64_t seed = test_seed();
+  const int micro = 5;
+  const int64_t batch = 3;
+  for (const std::string kind : {"gpt", "mlp"})
+    for (const int p : {2, 4})
+      for (const auto schedule : {parallel::PipelineScheduleKind::gpipe, parallel::PipelineScheduleKind::one_f_one_b}) {
+        if (comm->size() % p != 0) continue;
+        SCOPED_TRACE(kind + " pp=" + std::to_string(p) + " " + std::string(parallel::pipeline_schedule_name(schedule)));
+        parallel::GridSizes sizes;
+        sizes.pp = p;
+        parallel::ProcessGrid grid(*comm, sizes);
+        const nn::ModelConfig m = model_config(kind);
+        const nn::ModelSpec spec{&ctx, Device::cpu(), DType::f32, seed};
+        const MicroBatches data = micro_batches(ctx, m, micro, batch, seed ^ 77);
+
+        // The whole model, one process: every micro-batch, gradients accumulated.
+        auto whole = nn::build_model(m, spec);
+        const nn::CrossEntropyLoss plain;
+        double expected_loss = 0.0;
+        for (int i = 0; i < micro; ++i) {
+          nn::Saved saved, loss_saved;
+          Tensor out = whole->forward(data.inputs[size_t(i)], saved, pass_of(seed, i));
+          expected_loss += plain.forward(out, data.targets[size_t(i)], loss_saved).loss;
+          plain.backward(out, data.targets[size_t(i)], 1.0f / float(micro), loss_saved);
+          whole->backward(out, saved);
+        }
+
+        // Four (or two) stages, layers balanced by the partitioner.
+        const std::vector<int64_t> bounds =
+            parallel::partition_layers(std::vector<int64_t>(size_t(nn::pipeline_layers(m)), 1), 0, 0, p);
+        Stage stage = build_stage(m, spec, grid, batch, bounds);
+        parallel::PipelineOptions options;
+        options.schedule = schedule;
+        parallel::PipelineEngine engine(*stage.model, grid.pp(), *stage.loss, options);
+        parallel::PipelineStep step;
+        step.micro_batches = micro;
+        step.inputs = data.inputs;
+        step.targets = data.targets;
+        step.input_shape = stage.input_shape;
+        step.pass = [&](int i) { return pass_of(seed, i); };
+        const parallel::PipelineStepStats stats = engine.run(step);
+        EXPECT_EQ(stats.max_in_flight,
+                  schedule == parallel::PipelineScheduleKind::gpipe ? micro : std::min(p - grid.pp_rank(), micro));
+        // The tied embedding: the first stage's table and the last stage's copy, one gradient.
+        const std::unique_ptr<parallel::Communicator> ends =
+            comm->split(grid.pp_rank() == 0 || grid.pp_rank() == p - 1 ? grid.dp_rank() : 1000 + comm->rank(),
+                        comm->rank(), "embedding");
+        if (stage.tied) ends->all_reduce(stage.tied->grad, parallel::ReduceOp::sum)->wait();
+
+        // The loss, from the last stage.
+        Tensor loss = ctx.from_vector(Shape{1}, std::vector<float>{float(stats.loss_sum)});
+        grid.pp().broadcast(loss, p - 1)->wait();
+        EXPECT_NEAR(loss.to_doubles()[0], expected_loss, 1e-6 * std::abs(expected_loss));
+        std::map<std::string, nn::Parameter*> reference;
+        for (nn::Parameter* q : whole->parameters()) reference[q->name] = q;
+        for (nn::Parameter* q : stage.model->parameters()) {
+          ASSERT_TRUE(reference.count(q->name)) << q->name;
+          EXPECT_TRUE(all_close(q->value, reference[q->name]->value.to_doubles(), Tolerance{0, 0})) << q->name;
+          EXPECT_TRUE(all_close(q->grad, reference[q->name]->grad.to_doubles(), Tolerance{1e-5, 1e-7})) << q->name;
+        }
+      }
+}
+
+// Peak bytes allocated while a stage runs one step of M = 8 micro-batches.
+size_t peak_step_bytes(parallel::Communicator& comm, parallel::PipelineScheduleKind schedule, uint64_t seed) {
+  Context ctx(one_thread());
+  parallel::GridSizes sizes;
+  sizes.pp = comm.size();
+  parallel::ProcessGrid grid(comm, sizes);
+  nn::ModelConfig m = model_config("gpt");
+  m.dropout = 0.0f;
+  m.seq_length = 32;
+  m.hidden_size = 32;
+  const int micro = 8;
+  const int64_t batch = 4;
+  const MicroBatches data = micro_batches(ctx, m, micro, batch, seed);
+  const std::vector<int64_t> bounds = parallel::partition_layers(std::vector<int64_t>(4, 1), 0, 0, comm.size());
+  Stage stage = build_stage(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, seed}, grid, batch, bounds);
+  parallel::PipelineOptions options;
+  options.schedule = schedule;
+  parallel::PipelineEngine engine(*stage.model, grid.pp(), *stage.loss, options);
+  parallel::PipelineStep step;
+  step.micro_batches = micro;
+  step.inputs = data.inputs;
+  step.targets = data.targets;
+  step.input_shape = stage.input_shape;
+  Allocator& allocator = ctx.allocator(Device::cpu());
+  const size_t before = allocator.stats().allocated_bytes;
+  allocator.reset_peak_stats();
+  engine.run(step);
+  return allocator.stats().peak_allocated_bytes - before;
+}
+
+TEST(PipelineParallel, OneFOneBPeaksBelowGPipeWhenMicroBatchesOutnumberStages) {
+  auto comm = world();
+  const size_t gpipe = peak_step_bytes(*comm, parallel::PipelineScheduleKind::gpipe, test_seed());
+  const size_t one_f_one_b = peak_step_bytes(*comm, parallel::PipelineScheduleKind::one_f_one_b, test_seed());
+  // Every stage: 1F1B keeps at most P - s of the 8 micro-batches, GPipe all 8.
+  EXPECT_LT(one_f_one_b, gpipe) << "stage " << comm->rank();
+  if (comm->rank() == 0)
+    std::printf("pp=%d M=8, stage 0 peak activation bytes: gpipe %zu, 1f1b %zu (%.0f%%)\n", comm->size(), gpipe,
+                one_f_one_b, 100.0 * double(one_f_one_b) / double(gpipe));
+}
+
+TEST(PipelinePartition, BalancesCostsAndReadsExplicitSplits) {
+  // Equal blocks, heavy ends: the first and last stage get fewer blocks.
+  EXPECT_EQ(parallel::partition_layers(std::vector<int64_t>(12, 10), 25, 25, 4),
+            (std::vector<int64_t>{0, 2, 6, 10, 12}));
+  EXPECT_EQ(parallel::partition_layers(std::vector<int64_t>(4, 1), 0, 0, 4), (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(parallel::partition_layers({5, 1, 1, 1, 1, 1}, 0, 0, 2), (std::vector<int64_t>{0, 1, 6}));
+  EXPECT_EQ(parallel::parse_pipeline_split("0,5,9,12", 12, 3), (std::vector<int64_t>{0, 5, 9, 12}));
+  const auto message = [](auto&& call) -> std::string {
+    try {
+      call();
+    } catch (const Error& error) {
+      return error.what();
+    }
+    return "(no error)";
+  };
+  EXPECT_THAT(message([] { parallel::partition_layers(std::vector<int64_t>(3, 1), 0, 0, 4); }),
+              ::testing::HasSubstr("--pipeline-parallel 4 needs at least one layer per stage, the model has 3"));
+  EXPECT_THAT(message([] { parallel::parse_pipeline_split("0,5,12", 12, 3); }),
+              ::testing::HasSubstr("3 stages need 4"));
+  EXPECT_THAT(message([] { parallel::parse_pipeline_split("0,5,5,12", 12, 3); }),
+              ::testing::HasSubstr("every stage needs at least one layer"));
+  EXPECT_THAT(message([] { parallel::parse_pipeline_split("0,5,9,11", 12, 3); }),
+              ::testing::HasSubstr("end at the model's 12 layers"));
+  EXPECT_THAT(message([] { parallel::parse_pipeline_split("0,x,9,12", 12, 3); }), ::testing::HasSubstr("'x'"));
+}
+
+app::TrainConfig synthetic(const std::string& kind, int64_t micro, int64_t global, int pp) {
+  app::TrainConfig c;
+  c.model = kind;
+  if (kind == "gpt") {
+    c.vocab_size = 24;
+    c.seq_length = 6;
+    c.num_layers = 4;
+    c.num_heads = 2;
+    c.hidden_size = 8;
+  } else {
+    c.hidden = {16, 12, 8};
+  }
+  c.synthetic = true;
+  c.micro_batch_size = micro;
+  c.global_batch_size = global;
+  c.train_steps = 8;
+  c.optimizer = "adamw";
+  c.lr = 3e-3f;
+  c.warmup_steps = 2;
+  c.clip_grad = 0.5f;  // active: the norm sums the stages (the tied copy once)
+  c.threads = 1;
+  c.log_interval = 1000;
+  c.pipeline_parallel = pp;
+  return c;
+}
+
+// `tessera train` with pp = 2 (dp = world / 2), both schedules, against one
+// rank with the whole global batch: the same loss at every step.
+TEST(PipelineTrainer, DataTimesPipelineParallelEqualsOneRank) {
+  auto comm = world();
+  const int dp = comm->size() / 2;
+  for (const std::string kind : {"gpt", "mlp"})
+    for (const std::string schedule : {"gpipe", "1f1b"}) {
+      SCOPED_TRACE(kind + " dp=" + std::to_string(dp) + " pp=2 " + schedule);
+      app::TrainConfig parallel_run = synthetic(kind, 2, 2 * dp * 3, 2);  // 3 micro-batches per step
+      parallel_run.pipeline_schedule = schedule;
+      const app::TrainResult actual = app::train(parallel_run);
+      const auto local = parallel::make_local_communicator();
+      const app::TrainResult expected = app::train(synthetic(kind, 2 * dp, 2 * dp * 3, 1), *local);
+      ASSERT_EQ(actual.losses.size(), expected.losses.size());
+      for (size_t s = 0; s < expected.losses.size(); ++s)
+        EXPECT_NEAR(actual.losses[s], expected.losses[s], 1e-4 * std::abs(expected.losses[s])) << "step " << s + 1;
+      EXPECT_LT(expected.losses.back(), expected.losses.front());
+    }
+}
+
+// Evaluation streams through the stages too: the MLP with pp = 2 on real
+// image files (train and held-out) against one rank: the same losses, and
+// the same held-out loss, accuracy and count, which every stage reports.
+TEST(PipelineTrainer, EvaluationThroughTheStagesMatchesOneRank) {
+  TESSERA_SEED_TRACE();
+  auto comm = world();
+  int64_t pid = ::getpid();
+  MPI_Bcast(&pid, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("tessera_pp_eval_" + std::to_string(pid));
+  std::mt19937_64 rng = make_rng();  // the same on every rank
+  if (comm->rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir / "train");
+    std::filesystem::create_directories(dir / "eval");
+    write_image_dataset(dir / "train", 96, 4, 3, 5, rng);
+    write_image_dataset(dir / "eval", 37, 4, 3, 5, rng);  // a partial last batch
+  }
+  comm->barrier();
+  const int dp = comm->size() / 2;
+  const auto config = [&](int64_t micro, int pp) {
+    app::TrainConfig c = synthetic("mlp", micro, 2 * dp * 2, pp);
+    c.synthetic = false;
+    c.data = (dir / "train" / "images.h5").string();
+    c.eval_data = (dir / "eval" / "images.h5").string();
+    c.eval_interval = 4;
+    return c;
+  };
+  const app::TrainResult actual = app::train(config(2, 2));
+  const auto local = parallel::make_local_communicator();
+  const app::TrainResult expected = app::train(config(2 * dp, 1), *local);
+  ASSERT_EQ(actual.losses.size(), expected.losses.size());
+  for (size_t s = 0; s < expected.losses.size(); ++s)
+    EXPECT_NEAR(actual.losses[s], expected.losses[s], 1e-4 * std::abs(expected.losses[s])) << "step " << s + 1;
+  ASSERT_TRUE(actual.final_eval && expected.final_eval);
+  EXPECT_EQ(actual.final_eval->count, 37);
+  EXPECT_EQ(actual.final_eval->count, expected.final_eval->count);
+  EXPECT_NEAR(actual.final_eval->loss, expected.final_eval->loss, 1e-4 * expected.final_eval->loss);
+  EXPECT_NEAR(*actual.final_eval->accuracy, *expected.final_eval->accuracy, 1e-9);
+  comm->barrier();
+  if (comm->rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST(PipelineTrainer, BadLayoutsFailAtStartNamingTheNumbers) {
+  auto comm = world();
+  const auto message_of = [](const app::TrainConfig& c) -> std::string {
+    try {
+      app::train(c);
+    } catch (const Error& error) {
+      return error.what();
+    }
+    return "(no error)";
+  };
+  app::TrainConfig too_many = synthetic("gpt", 2, 0, comm->size());
+  too_many.num_layers = comm->size() - 1;
+  EXPECT_THAT(message_of(too_many), ::testing::HasSubstr("needs at least one layer per stage, the model has " +
+                                                         std::to_string(comm->size() - 1)));
+  app::TrainConfig split = synthetic("gpt", 2, 0, 2);
+  split.pipeline_split = "0,3,2";
+  EXPECT_THAT(message_of(split), ::testing::HasSubstr("--pipeline-split '0,3,2'"));
+  app::TrainConfig cnn = synthetic("gpt", 2, 0, 2);
+  cnn.model = "cnn";
+  EXPECT_THAT(message_of(cnn), ::testing::HasSubstr("--model cnn trains with --pipeline-parallel 1"));
+  app::TrainConfig odd = synthetic("gpt", 2, 0, comm->size() + 1);
+  EXPECT_THAT(message_of(odd), ::testing::HasSubstr(std::to_string(comm->size()) + " ranks"));
+}
+
+}  // namespace
+}  // namespace tessera::testing

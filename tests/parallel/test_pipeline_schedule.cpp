@@ -1,0 +1,123 @@
+// Pipeline schedules without a model: for P stages and M micro-batches the
+// generated instruction lists, run against each other by the rendezvous
+// simulator, complete (no deadlock), pair every send with a receive of the
+// same micro-batch in order, run every forward before its backward, keep at
+// most P − s micro-batches in flight on stage s under 1F1B (M under GPipe),
+// and leave the ideal bubble (P − 1)/(M + P − 1). The simulator itself is
+// checked on lists that must fail.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "parallel/pipeline_schedule.h"
+
+namespace tessera::testing {
+namespace {
+
+using parallel::PipeInstruction;
+using parallel::PipelineScheduleKind;
+using parallel::PipeTransfer;
+
+std::vector<std::vector<PipeInstruction>> all_stages(PipelineScheduleKind kind, int stages, int micro) {
+  std::vector<std::vector<PipeInstruction>> lists;
+  for (int s = 0; s < stages; ++s) lists.push_back(parallel::pipeline_schedule(kind, stages, s, micro));
+  return lists;
+}
+
+TEST(PipelineSchedule, EverySchedulePairsCompletesAndBoundsMicroBatchesInFlight) {
+  for (const PipelineScheduleKind kind : {PipelineScheduleKind::gpipe, PipelineScheduleKind::one_f_one_b})
+    for (int p = 1; p <= 8; ++p)
+      for (const int m : {1, 2, 3, p - 1, p, p + 1, 2 * p, 4 * p + 3}) {
+        if (m < 1) continue;
+        SCOPED_TRACE(std::string(parallel::pipeline_schedule_name(kind)) + " P=" + std::to_string(p) +
+                     " M=" + std::to_string(m));
+        const auto lists = all_stages(kind, p, m);
+        const parallel::PipelineSimulation sim = parallel::simulate_pipeline(lists, m);
+        ASSERT_TRUE(sim.completed) << sim.problem;
+        for (int s = 0; s < p; ++s) {
+          // Each stage runs each micro-batch forward once and backward once.
+          int forwards = 0, backwards = 0;
+          for (const PipeInstruction& in : lists[size_t(s)]) {
+            forwards += in.op == PipeInstruction::Op::forward;
+            backwards += in.op == PipeInstruction::Op::backward;
+          }
+          EXPECT_EQ(forwards, m);
+          EXPECT_EQ(backwards, m);
+          const int bound = kind == PipelineScheduleKind::gpipe ? m : std::min(p - s, m);
+          EXPECT_EQ(sim.max_in_flight[size_t(s)], bound) << "stage " << s;
+          EXPECT_LE(sim.max_in_flight[size_t(s)], kind == PipelineScheduleKind::gpipe ? m : p);
+          // The ideal bubble: P − 1 slots of a forward and a backward out of M + P − 1.
+          const int span = *std::max_element(sim.finish_time.begin(), sim.finish_time.end());
+          EXPECT_EQ(span, 3 * (m + p - 1)) << "stage " << s;
+          EXPECT_EQ(sim.idle_time[size_t(s)], 3 * (p - 1));
+        }
+      }
+}
+
+TEST(PipelineSchedule, OneFOneBOnFourStagesReadsAsMegatrons) {
+  // Stage 1 of 4 with 6 micro-batches: 2 warm-up forwards, steady 1F1B, 2 cool-down backwards.
+  const auto list = parallel::pipeline_schedule(PipelineScheduleKind::one_f_one_b, 4, 1, 6);
+  std::string text;
+  for (const PipeInstruction& in : list) text += in.to_string() + " ";
+  EXPECT_EQ(text,
+            "X[recv act 0] F0 X[send act 0] X[recv act 1] F1 X[send act 1] X[recv act 2] "
+            "F2 X[send act 2, recv grad 0] B0 X[send grad 0, recv act 3] "
+            "F3 X[send act 3, recv grad 1] B1 X[send grad 1, recv act 4] "
+            "F4 X[send act 4, recv grad 2] B2 X[send grad 2, recv act 5] "
+            "F5 X[send act 5, recv grad 3] B3 X[send grad 3] "
+            "X[recv grad 4] B4 X[send grad 4] X[recv grad 5] B5 X[send grad 5] ");
+}
+
+TEST(PipelineSchedule, SimulatorCatchesDeadlocksMismatchesAndEarlyWork) {
+  const int m = 3;
+  // Deadlock: both stages of a pair receive before they send.
+  auto lists = all_stages(PipelineScheduleKind::one_f_one_b, 2, m);
+  PipeInstruction wait_for_gradient;
+  wait_for_gradient.op = PipeInstruction::Op::exchange;
+  wait_for_gradient.transfers = {{PipeTransfer::Kind::recv_gradient, 0}};
+  lists[0].insert(lists[0].begin(), wait_for_gradient);
+  parallel::PipelineSimulation sim = parallel::simulate_pipeline(lists, m);
+  EXPECT_FALSE(sim.completed);
+  EXPECT_NE(sim.problem.find("deadlock"), std::string::npos) << sim.problem;
+
+  // Out of order: stage 1 receives micro-batch 1 where 0 is sent.
+  lists = all_stages(PipelineScheduleKind::gpipe, 2, m);
+  for (PipeInstruction& in : lists[1])
+    if (in.op == PipeInstruction::Op::exchange && in.transfers[0].kind == PipeTransfer::Kind::recv_activation) {
+      in.transfers[0].micro = 1;
+      break;
+    }
+  sim = parallel::simulate_pipeline(lists, m);
+  EXPECT_FALSE(sim.completed);
+  EXPECT_NE(sim.problem.find("pairs with micro-batch"), std::string::npos) << sim.problem;
+
+  // A backward before its forward.
+  lists = all_stages(PipelineScheduleKind::gpipe, 1, m);
+  std::swap(lists[0][0], lists[0].back());
+  sim = parallel::simulate_pipeline(lists, m);
+  EXPECT_FALSE(sim.completed);
+  EXPECT_NE(sim.problem.find("before its forward"), std::string::npos) << sim.problem;
+
+  // A forward before its activation arrived (the receive dropped).
+  lists = all_stages(PipelineScheduleKind::gpipe, 2, m);
+  lists[1].erase(lists[1].begin());
+  sim = parallel::simulate_pipeline(lists, m);
+  EXPECT_FALSE(sim.completed);
+}
+
+TEST(PipelineSchedule, NamesAndBadArguments) {
+  EXPECT_EQ(parallel::parse_pipeline_schedule("1f1b"), PipelineScheduleKind::one_f_one_b);
+  EXPECT_EQ(parallel::parse_pipeline_schedule("gpipe"), PipelineScheduleKind::gpipe);
+  try {
+    parallel::parse_pipeline_schedule("interleaved");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("--pipeline-schedule 'interleaved'"), std::string::npos);
+  }
+  EXPECT_THROW(parallel::pipeline_schedule(PipelineScheduleKind::gpipe, 2, 2, 4), Error);
+  EXPECT_THROW(parallel::pipeline_schedule(PipelineScheduleKind::gpipe, 2, 0, 0), Error);
+}
+
+}  // namespace
+}  // namespace tessera::testing
