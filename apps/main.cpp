@@ -3,6 +3,7 @@
 //   tessera prepare     turn IDX images or text files into Tessera's HDF5 datasets
 //   tessera plot        draw loss and throughput curves from a metrics file
 //   tessera checkpoint  inspect and verify checkpoints (inspect PATH, list DIR)
+//   tessera topo        this node's GPUs, RDMA ports, NUMA nodes and each local rank's NCCL/UCX/MPI settings
 //   tessera info        this build's backends, devices and libraries
 //   tessera selfcheck   every operator checked on this machine's CPU (and GPU)
 //   tessera --version   the build: version, CUDA, cuDNN, NCCL, MPI, HDF5, BLAS
@@ -19,6 +20,7 @@
 #include "apps/plot_command.h"
 #include "apps/prepare_command.h"
 #include "apps/selfcheck.h"
+#include "apps/topo_command.h"
 #include "apps/train_config.h"
 #include "apps/trainer.h"
 #include "core/context.h"
@@ -67,6 +69,7 @@ int main(int argc, char** argv) {
   tessera::app::register_prepare_command(app, exit_code);
   tessera::app::register_plot_command(app, exit_code);
   tessera::app::register_checkpoint_command(app, exit_code);
+  tessera::app::register_topo_command(app, exit_code);
 
   auto* info = app.add_subcommand("info", "Show this build's backends, devices and libraries");
   info->callback([] { std::printf("%s", build_description().c_str()); });

@@ -103,6 +103,12 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
                   "MiB of f32 gradients per all-reduce bucket (each starts as soon as backward fills it)")
       ->group(parallel);
   command
+      .add_option("--comm-timeout", c.comm_timeout,
+                  "Seconds a collective or transfer may take before the job stops, naming the stalled ranks "
+                  "(0: no limit)")
+      ->check(CLI::NonNegativeNumber)
+      ->group(parallel);
+  command
       .add_option("--comm-backend", c.comm_backend, "auto (NCCL for CUDA devices when built, else MPI), mpi or nccl")
       ->check(CLI::IsMember({"auto", "mpi", "nccl"}))
       ->group(parallel);
@@ -242,8 +248,9 @@ std::string describe(const TrainConfig& c) {
       << "\ntensor_parallel=" << c.tensor_parallel << " sequence_parallel=" << c.sequence_parallel
       << " pipeline_parallel=" << c.pipeline_parallel << " pipeline_schedule=" << c.pipeline_schedule
       << " pipeline_split=" << c.pipeline_split << " zero=" << c.zero << " bucket_size_mb=" << c.bucket_size_mb
-      << " comm_backend=" << c.comm_backend << "\neval_interval=" << c.eval_interval << " eval_iters=" << c.eval_iters
-      << " metrics=" << c.metrics << " trace=" << c.trace;
+      << " comm_backend=" << c.comm_backend << " comm_timeout=" << c.comm_timeout
+      << "\neval_interval=" << c.eval_interval << " eval_iters=" << c.eval_iters << " metrics=" << c.metrics
+      << " trace=" << c.trace;
   if (!c.save.empty() || !c.resume.empty())
     out << "\nsave=" << c.save << " save_interval=" << c.save_interval << " keep_checkpoints=" << c.keep_checkpoints
         << " resume=" << c.resume << " exit_interval=" << c.exit_interval;
@@ -314,6 +321,7 @@ std::vector<std::pair<std::string, std::string>> settings(const TrainConfig& c) 
       {"zero", std::to_string(c.zero)},
       {"bucket-size-mb", exact(c.bucket_size_mb)},
       {"comm-backend", c.comm_backend},
+      {"comm-timeout", exact(c.comm_timeout)},
       {"eval-interval", std::to_string(c.eval_interval)},
       {"eval-iters", std::to_string(c.eval_iters)},
       {"log-interval", std::to_string(c.log_interval)},

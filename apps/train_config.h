@@ -66,6 +66,7 @@ struct TrainConfig {
   int zero = 0;                            // --zero 0|1: 1 shards the optimizer state over the ranks (ZeRO-1)
   double bucket_size_mb = 25.0;            // --bucket-size-mb: gradient all-reduce bucket size (MiB of f32)
   std::string comm_backend = "auto";  // --comm-backend auto|mpi|nccl (auto: NCCL for CUDA devices when built, else MPI)
+  double comm_timeout = 300.0;        // --comm-timeout: seconds any collective or transfer may take (0: no limit)
 
   // Evaluation and output.
   int64_t eval_interval = 0;  // steps between evaluations; 0: at the end of every epoch and at the end

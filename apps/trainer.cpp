@@ -12,12 +12,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <random>
 #include <sstream>
 #include <string_view>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -26,6 +29,7 @@
 #include "apps/train_checkpoint.h"
 #include "core/context.h"
 #include "core/cuda_runtime.h"
+#include "core/fault.h"
 #include "core/nn/grad_scaler.h"
 #include "core/nn/loss.h"
 #include "core/nn/lr_schedule.h"
@@ -45,6 +49,7 @@
 #include "parallel/process_grid.h"
 #include "parallel/process_group.h"
 #include "parallel/tensor_parallel.h"
+#include "parallel/topology.h"
 
 namespace tessera::app {
 namespace {
@@ -290,6 +295,29 @@ std::vector<int64_t> stage_bounds(const nn::ModelConfig& m, const TrainConfig& c
   return parallel::partition_layers(costs, first, last, stages);
 }
 
+// TESSERA_FAULT (core/fault.h) at the start of step `step` (1-based) on
+// world rank `rank`: crash (the process dies at once, SIGKILL), hang (it
+// stops for good, never reaching its next collective), slow (it sleeps 2 s).
+void inject_step_faults(int64_t step, int rank) {
+  const auto announce = [&](const char* kind) {
+    std::fprintf(stderr, "tessera: TESSERA_FAULT: %s at step %lld on rank %d\n", kind, static_cast<long long>(step),
+                 rank);
+    std::fflush(stderr);
+  };
+  if (fault_due("crash", step, rank)) {
+    announce("crash");
+    std::raise(SIGKILL);
+  }
+  if (fault_due("hang", step, rank)) {
+    announce("hang");
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+  if (fault_due("slow", step, rank)) {
+    announce("slow");
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+  }
+}
+
 // --device cuda: the local rank's GPU under MPI; otherwise as given.
 Device choose_device(const TrainConfig& c, const parallel::MpiEnv* env) {
   if (env && c.device == "cuda") return env->default_device(true, cuda_runtime::device_count());
@@ -358,6 +386,8 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
     backend = "given by the caller ('" + given->name() + "')";
   }
   parallel::Communicator* world = env ? owned.get() : given;
+  // Every wait on the world and the groups split from it has a deadline.
+  if (owned) owned->set_timeout(c.comm_timeout);
   parallel::GridSizes grid_sizes;
   grid_sizes.tp = c.tensor_parallel;
   grid_sizes.pp = c.pipeline_parallel;
@@ -572,6 +602,14 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
                 backend.c_str(), replica_description.c_str());
     if (!stage_description.empty()) std::printf("%s\n", stage_description.c_str());
     if (env) std::printf("mpi: %s; nccl: %s\n", mpi_library_version().c_str(), nccl_library_version().c_str());
+    if (env) {
+      // What the topology says this node's rank 0 should use (and whether the launch applied it: tessera-rank).
+      try {
+        std::printf("%s", parallel::describe_topology_decision(env->local_rank(), env->local_size()).c_str());
+      } catch (const Error& error) {
+        std::printf("topology: not read (%s)\n", error.what());
+      }
+    }
     if (data_info) std::printf("data: %s\n", data_info->describe().c_str());
     if (resumed) {
       std::printf("resumed from %s: step %lld of %lld", resumed->path.c_str(), static_cast<long long>(counters.step),
@@ -624,10 +662,13 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
     std::printf("nothing to do: the checkpoint is at step %lld and --train-steps/--epochs ask for %lld\n",
                 static_cast<long long>(counters.step), static_cast<long long>(total_steps));
   for (int64_t step = counters.step; step < total_steps; ++step) {
+    inject_step_faults(step + 1, world->rank());
     const auto start = Clock::now();
     replica.begin_step();
     const int64_t tp_bytes_before = grid.tp().counters().total_bytes();
-    const float loss_scale = scaler.scale();
+    // TESSERA_FAULT=nan_grad: this rank's gradients of the step are NaN (through the loss's gradient).
+    const float loss_scale =
+        fault_due("nan_grad", step + 1, world->rank()) ? std::numeric_limits<float>::quiet_NaN() : scaler.scale();
     double loss_sum = 0.0;
     int64_t epoch = 0;
     Tensor global_loss;  // the loss averaged over the ranks, in flight during the last backward

@@ -12,9 +12,14 @@
 // A missing step matches every step, a missing rank every rank. Kinds:
 //   checkpoint_crash  the process raises SIGKILL in the middle of writing a
 //                     checkpoint (after some tensors, before the rename);
-//   crash, hang, slow, nan_grad, truncated_data: reserved for the
-//                     reliability work (accepted by the parser, provoked by
-//                     nothing yet).
+//   crash             the process kills itself (SIGKILL) as the step begins;
+//   hang              it stops for good as the step begins (the others'
+//                     next collective times out: --comm-timeout);
+//   slow              it sleeps 2 s as the step begins;
+//   nan_grad          its gradients of the step are NaN (the loss gradient is);
+//   truncated_data    reserved (tests use really truncated files instead).
+// Steps count from 1: kind@N acts as step N begins (checkpoint_crash@N:
+// while the checkpoint after step N is written).
 //
 // The plan is parsed when first needed and re-parsed only when the variable's
 // value changes (a test may set it in a forked child): a function-local cache

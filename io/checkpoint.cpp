@@ -43,6 +43,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <numeric>
 #include <sstream>
 #include <system_error>
@@ -587,7 +588,9 @@ std::vector<TensorPlan> plan_tensors(const std::vector<RankInfo>& ranks, const s
       if (piece.owner) plan.owned.push_back(&piece);
     }
   std::vector<TensorPlan> out;
-  for (auto& [name, plan] : plans) {
+  for (auto& entry : plans) {  // not a structured binding: the lambdas below capture `plan` (clang < 16)
+    const std::string& name = entry.first;
+    TensorPlan& plan = entry.second;
     std::vector<PieceLayout> layouts;
     for (const PieceInfo* piece : plan.owned)
       layouts.push_back(piece_layout(name, plan.shape, piece->slice, piece->local, what));
@@ -1169,6 +1172,12 @@ CheckpointReader::CheckpointReader(const std::string& path) : state_(new State) 
     const std::vector<int64_t> dims = dataset_dims(p, dataset.get());
     TESSERA_CHECK(dims.size() <= size_t(Shape::kMaxDims), p, ": tensor ", name, " has ", dims.size(),
                   " dimensions, more than ", Shape::kMaxDims);
+    const std::optional<int64_t> count = element_count(dims);
+    TESSERA_CHECK(count && *count <= std::numeric_limits<int64_t>::max() / 8, p, ": tensor ", name,
+                  " claims more elements than a file can hold; the checkpoint is corrupt, use an earlier one");
+    TESSERA_CHECK(all_elements_stored(p, dataset.get()), p, ": tensor ", name,
+                  " has no data stored for some or all of its elements (created but not completely written); the "
+                  "checkpoint is corrupt, use an earlier one");
     stored.shape = Shape(dims);
     Hdf5Handle type = datatype_handle(TESSERA_HDF5_CHECK_AT(p, H5Dget_type(dataset.get())));
     TESSERA_CHECK(
@@ -1213,6 +1222,8 @@ std::optional<std::vector<uint8_t>> CheckpointReader::rank_state(int world_rank,
   Hdf5Handle dataset = dataset_handle(TESSERA_HDF5_CHECK_AT(p, H5Dopen2(root, link.c_str(), H5P_DEFAULT)));
   const std::vector<int64_t> dims = dataset_dims(p, dataset.get());
   TESSERA_CHECK(dims.size() == 1, p, ": rank state ", link, " must be a 1-D byte dataset");
+  TESSERA_CHECK(all_elements_stored(p, dataset.get()), p, ": rank state ", link,
+                " has no data stored for some or all of its bytes; the checkpoint is corrupt, use an earlier one");
   std::vector<uint8_t> bytes(static_cast<size_t>(dims[0]));
   if (!bytes.empty())
     TESSERA_HDF5_CHECK_AT(p, H5Dread(dataset.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()));

@@ -61,6 +61,13 @@ Hdf5Handle open_dataset(const std::string& path, hid_t file, const char* name, D
   return dataset_handle(TESSERA_HDF5_CHECK_AT(path, H5Dopen2(file, name, H5P_DEFAULT)));
 }
 
+// Every element stored (see all_elements_stored): else the file is incomplete.
+void check_written(const std::string& path, hid_t dataset, const char* name, DatasetKind kind) {
+  TESSERA_CHECK(all_elements_stored(path, dataset), path, ": dataset '/", name,
+                "' has no data stored for some or all of its elements (created but not completely written: an ",
+                "interrupted writer?); ", prepare_hint(kind));
+}
+
 // The root attributes every kind shares.
 void read_header(const std::string& path, hid_t file, DatasetInfo& info) {
   TESSERA_CHECK(has_attribute(file, "tessera_schema"), path,
@@ -98,6 +105,9 @@ void validate_classification(const std::string& path, Hdf5Objects& objects, Data
                 "; it must be 4-D [N, C, H, W]; ", prepare_hint(kind));
   TESSERA_CHECK(image_dims[0] > 0 && image_dims[1] > 0 && image_dims[2] > 0 && image_dims[3] > 0, path,
                 ": dataset '/images' has shape ", shape_text(image_dims), "; every dimension must be at least 1");
+  TESSERA_CHECK(element_count(image_dims).has_value(), path, ": dataset '/images' has shape ", shape_text(image_dims),
+                ", more elements than a file can hold; the file is corrupt, ", prepare_hint(kind));
+  check_written(path, images.get(), "images", kind);
   info.num_samples = image_dims[0];
   info.channels = image_dims[1];
   info.height = image_dims[2];
@@ -115,6 +125,7 @@ void validate_classification(const std::string& path, Hdf5Objects& objects, Data
   TESSERA_CHECK(label_dims[0] == info.num_samples, path, ": dataset '/labels' has ", label_dims[0],
                 " entries but '/images' has ", info.num_samples, " samples; they must match (", prepare_hint(kind),
                 ")");
+  check_written(path, label_set.get(), "labels", kind);
 
   info.num_classes = read_int64_attribute(path, file, "num_classes");
   TESSERA_CHECK(info.num_classes >= 1, path, ": root attribute 'num_classes' is ", info.num_classes,
@@ -153,6 +164,7 @@ void validate_tokens(const std::string& path, Hdf5Objects& objects, DatasetInfo&
   info.num_tokens = dims[0];
   TESSERA_CHECK(info.num_tokens >= 2, path, ": dataset '/tokens' holds ", info.num_tokens,
                 " token(s); at least 2 are needed for one input and its next-token target");
+  check_written(path, tokens.get(), "tokens", kind);
   info.vocab_size = read_int64_attribute(path, file, "vocab_size");
   TESSERA_CHECK(info.vocab_size >= 1 && info.vocab_size <= int64_t(1) << 31, path, ": root attribute 'vocab_size' is ",
                 info.vocab_size, "; it must be in [1, 2^31]");

@@ -2,6 +2,7 @@
 // attributes, and row-range (hyperslab) reads and writes.
 #include "io/hdf5_file.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <system_error>
 
@@ -149,6 +150,33 @@ std::vector<int64_t> dataset_dims(const std::string& path, hid_t dataset) {
   std::vector<hsize_t> dims(size_t(ndims), 0);
   if (ndims > 0) TESSERA_HDF5_CHECK_AT(path, H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr));
   return std::vector<int64_t>(dims.begin(), dims.end());
+}
+
+std::optional<int64_t> element_count(std::span<const int64_t> dims) {
+  int64_t count = 1;
+  for (int64_t dim : dims)
+    if (dim < 0 || __builtin_mul_overflow(count, dim, &count)) return std::nullopt;
+  return count;
+}
+
+bool all_elements_stored(const std::string& path, hid_t dataset) {
+  const std::vector<int64_t> dims = dataset_dims(path, dataset);
+  if (element_count(dims) == int64_t(0)) return true;
+  Hdf5Handle create = property_list_handle(TESSERA_HDF5_CHECK_AT(path, H5Dget_create_plist(dataset)));
+  if (TESSERA_HDF5_CHECK_AT(path, H5Pget_layout(create.get())) == H5D_CHUNKED) {
+    // Every chunk in the index. (H5Dget_space_status compares byte counts,
+    // which compressed or edge chunks never match.)
+    std::vector<hsize_t> chunk(dims.size(), 0);
+    TESSERA_HDF5_CHECK_AT(path, H5Pget_chunk(create.get(), int(chunk.size()), chunk.data()));
+    hsize_t chunks = 1, stored = 0;
+    for (size_t i = 0; i < dims.size(); ++i) chunks *= (hsize_t(dims[i]) + chunk[i] - 1) / std::max<hsize_t>(chunk[i], 1);
+    Hdf5Handle space = dataspace_handle(TESSERA_HDF5_CHECK_AT(path, H5Dget_space(dataset)));
+    TESSERA_HDF5_CHECK_AT(path, H5Dget_num_chunks(dataset, space.get(), &stored));
+    return stored == chunks;
+  }
+  H5D_space_status_t status = H5D_SPACE_STATUS_ERROR;  // contiguous: allocated on the first write
+  TESSERA_HDF5_CHECK_AT(path, H5Dget_space_status(dataset, &status));
+  return status == H5D_SPACE_STATUS_ALLOCATED;
 }
 
 Hdf5Handle create_dataset(const std::string& path, hid_t file, const char* name, hid_t file_type,

@@ -11,6 +11,7 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -121,6 +122,16 @@ void write_string_attribute(const std::string& path, hid_t object, const char* n
 
 // The shape of a dataset's dataspace.
 std::vector<int64_t> dataset_dims(const std::string& path, hid_t dataset);
+
+// The number of elements of a shape, or nothing when the product does not fit
+// in int64 (only a corrupt file claims such a shape).
+std::optional<int64_t> element_count(std::span<const int64_t> dims);
+
+// Whether every element of `dataset` has storage in the file (empty datasets
+// do). A dataset that was created but never, or only partly, written reads
+// back as fill values, and its shape can claim any size in a file of a few
+// hundred bytes: readers refuse it before allocating for it.
+bool all_elements_stored(const std::string& path, hid_t dataset);
 
 // A fixed-size, contiguous dataset of `dims` elements of `file_type`.
 Hdf5Handle create_dataset(const std::string& path, hid_t file, const char* name, hid_t file_type,

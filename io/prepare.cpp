@@ -78,8 +78,8 @@ class IdxReader {
 
   const std::string& path() const { return path_; }
 
-  // Reads exactly `bytes` bytes; a short read is a truncated or corrupt file.
-  void read(void* out, int64_t bytes, const char* what) {
+  // Reads up to `bytes` bytes, fewer only at the end of the file; returns how many.
+  int64_t read_some(void* out, int64_t bytes, const char* what) {
     auto* cursor = static_cast<char*>(out);
     int64_t done = 0;
     while (done < bytes) {
@@ -94,8 +94,30 @@ class IdxReader {
       if (got == 0) break;
       done += got;
     }
+    return done;
+  }
+
+  // Reads exactly `bytes` bytes; a short read is a truncated or corrupt file.
+  void read(void* out, int64_t bytes, const char* what) {
+    const int64_t done = read_some(out, bytes, what);
     TESSERA_CHECK(done == bytes, flag_, " ", path_, " ends after ", done, " of the ", bytes, " bytes of ", what,
                   ": the file is truncated; download it again");
+  }
+
+  // The same into `out`, grown as the data arrives (16 MiB at a time): a
+  // header that claims more than the file holds ends in the truncation
+  // message, not in an allocation of the size it claims.
+  void read(std::vector<uint8_t>& out, int64_t bytes, const char* what) {
+    constexpr int64_t kStep = int64_t(1) << 24;
+    out.clear();
+    while (int64_t(out.size()) < bytes) {
+      const int64_t done = int64_t(out.size());
+      const int64_t step = std::min(bytes - done, kStep);
+      out.resize(size_t(done + step));
+      const int64_t got = read_some(out.data() + done, step, what);
+      TESSERA_CHECK(got == step, flag_, " ", path_, " ends after ", done + got, " of the ", bytes, " bytes of ", what,
+                    ": the file is truncated; download it again");
+    }
   }
 
   // True if bytes remain after what was read.
@@ -154,11 +176,16 @@ DatasetInfo prepare_idx(const std::string& images_idx, const std::string& labels
                 "t10k-labels)");
   TESSERA_CHECK(count > 0 && height > 0 && width > 0, "prepare idx: --images ", images_idx, " has shape [", count, ", ",
                 height, ", ", width, "]; every size must be at least 1");
+  int64_t image_bytes = 0, total_bytes = 0;  // the sizes are 32-bit: their product can overflow
+  TESSERA_CHECK(!__builtin_mul_overflow(height, width, &image_bytes) &&
+                    !__builtin_mul_overflow(count, image_bytes, &total_bytes),
+                "prepare idx: --images ", images_idx, " claims ", count, " images of ", height, " x ", width,
+                " pixels, more bytes than a file can hold; its header is corrupt (download it again)");
 
   // Labels first: they are small, and num_classes must be known before writing.
   report(progress, "labels", 0, count);
-  std::vector<uint8_t> label_bytes(static_cast<size_t>(count));
-  label_file.read(label_bytes.data(), count, "the labels");
+  std::vector<uint8_t> label_bytes;
+  label_file.read(label_bytes, count, "the labels");
   TESSERA_CHECK(!label_file.has_more(), "--labels ", labels_idx, " has data after its ", count,
                 " labels; is it an IDX label file?");
   const int64_t largest = *std::max_element(label_bytes.begin(), label_bytes.end());
@@ -179,12 +206,11 @@ DatasetInfo prepare_idx(const std::string& images_idx, const std::string& labels
     Hdf5Handle label_set = create_dataset(path, file.get(), "labels", H5T_STD_I64LE, label_shape);
     write_rows(path, label_set.get(), 0, count, H5T_NATIVE_INT64, labels.data());
 
-    const int64_t image_bytes = height * width;
-    std::vector<uint8_t> chunk(size_t(std::min(count, kImagesPerChunk) * image_bytes));
+    std::vector<uint8_t> chunk;
     report(progress, "images", 0, count);
     for (int64_t begin = 0; begin < count; begin += kImagesPerChunk) {
       const int64_t rows = std::min(kImagesPerChunk, count - begin);
-      image_file.read(chunk.data(), rows * image_bytes, "the images");
+      image_file.read(chunk, rows * image_bytes, "the images");
       write_rows(path, images.get(), begin, rows, H5T_NATIVE_UINT8, chunk.data());
       report(progress, "images", begin + rows, count);
     }

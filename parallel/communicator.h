@@ -70,6 +70,14 @@ class Communicator {
   const CommCounters& counters() const { return counters_; }
   void reset_counters() { counters_ = {}; }
 
+  // The deadline of every wait on this communicator's operations (and of
+  // communicators split from it), in seconds; 0: none (the default). A wait
+  // that passes it throws tessera::Error naming the operation (kind, group,
+  // bytes, sequence number) and, where the backend can tell, which ranks of
+  // the group had reached it and which had not (--comm-timeout).
+  virtual void set_timeout(double seconds) { timeout_s_ = seconds; }
+  double timeout() const { return timeout_s_; }
+
   virtual const std::string& name() const = 0;  // "world", "dp", "tp", "pp", ...
   virtual int rank() const = 0;
   virtual int size() const = 0;
@@ -109,6 +117,7 @@ class Communicator {
 
  private:
   CommCounters counters_;
+  double timeout_s_ = 0.0;
 };
 
 }  // namespace tessera::parallel

@@ -3,11 +3,16 @@
 // bf16/f16 (see mpi_communicator.h for the rules).
 #include "parallel/mpi_communicator.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <sstream>
+#include <thread>
 #include <type_traits>
 #include <utility>
 
@@ -30,7 +35,8 @@ namespace tessera::parallel {
 // to do on the host once they complete.
 class MpiWork final : public CommWork {
  public:
-  MpiWork(MpiCommunicator* comm, std::string where) : comm_(comm), where_(std::move(where)) {}
+  MpiWork(MpiCommunicator* comm, std::string where)
+      : comm_(comm), where_(std::move(where)), sequence_(comm ? comm->sequence() : 0) {}
   ~MpiWork() override;
   MpiWork(const MpiWork&) = delete;
   MpiWork& operator=(const MpiWork&) = delete;
@@ -40,6 +46,7 @@ class MpiWork final : public CommWork {
 
   bool pending() const { return !requests_.empty() || next_step_; }
   const std::string& where() const { return where_; }
+  uint64_t sequence() const { return sequence_; }  // the operation's number on its communicator
   MPI_Request* add_request() { return &requests_.emplace_back(MPI_REQUEST_NULL); }
   void keep(Tensor tensor) { kept_.push_back(std::move(tensor)); }
   void on_complete(std::function<void()> step) { finish_.push_back(std::move(step)); }
@@ -61,6 +68,7 @@ class MpiWork final : public CommWork {
 
   MpiCommunicator* comm_;  // registered there while pending
   std::string where_;
+  uint64_t sequence_;
   std::vector<MPI_Request> requests_;
   std::vector<Tensor> kept_;  // buffers MPI reads or writes until completion
   std::vector<std::function<void()>> finish_;
@@ -71,6 +79,10 @@ class MpiWork final : public CommWork {
 };
 
 MpiWork::~MpiWork() {
+  if (!done_ && comm_ && comm_->stalled_) {
+    comm_->leave(this);  // abandoned: the process is about to abort
+    return;
+  }
   if (!done_) {
     try {
       wait();
@@ -89,9 +101,24 @@ void MpiWork::wait() {
     return;
   }
   try {
+    TESSERA_CHECK(!comm_ || !comm_->stalled_, where_, ": not waited for: an earlier operation on '", comm_->name(),
+                  "' timed out and the job is being aborted");
+    // Test, spinning for the first 2 ms (short operations), then with short
+    // sleeps (ranks often outnumber cores), until done or the deadline.
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    const double timeout = comm_ ? comm_->timeout() : 0.0;
+    uint64_t polls = 0;
     do {
-      if (!requests_.empty())
-        TESSERA_MPI_CHECK_AT(where_, MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE));
+      int flag = requests_.empty() ? 1 : 0;
+      while (!flag) {
+        TESSERA_MPI_CHECK_AT(where_, MPI_Testall(int(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE));
+        if (flag) break;
+        const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+        if (timeout > 0.0 && waited > timeout) comm_->stalled(*this, waited);
+        if (waited > 2e-3) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        if (comm_->inspector_ && ++polls % 1024 == 0) comm_->inspector_->heartbeat();  // alive, waiting
+      }
     } while (advance());
   } catch (...) {
     fail(std::current_exception());
@@ -368,6 +395,11 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name) : name_(std::m
   TESSERA_CHECK(comm != MPI_COMM_NULL, "MpiCommunicator '", name_, "': MPI_COMM_NULL given");
   TESSERA_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
   init();
+  // The root of a family of communicators: the stall inspector's window lives here.
+  if (size_ > 1) {
+    inspector_ = std::make_shared<StallInspector>(comm_);
+    slot_ = inspector_->add_group();
+  }
 }
 
 MpiCommunicator::MpiCommunicator(Adopt, MPI_Comm owned, std::string name) : comm_(owned), name_(std::move(name)) {
@@ -383,9 +415,18 @@ void MpiCommunicator::init() {
     MPI_Comm_free(&comm_);
     throw;
   }
+  if (size_ > 1) inspector_ = std::make_unique<StallInspector>(comm_);
 }
 
 MpiCommunicator::~MpiCommunicator() {
+  if (stalled_ || std::uncaught_exceptions() > 0) {
+    // After a timeout, or while an error unwinds this rank alone, nothing
+    // collective is safe: leave the window and the communicator to MPI_Abort.
+    if (inspector_ && inspector_.use_count() == 1)
+      new std::shared_ptr<StallInspector>(std::move(inspector_));  // leak: no collective free
+    comm_ = MPI_COMM_NULL;
+    return;
+  }
   // Finish what is in flight (its buffers and requests must not outlive the
   // communicator); the handles stay valid and report completion.
   while (!live_.empty()) {
@@ -398,6 +439,7 @@ MpiCommunicator::~MpiCommunicator() {
     }
     leave(work);  // in case wait() failed before leaving
   }
+  inspector_.reset();
   int finalised = 0;
   MPI_Finalized(&finalised);
   if (!finalised && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
@@ -406,6 +448,39 @@ MpiCommunicator::~MpiCommunicator() {
 std::string MpiCommunicator::where(const char* op) const {
   return detail::concat(op, " on communicator '", name_, "' (rank ", rank_, " of ", size_, ", operation ", sequence_,
                         ")");
+}
+
+std::string MpiCommunicator::where(const char* op, const Tensor& buffer) const {
+  return detail::concat(op, " on communicator '", name_, "' (rank ", rank_, " of ", size_, ", operation ", sequence_,
+                        ", ", buffer.nbytes(), " bytes)");
+}
+
+void MpiCommunicator::begin(const char* kind) {
+  ++sequence_;
+  if (inspector_) inspector_->publish(slot_, sequence_, kind);
+}
+
+void MpiCommunicator::stalled(const MpiWork& work, double waited_s) {
+  stalled_ = true;
+  // The report goes to stderr and the job is aborted from here: unwinding
+  // would run collective clean-up (window and communicator frees) that the
+  // stalled ranks never join.
+  char host[256] = "?";
+  ::gethostname(host, sizeof host - 1);
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  std::ostringstream text;
+  text << "rank " << world_rank << " on " << host << ": " << work.where() << " did not complete within " << timeout()
+       << " s (--comm-timeout; waited " << waited_s << " s). Where the ranks of '" << name_ << "' are:\n"
+       << (inspector_ ? inspector_->report(slot_, comm_, work.sequence(), 2.0, 0.5 * waited_s)
+                      : std::string("  (no stall inspector: a group of one, or split from one)\n"))
+       << "A rank that has not reached the operation is stalled (hung, far slower, or dead) or is waiting in "
+          "another operation; see its output above. The job is aborted so that no rank waits forever; raise "
+          "--comm-timeout if a step legitimately takes longer.";
+  std::fprintf(stderr, "tessera: error: %s\n", text.str().c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 3);
+  TESSERA_THROW(text.str());  // MPI_Abort does not return; if it ever does, the error still propagates
 }
 
 int MpiCommunicator::next_collective_tag() {
@@ -447,9 +522,9 @@ void check_peer(const std::string& at, const char* what, int peer, int size) {
 }  // namespace
 
 CommHandle MpiCommunicator::all_reduce(Tensor& tensor, ReduceOp op) {
-  ++sequence_;
+  begin("all_reduce");
   count(CommCounters::all_reduce, tensor);
-  const std::string at = where("all_reduce") + " " + op_name(op);
+  const std::string at = where("all_reduce", tensor) + " " + op_name(op);
   check_tensor(at, "", tensor);
   auto work = std::make_unique<MpiWork>(this, at);
   if (size_ == 1) return start(std::move(work));  // sum, avg and max of one value are the value
@@ -478,9 +553,9 @@ CommHandle MpiCommunicator::all_reduce(Tensor& tensor, ReduceOp op) {
 }
 
 CommHandle MpiCommunicator::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) {
-  ++sequence_;
+  begin("reduce_scatter");
   count(CommCounters::reduce_scatter, input);
-  const std::string at = where("reduce_scatter") + " " + op_name(op);
+  const std::string at = where("reduce_scatter", input) + " " + op_name(op);
   check_tensor(at, "input", input);
   check_tensor(at, "output", output);
   TESSERA_CHECK(input.dtype() == output.dtype(), at, ": input is ", dtype_name(input.dtype()), " but output is ",
@@ -518,9 +593,9 @@ CommHandle MpiCommunicator::reduce_scatter(const Tensor& input, Tensor& output, 
 }
 
 CommHandle MpiCommunicator::all_gather(const Tensor& input, Tensor& output) {
-  ++sequence_;
+  begin("all_gather");
   count(CommCounters::all_gather, output);
-  const std::string at = where("all_gather");
+  const std::string at = where("all_gather", output);
   check_tensor(at, "input", input);
   check_tensor(at, "output", output);
   TESSERA_CHECK(input.dtype() == output.dtype(), at, ": input is ", dtype_name(input.dtype()), " but output is ",
@@ -554,9 +629,9 @@ CommHandle MpiCommunicator::all_gather(const Tensor& input, Tensor& output) {
 }
 
 CommHandle MpiCommunicator::broadcast(Tensor& tensor, int root) {
-  ++sequence_;
+  begin("broadcast");
   count(CommCounters::broadcast, tensor);
-  const std::string at = where("broadcast") + " from root " + std::to_string(root);
+  const std::string at = where("broadcast", tensor) + " from root " + std::to_string(root);
   check_tensor(at, "", tensor);
   check_peer(at, "root", root, size_);
   auto work = std::make_unique<MpiWork>(this, at);
@@ -576,9 +651,9 @@ constexpr int kP2PTag = 0;  // one tag: messages between two ranks match in the 
 }  // namespace
 
 CommHandle MpiCommunicator::send(const Tensor& tensor, int peer) {
-  ++sequence_;
+  begin("send");
   count(CommCounters::send, tensor);
-  const std::string at = where("send") + " to rank " + std::to_string(peer);
+  const std::string at = where("send", tensor) + " to rank " + std::to_string(peer);
   check_tensor(at, "", tensor);
   check_peer(at, "peer", peer, size_);
   auto work = std::make_unique<MpiWork>(this, at);
@@ -590,9 +665,9 @@ CommHandle MpiCommunicator::send(const Tensor& tensor, int peer) {
 }
 
 CommHandle MpiCommunicator::recv(Tensor& tensor, int peer) {
-  ++sequence_;
+  begin("recv");
   count(CommCounters::recv, tensor);
-  const std::string at = where("recv") + " from rank " + std::to_string(peer);
+  const std::string at = where("recv", tensor) + " from rank " + std::to_string(peer);
   check_tensor(at, "", tensor);
   check_peer(at, "peer", peer, size_);
   auto work = std::make_unique<MpiWork>(this, at);
@@ -606,7 +681,7 @@ CommHandle MpiCommunicator::recv(Tensor& tensor, int peer) {
 }
 
 CommHandle MpiCommunicator::send_recv(const std::vector<P2POp>& ops) {
-  ++sequence_;
+  begin("send_recv");
   count(ops);
   const std::string at = where("send_recv") + " (" + std::to_string(ops.size()) + " transfers)";
   for (const P2POp& op : ops) {
@@ -635,9 +710,11 @@ CommHandle MpiCommunicator::send_recv(const std::vector<P2POp>& ops) {
 }
 
 void MpiCommunicator::barrier() {
-  ++sequence_;
+  begin("barrier");
   if (size_ == 1) return;
-  TESSERA_MPI_CHECK_AT(where("barrier"), MPI_Barrier(comm_));
+  auto work = std::make_unique<MpiWork>(this, where("barrier"));
+  TESSERA_MPI_CHECK_AT(work->where(), MPI_Ibarrier(comm_, work->add_request()));
+  start(std::move(work))->wait();
 }
 
 void MpiCommunicator::poll() {
@@ -648,12 +725,18 @@ void MpiCommunicator::poll() {
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, const std::string& name) {
-  ++sequence_;
+  begin("split");
   const std::string at = where("split") + " into '" + name + "'";
   TESSERA_CHECK(color >= 0, at, ": color ", color, " is negative; every rank must pass a colour >= 0");
   MPI_Comm child = MPI_COMM_NULL;
   TESSERA_MPI_CHECK_AT(at, MPI_Comm_split(comm_, color, key, &child));
-  return std::unique_ptr<Communicator>(new MpiCommunicator(Adopt{}, child, name));
+  auto made = std::unique_ptr<MpiCommunicator>(new MpiCommunicator(Adopt{}, child, name));
+  made->set_timeout(timeout());
+  if (inspector_ && made->size_ > 1) {
+    made->inspector_ = inspector_;
+    made->slot_ = inspector_->add_group();  // split is collective over this communicator: the same order everywhere
+  }
+  return made;
 }
 
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, const std::string& name) {

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "parallel/communicator.h"
+#include "parallel/stall_inspector.h"
 
 namespace tessera::parallel {
 
@@ -78,7 +79,13 @@ class MpiCommunicator final : public Communicator {
   struct Adopt {};
   MpiCommunicator(Adopt, MPI_Comm owned, std::string name);  // takes ownership of `owned`
   void init();
-  std::string where(const char* op) const;  // "all_reduce on 'dp' (rank 1 of 2, operation 7)"
+  std::string where(const char* op) const;                        // "all_reduce on 'dp' (rank 1 of 2, operation 7)"
+  std::string where(const char* op, const Tensor& buffer) const;  // ... "operation 7, 4096 bytes)"
+  // The start of every operation: its sequence number, published for the stall inspector.
+  void begin(const char* kind);
+  // A wait on `work` passed the deadline: the report, and the communicator
+  // stops waiting for anything else (the process is about to abort).
+  [[noreturn]] void stalled(const MpiWork& work, double waited_s);
   CommHandle start(std::unique_ptr<MpiWork> work);
   int next_collective_tag();  // the same on every rank: collectives are issued in the same order
 
@@ -92,6 +99,9 @@ class MpiCommunicator final : public Communicator {
   uint64_t sequence_ = 0;
   uint64_t collectives_ = 0;  // all-reduces issued, for the ring's message tags
   std::vector<MpiWork*> live_;
+  std::shared_ptr<StallInspector> inspector_;  // the root's (the communicator made from an MPI_Comm), shared by splits
+  int slot_ = -1;                              // this communicator's slot in it
+  bool stalled_ = false;                       // a wait timed out: nothing more is waited for
 };
 
 // A communicator over a duplicate of `comm` (e.g. MPI_COMM_WORLD), named `name`.

@@ -7,6 +7,8 @@
 // progressed by the main thread's poll()/test()/wait() calls).
 #include "parallel/mpi_env.h"
 
+#include <cstdlib>
+
 #include <algorithm>
 #include <map>
 #include <sstream>
@@ -59,6 +61,11 @@ MpiEnv::MpiEnv() {
                 "create one MpiEnv for the whole life of the program");
   if (!initialised) {
     int provided = MPI_THREAD_SINGLE;
+    // Open MPI: the stall inspector's one-sided window (parallel/stall_inspector.h)
+    // through osc/sm on a node, else osc/pt2pt; osc/rdma in Open MPI 4.1 races
+    // on the names of its shared-memory segments and prints a warning. A
+    // choice the user exported wins.
+    ::setenv("OMPI_MCA_osc", "sm,pt2pt", /*overwrite=*/0);
     TESSERA_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
     initialised_here_ = true;
     if (provided < MPI_THREAD_FUNNELED) {

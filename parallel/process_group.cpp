@@ -64,12 +64,19 @@ class DeviceRoutedCommunicator final : public Communicator {
     mpi_->barrier();
   }
   void poll() override { mpi_->poll(); }
+  void set_timeout(double seconds) override {
+    Communicator::set_timeout(seconds);
+    mpi_->set_timeout(seconds);
+    nccl_->set_timeout(seconds);
+  }
   uint64_t sequence() const override { return sequence_; }
   std::unique_ptr<Communicator> split(int color, int key, const std::string& child_name) override {
     ++sequence_;
     auto mpi = mpi_->split(color, key, child_name);
     auto nccl = nccl_->split(color, key, child_name);
-    return std::make_unique<DeviceRoutedCommunicator>(std::move(mpi), std::move(nccl));
+    auto child = std::make_unique<DeviceRoutedCommunicator>(std::move(mpi), std::move(nccl));
+    child->set_timeout(timeout());
+    return child;
   }
 
  private:

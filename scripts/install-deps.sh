@@ -11,13 +11,17 @@ set -euo pipefail
 packages=(
   g++ cmake ninja-build pkg-config
   libopenmpi-dev openmpi-bin          # MPI ranks
+  slurm-wlm munge libpmix-dev         # the `slurm` tests: a real single-host Slurm cluster (srun --mpi=pmix)
+  util-linux                          # taskset: CPU binding in scripts/tessera-rank
   libhdf5-dev                         # datasets and checkpoints
   libcli11-dev                        # the command line
   libopenblas-openmp-dev              # f32 GEMM, sharing OpenMP with our kernels
   libdnnl-dev ocl-icd-opencl-dev      # oneDNN: bf16 GEMM (AMX), convolutions
   libgtest-dev                        # tests
+  clang libclang-rt-dev libomp-dev    # the `fuzz` tests: clang, its libFuzzer/ASan/UBSan runtimes, its OpenMP
   dataset-fashion-mnist               # real-data test and demo (IDX files in /usr/share/datasets/fashion-mnist)
   fortunes                            # a text corpus for byte-level token preparation (/usr/share/games/fortunes)
+  python3-yaml python3-jsonschema python3-venv  # the `k8s` tests: manifest validation; venv for k8s/install-tools.sh
 )
 for arg in "$@"; do
   case "$arg" in
@@ -31,7 +35,12 @@ for pkg in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
   [[ $status == "install ok installed" ]] || missing+=("$pkg")
 done
-((${#missing[@]} == 0)) && exit 0
+# Steps after the Debian packages, run also when none was missing:
+# kubectl (kustomize), hadolint and an unpacked sshd into /opt/tessera-tools (k8s/install-tools.sh).
+after_packages() {
+  "$(dirname "$0")/../k8s/install-tools.sh"
+}
+((${#missing[@]} == 0)) && { after_packages; exit 0; }
 
 sudo=()
 if ((EUID != 0)); then
@@ -48,3 +57,4 @@ if ! { "${sudo[@]}" apt-get update -qq && "${sudo[@]}" apt-get install -y -qq --
   exit 1
 fi
 rm -f "$log"
+after_packages

@@ -33,137 +33,15 @@
 
 #include "io/checkpoint.h"
 #include "io/metrics.h"
+#include "tests/support/process_job.h"
 #include "tests/support/resume_support.h"
 #include "tests/support/test_support.h"
 
-extern char** environ;
 
 namespace tessera::testing {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-using std::chrono::seconds;
-
-// A process (mpiexec and the ranks it starts) in its own process group, its
-// output going to a log file.
-class Job {
- public:
-  Job(const std::vector<std::string>& argv, const std::string& log) : log_(log) {
-    std::vector<std::string> environment;
-    for (char** entry = environ; *entry; ++entry) environment.emplace_back(*entry);
-    for (const char* extra : {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMP_NUM_THREADS=1",
-                              "TESSERA_PROGRESS=lines"})
-      environment.emplace_back(extra);
-    std::vector<char*> args, env;
-    for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
-    args.push_back(nullptr);
-    for (const std::string& entry : environment) env.push_back(const_cast<char*>(entry.c_str()));
-    env.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, 1, 2);
-    posix_spawnattr_t attributes;
-    posix_spawnattr_init(&attributes);
-    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
-    posix_spawnattr_setpgroup(&attributes, 0);
-    const int error = posix_spawn(&pid_, args[0], &actions, &attributes, args.data(), env.data());
-    posix_spawn_file_actions_destroy(&actions);
-    posix_spawnattr_destroy(&attributes);
-    if (error != 0) {
-      ADD_FAILURE() << "cannot start " << argv[0] << ": " << std::strerror(error);
-      pid_ = -1;
-    }
-  }
-  ~Job() {
-    if (pid_ > 0 && !done_) kill_all();
-  }
-  Job(const Job&) = delete;
-  Job& operator=(const Job&) = delete;
-
-  pid_t pid() const { return pid_; }
-  bool running() {
-    if (pid_ <= 0 || done_) return false;
-    int status = 0;
-    if (::waitpid(pid_, &status, WNOHANG) == pid_) finish(status);
-    return !done_;
-  }
-  // The exit status (128 + signal when killed), or -1 after killing it at the deadline.
-  int wait(seconds limit) {
-    const auto deadline = Clock::now() + limit;
-    while (running() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (running()) {
-      ADD_FAILURE() << "still running after " << limit.count() << " s; killed. Its output:\n" << output();
-      kill_all();
-      return -1;
-    }
-    return status_;
-  }
-  std::string output() const {
-    std::ifstream in(log_);
-    std::stringstream text;
-    text << in.rdbuf();
-    return text.str();
-  }
-
- private:
-  void finish(int status) {
-    done_ = true;
-    status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  void kill_all() {
-    ::kill(-pid_, SIGKILL);
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    done_ = true;
-    status_ = -1;
-  }
-
-  std::string log_;
-  pid_t pid_ = -1;
-  bool done_ = false;
-  int status_ = -1;
-};
-
-std::vector<std::string> tessera_command(int ranks, const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {TESSERA_MPIEXEC, "-np",  std::to_string(ranks), "--oversubscribe",
-                                   "--bind-to",     "none", TESSERA_BINARY,        "train"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return argv;
-}
-
-// Runs `tessera train args` on `ranks` ranks to the end; fails the test
-// (printing the output) unless it exits 0. Returns the output.
-std::string run_training(int ranks, const std::vector<std::string>& args, const std::string& log) {
-  Job job(tessera_command(ranks, args), log);
-  const int status = job.wait(seconds(90));
-  EXPECT_EQ(status, 0) << "tessera train on " << ranks << " rank(s) failed; its output:\n" << job.output();
-  return job.output();
-}
-
-std::vector<std::string> joined(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-std::string step_name(int64_t step) {
-  char name[32];
-  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
-  return name;
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-// "--a 1 --b 2" as {"--a", "1", "--b", "2"}.
-std::vector<std::string> words(const std::string& text) {
-  std::istringstream in(text);
-  std::vector<std::string> out;
-  for (std::string word; in >> word;) out.push_back(word);
-  return out;
-}
 
 // The GPT with dropout: 2 ranks x 2 micro-batches of 4 per step.
 std::vector<std::string> gpt_args(const std::string& data, uint64_t seed) {
