@@ -369,6 +369,11 @@ std::vector<int> parse_cpu_list(const std::string& text, const std::string& what
     const auto last = dash == std::string::npos ? first : parse_int(std::string_view(part).substr(dash + 1));
     TESSERA_CHECK(first && last && *first >= 0 && *last >= *first, "topology: ", what, ": '", text,
                   "' is not a CPU list like 0-3,8,10-11");
+    // Linux numbers CPUs below CONFIG_NR_CPUS (at most 8192 today): anything
+    // far beyond is a damaged file, not a machine.
+    constexpr int kMaxCpu = 1 << 16;
+    TESSERA_CHECK(*last < kMaxCpu, "topology: ", what, ": '", text, "' names CPU ", *last, "; CPU numbers must be below ",
+                  kMaxCpu);
     for (int cpu = *first; cpu <= *last; ++cpu) cpus.push_back(cpu);
   }
   std::sort(cpus.begin(), cpus.end());
@@ -435,7 +440,7 @@ std::optional<int> slurm_tasks_on_node(const std::string& text, int node, const 
       part = part.substr(0, paren);
     }
     const int tasks = parse_count(part, name);
-    if (node < first_node + repeat) return tasks;
+    if (int64_t(node) < int64_t(first_node) + repeat) return tasks;  // no int overflow for huge repeats
     first_node += repeat;
   }
   return std::nullopt;

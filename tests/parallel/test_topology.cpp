@@ -394,6 +394,13 @@ TEST(TopologyEnvironment, LauncherVariables) {
   EXPECT_EQ(local_size_from_environment({{"PMIX_LOCAL_RANK", "0"}, {"PMIX_LOCAL_SIZE", "2"}}), 2);
   EXPECT_THROW(local_rank_from_environment({{"SLURM_LOCALID", "one"}}), Error);
   EXPECT_THROW(local_size_from_environment({{"SLURM_LOCALID", "0"}, {"SLURM_TASKS_PER_NODE", "2(x3"}}), Error);
+  // A huge repeat count (found by fuzzing: the node index overflowed) is still read right.
+  EXPECT_EQ(local_size_from_environment(
+                {{"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "5"}, {"SLURM_TASKS_PER_NODE", "3(x2147483647),1"}}),
+            3);
+  EXPECT_EQ(local_size_from_environment(
+                {{"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "2"}, {"SLURM_TASKS_PER_NODE", "1(x2),2(x2147483647)"}}),
+            2);
 }
 
 TEST(TopologyCpuList, ParseAndFormat) {
@@ -407,6 +414,13 @@ TEST(TopologyCpuList, ParseAndFormat) {
     FAIL() << "no error for 3-1";
   } catch (const Error& error) {
     EXPECT_NE(error.message().find("node0/cpulist: '3-1' is not a CPU list"), std::string::npos);
+  }
+  // A range no machine has (found by fuzzing: it looped past INT_MAX, allocating without bound) is refused.
+  try {
+    parse_cpu_list("0-2147483647", "node0/cpulist");
+    FAIL() << "no error for 0-2147483647";
+  } catch (const Error& error) {
+    EXPECT_NE(error.message().find("names CPU 2147483647; CPU numbers must be below 65536"), std::string::npos);
   }
 }
 

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Writes the hand-made seeds of the fuzz corpora (tests/fuzz/corpus/<harness>/seed-*).
+
+Each seed is a valid input in the harness's own input format (described at the
+top of its LLVMFuzzerTestOneInput), so a short run starts from inputs that get
+past the first checks. The structure-aware harnesses (fuzz_dataset,
+fuzz_checkpoint, fuzz_topology) decode an empty input to a valid file or tree
+and need no hand-made seed. Besides the seeds, each corpus (but
+fuzz_canary's) holds inputs kept from earlier runs, named by their SHA-1: a
+small set covering every edge those runs reached (`-set_cover_merge=1`, see
+README.md, "Fuzzing").
+
+    tests/fuzz/make_seeds.py      # rewrites the seed-* files, leaves the others
+"""
+import gzip
+import os
+import struct
+
+CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+
+
+def write(harness, name, data):
+    folder = os.path.join(CORPUS, harness)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "seed-" + name), "wb") as out:
+        out.write(data)
+
+
+def idx_labels(labels):
+    return struct.pack(">II", 0x00000801, len(labels)) + bytes(labels)
+
+
+def idx_images(count, height, width):
+    pixels = bytes((i * 37) % 256 for i in range(count * height * width))
+    return struct.pack(">IIII", 0x00000803, count, height, width) + pixels
+
+
+def prepare_idx(flags, num_classes, labels, images):
+    # flags (1: gzip images, 2: gzip labels, 4: --num-classes, 8: --num-classes -1),
+    # the --num-classes byte, the label file's length (LE16), labels, images.
+    if flags & 1:
+        images = gzip.compress(images, mtime=0)
+    if flags & 2:
+        labels = gzip.compress(labels, mtime=0)
+    return bytes([flags, num_classes]) + struct.pack("<H", len(labels)) + labels + images
+
+
+def prepare_text(flags, fraction_code, files):
+    # flags (bits 0-1: files - 1; 4: eval file; 8: eval file named like the
+    # output), the fraction code, each file's length but the last's (LE16), the files.
+    assert (flags & 3) + 1 == len(files)
+    lengths = b"".join(struct.pack("<H", len(f)) for f in files[:-1])
+    return bytes([flags, fraction_code]) + lengths + b"".join(files)
+
+
+def main():
+    labels, images = idx_labels([1, 0]), idx_images(2, 4, 4)
+    write("fuzz_prepare_idx", "plain", prepare_idx(0, 0, labels, images))
+    write("fuzz_prepare_idx", "gzip", prepare_idx(3, 0, labels, images))
+    write("fuzz_prepare_idx", "classes", prepare_idx(4, 10, idx_labels([3]), idx_images(1, 2, 2)))
+    write("fuzz_canary", "plain", prepare_idx(0, 0, labels, images))
+
+    write("fuzz_prepare_text", "one", prepare_text(4, 13, [b"Tessera trains models on MPI ranks.\n" * 3]))
+    write("fuzz_prepare_text", "three", prepare_text(2, 0, [b"abc", b"", b"defghij\n"]))
+    write("fuzz_prepare_text", "eval", prepare_text(5, 128, [b"0123456789", b"abcdefghij"]))
+
+    # The TOML file, then a NUL and one command-line argument per line.
+    write("fuzz_train_config", "gpt",
+          b'model = "gpt"\nsynthetic = true\ntrain-steps = 10\nseq-length = 64\nnum-layers = 2\n'
+          b'hidden-size = 64\nnum-heads = 4\nlr = 3e-4\nmin-lr = 1e-5\nprecision = "bf16"\n')
+    write("fuzz_train_config", "mlp",
+          b'# an MLP\nmodel = "mlp"\nhidden = [128, 64]\nsynthetic = true\ntrain-steps = 5\n'
+          b'micro_batch_size = 32\nglobal-batch-size = 64\noptimizer = "sgd"\nnesterov = true\n'
+          b"\0--lr\n0.01\n--clip-grad=0")
+    write("fuzz_train_config", "flags",
+          b'epochs = 2.5\n[tessera]\nseed = 7\n\0--synthetic\n--train-steps\n3\n--model\ncnn\n--tp\n1\n--zero\n1')
+    write("fuzz_train_config", "save",
+          b'synthetic = true\ntrain-steps = 20\nsave = "runs/x"\nsave-interval = 5\nkeep-checkpoints = 2\n'
+          b'resume = "auto"\nbucket-size-mb = 0.5\npipeline-parallel = 2\npipeline-split = "0,1,2"\n')
+
+    # A plot-options byte, then a metrics JSONL file as `tessera train --metrics` writes it.
+    metrics = (b'{"kind":"run","model":"mlp","precision":"fp32","world_size":"1","wall_time":1795325108.64}\n'
+               + b"".join(b'{"kind":"train","step":%d,"total_steps":6,"epoch":0,"loss":%.3f,"lr":0.001,'
+                          b'"ms_per_step":0.3,"samples_per_s":25949.7,"grad_norm":2.5,"skipped":false,'
+                          b'"wall_time":1795325108.%d}\n' % (step, 2.3 / step, step) for step in range(1, 7))
+               + b'{"kind":"eval","step":6,"eval_loss":0.39,"eval_accuracy":0.91,"wall_time":1795325109.0}\n')
+    write("fuzz_metrics", "run", b"\x00" + metrics)
+    write("fuzz_metrics", "cut", b"\x65" + metrics + b'{"kind":"train","step":7,"loss":nu')
+    write("fuzz_metrics", "tokens",
+          b"\x12" + b'{"kind":"train","step":3,"loss":1.5,"lr":1e-4,"tokens_per_s":1e5,"skipped":true}\n'
+          b'{"kind":"eval","step":3,"eval_loss":null,"eval_bits_per_byte":2.1}\n'
+          b'{"kind":"train","step":3,"loss":1.25,"lr":-0.0,"tokens_per_s":1e300}\n')
+
+
+if __name__ == "__main__":
+    main()
