@@ -26,6 +26,7 @@
 #include "core/context.h"
 #include "core/cpu_libraries.h"
 #include "core/cuda_runtime.h"
+#include "core/error.h"
 #include "io/hdf5_version.h"
 #include "parallel/library_versions.h"
 #include "parallel/mpi_env.h"
@@ -90,6 +91,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   } catch (const CLI::ParseError& error) {
+    // Under a launcher every rank parses the same bad command line: say which rank speaks.
+    const int rank = tessera::launcher_rank();
+    if (rank >= 0 && error.get_exit_code() != 0) std::fprintf(stderr, "tessera: [rank %d] bad command line:\n", rank);
     return app.exit(error);
   } catch (const std::exception& error) {
     if (mpi && mpi->world_size() > 1) {

@@ -10,6 +10,9 @@
 namespace tessera::app {
 
 void add_train_options(CLI::App& command, TrainConfig& c) {
+  // A flag given twice keeps its last value, as with argparse (Megatron,
+  // torchrun): launch scripts append overrides to a list of defaults.
+  command.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   command.add_option("--config", c.config_file, "TOML file of settings (keys are flag names); flags override it")
       ->check(CLI::ExistingFile);
 
@@ -17,7 +20,10 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
   command.add_option("--model", c.model, "Model: mlp, cnn or gpt")
       ->check(CLI::IsMember({"mlp", "cnn", "gpt"}))
       ->group(model);
-  command.add_option("--hidden", c.hidden, "MLP hidden sizes, e.g. 1024,1024")->delimiter(',')->group(model);
+  command.add_option("--hidden", c.hidden, "MLP hidden sizes, e.g. 1024,1024")
+      ->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->group(model);
   command.add_option("--vocab-size", c.vocab_size, "GPT vocabulary size")->group(model);
   command.add_option("--seq-length", c.seq_length, "GPT context length")->group(model);
   command.add_option("--num-layers", c.num_layers, "GPT Transformer blocks")->group(model);

@@ -15,6 +15,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <random>
@@ -132,6 +133,9 @@ class BatchSource {
           ++options.start_epoch;
       }
       loader_ = std::make_unique<io::DataLoader>(ctx, c.data, options);
+      ctx_ = &ctx;
+      path_ = c.data;
+      options_ = options;
       return;
     }
     // The global batch, drawn whole on every rank (sample i is the i-th draw
@@ -175,10 +179,35 @@ class BatchSource {
     return {epoch, step * global_};
   }
 
+  // TESSERA_FAULT=truncated_data: this rank goes on reading from a copy of
+  // its data file cut to half its bytes (in the temporary directory, removed
+  // again), so the real readers' checks meet a really truncated file in the
+  // middle of a run. Synthetic data reads no file: nothing happens.
+  void read_truncated_copy() {
+    if (!loader_) return;
+    namespace fs = std::filesystem;
+    const fs::path copy = fs::temp_directory_path() / ("tessera-truncated-" + std::to_string(::getpid()) + "-" +
+                                                       fs::path(path_).filename().string());
+    struct RemoveAtEnd {
+      fs::path path;
+      ~RemoveAtEnd() {
+        std::error_code ignored;
+        fs::remove(path, ignored);
+      }
+    } remove_at_end{copy};
+    fs::copy_file(path_, copy, fs::copy_options::overwrite_existing);
+    fs::resize_file(copy, fs::file_size(copy) / 2);
+    loader_ = std::make_unique<io::DataLoader>(*ctx_, copy.string(), options_);
+  }
+
  private:
   int64_t global_;  // samples of one micro-batch over all ranks
   std::unique_ptr<io::DataLoader> loader_;
   io::Batch synthetic_;
+  // What made loader_ (for read_truncated_copy).
+  Context* ctx_ = nullptr;
+  std::string path_;
+  io::LoaderOptions options_;
 };
 
 // The name of the first parameter whose gradient holds an inf or NaN (for the
@@ -297,8 +326,9 @@ std::vector<int64_t> stage_bounds(const nn::ModelConfig& m, const TrainConfig& c
 
 // TESSERA_FAULT (core/fault.h) at the start of step `step` (1-based) on
 // world rank `rank`: crash (the process dies at once, SIGKILL), hang (it
-// stops for good, never reaching its next collective), slow (it sleeps 2 s).
-void inject_step_faults(int64_t step, int rank) {
+// stops for good, never reaching its next collective), slow (it sleeps 2 s),
+// truncated_data (its data file is read as a truncated copy from now on).
+void inject_step_faults(int64_t step, int rank, BatchSource& source) {
   const auto announce = [&](const char* kind) {
     std::fprintf(stderr, "tessera: TESSERA_FAULT: %s at step %lld on rank %d\n", kind, static_cast<long long>(step),
                  rank);
@@ -315,6 +345,10 @@ void inject_step_faults(int64_t step, int rank) {
   if (fault_due("slow", step, rank)) {
     announce("slow");
     std::this_thread::sleep_for(std::chrono::seconds(2));
+  }
+  if (fault_due("truncated_data", step, rank)) {
+    announce("truncated_data");
+    source.read_truncated_copy();
   }
 }
 
@@ -662,7 +696,7 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
     std::printf("nothing to do: the checkpoint is at step %lld and --train-steps/--epochs ask for %lld\n",
                 static_cast<long long>(counters.step), static_cast<long long>(total_steps));
   for (int64_t step = counters.step; step < total_steps; ++step) {
-    inject_step_faults(step + 1, world->rank());
+    inject_step_faults(step + 1, world->rank(), source);
     const auto start = Clock::now();
     replica.begin_step();
     const int64_t tp_bytes_before = grid.tp().counters().total_bytes();

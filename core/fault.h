@@ -17,7 +17,9 @@
 //                     next collective times out: --comm-timeout);
 //   slow              it sleeps 2 s as the step begins;
 //   nan_grad          its gradients of the step are NaN (the loss gradient is);
-//   truncated_data    reserved (tests use really truncated files instead).
+//   truncated_data    from the step on, the rank reads its --data file through
+//                     a copy cut to half its bytes (the readers' own checks
+//                     must end the job, naming the rank and the file).
 // Steps count from 1: kind@N acts as step N begins (checkpoint_crash@N:
 // while the checkpoint after step N is written).
 //

@@ -785,6 +785,8 @@ std::string message_of(const std::exception& error) {
 // previous checkpoint survives).
 void crash_if_due(int64_t step, int rank) {
   if (fault_due("checkpoint_crash", step, rank)) {
+    std::fprintf(stderr, "tessera: TESSERA_FAULT: checkpoint_crash while writing the step-%lld checkpoint on rank %d\n",
+                 static_cast<long long>(step), rank);
     std::fflush(nullptr);
     std::raise(SIGKILL);
   }
@@ -795,6 +797,18 @@ std::vector<std::string> other_checkpoints(const fs::path& save_dir, const fs::p
   for (const StepDirectory& found : list_step_directories(save_dir))
     if (found.path.filename() != except.filename()) names.push_back(found.path.filename().string());
   return names;
+}
+
+// What to tell a user whose checkpoint in `directory` is corrupt: the newest
+// other checkpoint of the same --save directory, as the flag to resume it.
+std::string corrupt_advice(const fs::path& directory) {
+  const fs::path save_dir = directory.parent_path();
+  const std::vector<std::string> others = other_checkpoints(save_dir, directory);
+  if (others.empty())
+    return "the checkpoint is corrupt and " + save_dir.string() +
+           " holds no other; start afresh (another --save directory, or remove this one)";
+  return "the checkpoint is corrupt; resume from an earlier one: --resume " + (save_dir / others.back()).string() +
+         " (the files are left as they are)";
 }
 
 }  // namespace
@@ -1056,14 +1070,8 @@ struct CheckpointReader::State {
   std::vector<std::byte> read_verified(const StoredTensor& tensor) const {
     std::vector<std::byte> bytes = read_raw(tensor);
     const uint32_t crc = crc32_of(bytes.data(), bytes.size());
-    if (crc != tensor.crc32) {
-      std::string others;
-      for (const std::string& name : other_checkpoints(directory.parent_path(), directory))
-        others += (others.empty() ? "" : ", ") + name;
-      TESSERA_THROW("checksum mismatch in tensor ", tensor.name, " of ", path,
-                    ": the checkpoint is corrupt; use an earlier one (", directory.parent_path().string(),
-                    others.empty() ? " has no other checkpoint" : " has " + others, ")");
-    }
+    TESSERA_CHECK(crc == tensor.crc32, "checksum mismatch in tensor ", tensor.name, " of ", path, ": ",
+                  corrupt_advice(directory));
     return bytes;
   }
 
@@ -1130,8 +1138,8 @@ CheckpointReader::CheckpointReader(const std::string& path) : state_(new State) 
     const hid_t id = H5Fopen(state->path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
     if (id < 0)
       throw_error(ErrorSite{"HDF5", static_cast<long long>(id), {}, "H5Fopen", __FILE__, __LINE__, {}},
-                  state->path + " cannot be opened as an HDF5 file (truncated, corrupt, or not a checkpoint); use " +
-                      "an earlier checkpoint: " + tessera::detail::hdf5_error_stack());
+                  state->path + " cannot be opened as an HDF5 file (truncated, corrupt, or not a checkpoint): " +
+                      corrupt_advice(state->directory) + ". HDF5 says: " + tessera::detail::hdf5_error_stack());
     state->file = file_handle(id);
   }
   const std::string& p = state->path;
@@ -1144,8 +1152,7 @@ CheckpointReader::CheckpointReader(const std::string& path) : state_(new State) 
   TESSERA_CHECK(format >= 1, p, ": invalid checkpoint format ", format);
   state->step = read_int64_attribute(p, root, "step");
   state->ranks_saved = int(read_int64_attribute(p, root, "ranks_saved"));
-  TESSERA_CHECK(link_exists(root, "tensors"), p,
-                ": the checkpoint has no /tensors group; it is corrupt, use an earlier one");
+  TESSERA_CHECK(link_exists(root, "tensors"), p, ": it has no /tensors group: ", corrupt_advice(state->directory));
 
   Hdf5QuietErrors quiet;
   if (link_exists(root, "metadata")) {
@@ -1166,7 +1173,7 @@ CheckpointReader::CheckpointReader(const std::string& path) : state_(new State) 
     stored.name = name;
     TESSERA_CHECK(has_attribute(dataset.get(), kDtypeAttribute) && has_attribute(dataset.get(), kCrcAttribute), p,
                   ": tensor ", name, " lacks its '", kDtypeAttribute, "' or '", kCrcAttribute,
-                  "' attribute; the checkpoint is corrupt, use an earlier one");
+                  "' attribute: ", corrupt_advice(state->directory));
     stored.dtype = parse_dtype(read_string_attribute(p, dataset.get(), kDtypeAttribute));
     stored.crc32 = uint32_t(read_int64_attribute(p, dataset.get(), kCrcAttribute));
     const std::vector<int64_t> dims = dataset_dims(p, dataset.get());
@@ -1174,16 +1181,16 @@ CheckpointReader::CheckpointReader(const std::string& path) : state_(new State) 
                   " dimensions, more than ", Shape::kMaxDims);
     const std::optional<int64_t> count = element_count(dims);
     TESSERA_CHECK(count && *count <= std::numeric_limits<int64_t>::max() / 8, p, ": tensor ", name,
-                  " claims more elements than a file can hold; the checkpoint is corrupt, use an earlier one");
+                  " claims more elements than a file can hold: ", corrupt_advice(state->directory));
     TESSERA_CHECK(all_elements_stored(p, dataset.get()), p, ": tensor ", name,
-                  " has no data stored for some or all of its elements (created but not completely written); the "
-                  "checkpoint is corrupt, use an earlier one");
+                  " has no data stored for some or all of its elements (created but not completely written): ",
+                  corrupt_advice(state->directory));
     stored.shape = Shape(dims);
     Hdf5Handle type = datatype_handle(TESSERA_HDF5_CHECK_AT(p, H5Dget_type(dataset.get())));
     TESSERA_CHECK(
         H5Tget_class(type.get()) == type_class_of(stored.dtype) && H5Tget_size(type.get()) == dtype_size(stored.dtype),
         p, ": tensor ", name, " is tagged ", dtype_name(stored.dtype),
-        " but its HDF5 type does not match; the checkpoint is corrupt, use an earlier one");
+        " but its HDF5 type does not match: ", corrupt_advice(state->directory));
     state->index[name] = state->tensors.size();
     state->tensors.push_back(std::move(stored));
   }
@@ -1223,14 +1230,14 @@ std::optional<std::vector<uint8_t>> CheckpointReader::rank_state(int world_rank,
   const std::vector<int64_t> dims = dataset_dims(p, dataset.get());
   TESSERA_CHECK(dims.size() == 1, p, ": rank state ", link, " must be a 1-D byte dataset");
   TESSERA_CHECK(all_elements_stored(p, dataset.get()), p, ": rank state ", link,
-                " has no data stored for some or all of its bytes; the checkpoint is corrupt, use an earlier one");
+                " has no data stored for some or all of its bytes: ", corrupt_advice(state_->directory));
   std::vector<uint8_t> bytes(static_cast<size_t>(dims[0]));
   if (!bytes.empty())
     TESSERA_HDF5_CHECK_AT(p, H5Dread(dataset.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()));
   if (has_attribute(dataset.get(), kCrcAttribute)) {
     const uint32_t expected = uint32_t(read_int64_attribute(p, dataset.get(), kCrcAttribute));
     TESSERA_CHECK(crc32_of(bytes.data(), bytes.size()) == expected, "checksum mismatch in rank state ", link, " of ", p,
-                  ": the checkpoint is corrupt; use an earlier one");
+                  ": ", corrupt_advice(state_->directory));
   }
   return bytes;
 }

@@ -514,6 +514,20 @@ void check_tensor(const std::string& at, const char* what, const Tensor& tensor)
                 " elements, more than one MPI call can count (", INT_MAX, "); split it into chunks");
 }
 
+// reduce_scatter and all_gather: two defined tensors of one dtype on one
+// device, `whole` holding `ranks` times the elements of `block`.
+void check_whole_and_block(const std::string& at, const char* whole_name, const Tensor& whole, const char* block_name,
+                           const Tensor& block, int ranks) {
+  check_tensor(at, whole_name, whole);
+  check_tensor(at, block_name, block);
+  TESSERA_CHECK(whole.dtype() == block.dtype(), at, ": ", whole_name, " is ", dtype_name(whole.dtype()), " but ",
+                block_name, " is ", dtype_name(block.dtype()));
+  TESSERA_CHECK(whole.device() == block.device(), at, ": ", whole_name, " is on ", whole.device().to_string(), " but ",
+                block_name, " is on ", block.device().to_string());
+  TESSERA_CHECK(whole.numel() == int64_t(ranks) * block.numel(), at, ": ", whole_name, " has ", whole.numel(),
+                " elements, but it must have size() × ", block_name, " elements = ", ranks, " × ", block.numel());
+}
+
 void check_peer(const std::string& at, const char* what, int peer, int size) {
   TESSERA_CHECK(peer >= 0 && peer < size, at, ": ", what, " ", peer, " is not a rank of this communicator (0..",
                 size - 1, ")");
@@ -556,14 +570,7 @@ CommHandle MpiCommunicator::reduce_scatter(const Tensor& input, Tensor& output, 
   begin("reduce_scatter");
   count(CommCounters::reduce_scatter, input);
   const std::string at = where("reduce_scatter", input) + " " + op_name(op);
-  check_tensor(at, "input", input);
-  check_tensor(at, "output", output);
-  TESSERA_CHECK(input.dtype() == output.dtype(), at, ": input is ", dtype_name(input.dtype()), " but output is ",
-                dtype_name(output.dtype()));
-  TESSERA_CHECK(input.device() == output.device(), at, ": input is on ", input.device().to_string(),
-                " but output is on ", output.device().to_string());
-  TESSERA_CHECK(input.numel() == int64_t(size_) * output.numel(), at, ": input has ", input.numel(),
-                " elements, but it must have size() × output elements = ", size_, " × ", output.numel());
+  check_whole_and_block(at, "input", input, "output", output, size_);
   auto work = std::make_unique<MpiWork>(this, at);
   if (size_ == 1) {
     output.copy_(input);
@@ -596,14 +603,7 @@ CommHandle MpiCommunicator::all_gather(const Tensor& input, Tensor& output) {
   begin("all_gather");
   count(CommCounters::all_gather, output);
   const std::string at = where("all_gather", output);
-  check_tensor(at, "input", input);
-  check_tensor(at, "output", output);
-  TESSERA_CHECK(input.dtype() == output.dtype(), at, ": input is ", dtype_name(input.dtype()), " but output is ",
-                dtype_name(output.dtype()));
-  TESSERA_CHECK(input.device() == output.device(), at, ": input is on ", input.device().to_string(),
-                " but output is on ", output.device().to_string());
-  TESSERA_CHECK(output.numel() == int64_t(size_) * input.numel(), at, ": output has ", output.numel(),
-                " elements, but it must have size() × input elements = ", size_, " × ", input.numel());
+  check_whole_and_block(at, "output", output, "input", input, size_);
   auto work = std::make_unique<MpiWork>(this, at);
   if (size_ == 1) {
     output.copy_(input);

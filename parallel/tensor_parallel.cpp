@@ -475,11 +475,12 @@ Tensor ParallelMlp::backward_impl(const Tensor& grad_output, nn::Saved& saved) {
 ParallelTransformerBlock::ParallelTransformerBlock(const nn::ModelSpec& spec, std::string name, TensorParallelism tp,
                                                    int64_t hidden, int64_t heads, int64_t ffn_hidden, float dropout,
                                                    bool recompute)
-    : Module(spec, std::move(name)), tp_(tp), recompute_(recompute) {
+    : PreLnBlock(spec, std::move(name), recompute), tp_(tp) {
   ln1_ = &add_child<nn::LayerNorm>(spec, child_name("ln1"), hidden);
   attn_ = &add_child<ParallelSelfAttention>(spec, child_name("attn"), tp, hidden, heads, dropout);
   ln2_ = &add_child<nn::LayerNorm>(spec, child_name("ln2"), hidden);
   mlp_ = &add_child<ParallelMlp>(spec, child_name("mlp"), tp, hidden, ffn_hidden, dropout);
+  set_parts(*ln1_, *attn_, *ln2_, *mlp_);
   if (tp_.sequence_parallel && tp_.size() > 1)
     partial_ = std::make_unique<SequenceParallelGradients>(
         std::vector<nn::Parameter*>{&ln1_->weight(), ln1_->bias(), &ln2_->weight(), ln2_->bias(), attn_->proj().bias(),
@@ -487,56 +488,12 @@ ParallelTransformerBlock::ParallelTransformerBlock(const nn::ModelSpec& spec, st
         *tp_.group);
 }
 
-Tensor ParallelTransformerBlock::forward_all(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) {
-  Tensor a = ln1_->forward(input, saved.child(0), pass);
-  a = attn_->forward(a, saved.child(1), pass);
-  Tensor h = empty_like(input);
-  ops::add(input, a, h);
-  a = Tensor();
-  Tensor m = ln2_->forward(h, saved.child(2), pass);
-  m = mlp_->forward(m, saved.child(3), pass);
-  Tensor y = empty_like(h);
-  ops::add(h, m, y);
-  return y;
-}
-
-Tensor ParallelTransformerBlock::backward_all(const Tensor& grad_output, nn::Saved& saved) {
+void ParallelTransformerBlock::before_backward() {
   if (partial_) partial_->begin();
-  Tensor grad = mlp_->backward(grad_output, saved.child(3));
-  grad = ln2_->backward(grad, saved.child(2));
-  Tensor dh = empty_like(grad);
-  ops::add(grad_output, grad, dh);
-  grad = attn_->backward(dh, saved.child(1));
-  grad = ln1_->backward(grad, saved.child(0));
-  Tensor dx = empty_like(grad);
-  ops::add(dh, grad, dx);
-  saved.clear();
+}
+
+void ParallelTransformerBlock::after_backward() {
   if (partial_) partial_->end();
-  return dx;
-}
-
-Tensor ParallelTransformerBlock::forward(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) {
-  saved.clear();
-  if (!recompute_) return forward_all(input, saved, pass);
-  Tensor y;
-  {
-    nn::Saved discarded;
-    y = forward_all(input, discarded, pass);
-  }
-  saved.tensors = {input};
-  saved.scalars = {int64_t(pass.seed), int64_t(pass.step), int64_t(pass.micro_batch)};
-  return y;
-}
-
-Tensor ParallelTransformerBlock::backward_impl(const Tensor& grad_output, nn::Saved& saved) {
-  if (saved.scalars.empty()) return backward_all(grad_output, saved);
-  nn::check_saved(*this, saved, 1, 3);
-  const Tensor input = saved.tensors[0];
-  const nn::Pass pass{uint64_t(saved.scalars[0]), uint64_t(saved.scalars[1]), uint64_t(saved.scalars[2])};
-  saved.clear();
-  nn::Saved fresh;
-  forward_all(input, fresh, pass);  // the same collectives in the same order on every rank
-  return backward_all(grad_output, fresh);
 }
 
 // ---------------------------------------------------------------------------
@@ -637,9 +594,8 @@ Tensor TensorParallelGpt::forward(const Tensor& input, nn::Saved& saved, const n
     TESSERA_CHECK(input.ndim() == 2, "gpt: token ids must be [batch, tokens], got shape ", input.shape().to_string());
     TESSERA_CHECK(input.size(1) <= config_.seq_length, "gpt: a sequence of ", input.size(1),
                   " tokens is longer than --seq-length ", config_.seq_length);
-    TESSERA_CHECK(!tp_.sequence_parallel || input.size(1) % tp_.size() == 0,
-                  "gpt: --sequence-parallel: a sequence of ", input.size(1),
-                  " tokens cannot be split over --tensor-parallel ", tp_.size());
+    TESSERA_CHECK(!tp_.sequence_parallel || input.size(1) % tp_.size() == 0, "gpt: --sequence-parallel: a sequence of ",
+                  input.size(1), " tokens cannot be split over --tensor-parallel ", tp_.size());
     batch = input.size(0);
     tokens = input.size(1);
     x = wte_->forward(input, saved.child(0), pass);

@@ -238,20 +238,16 @@ class ParallelMlp : public nn::Module {
 // Pre-LN block (as nn::TransformerBlock, recomputation included) over the
 // parallel attention and MLP. Under sequence parallelism its input and
 // output are [B, T/K, C].
-class ParallelTransformerBlock : public nn::Module {
+class ParallelTransformerBlock : public nn::PreLnBlock {
  public:
   ParallelTransformerBlock(const nn::ModelSpec& spec, std::string name, TensorParallelism tp, int64_t hidden,
                            int64_t heads, int64_t ffn_hidden, float dropout, bool recompute);
-  Tensor forward(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
-  Tensor backward_impl(const Tensor& grad_output, nn::Saved& saved) override;
-  void set_recompute(bool recompute) { recompute_ = recompute; }
 
  private:
-  Tensor forward_all(const Tensor& input, nn::Saved& saved, const nn::Pass& pass);
-  Tensor backward_all(const Tensor& grad_output, nn::Saved& saved);
+  void before_backward() override;
+  void after_backward() override;
 
   TensorParallelism tp_;
-  bool recompute_;
   nn::LayerNorm* ln1_;
   ParallelSelfAttention* attn_;
   nn::LayerNorm* ln2_;

@@ -538,43 +538,40 @@ Tensor MlpBlock::backward_impl(const Tensor& grad_output, Saved& saved) {
   return grad;
 }
 
-TransformerBlock::TransformerBlock(const ModelSpec& spec, std::string name, int64_t hidden, int64_t heads,
-                                   int64_t ffn_hidden, float dropout, bool recompute)
-    : Module(spec, std::move(name)), recompute_(recompute) {
-  ln1_ = &add_child<LayerNorm>(spec, child_name("ln1"), hidden);
-  attn_ = &add_child<CausalSelfAttention>(spec, child_name("attn"), hidden, heads, dropout);
-  ln2_ = &add_child<LayerNorm>(spec, child_name("ln2"), hidden);
-  mlp_ = &add_child<MlpBlock>(spec, child_name("mlp"), hidden, ffn_hidden, dropout);
-}
-
-Tensor TransformerBlock::forward_all(const Tensor& input, Saved& saved, const Pass& pass) {
-  Tensor a = ln1_->forward(input, saved.child(0), pass);
-  a = attn_->forward(a, saved.child(1), pass);
+Tensor PreLnBlock::forward_all(const Tensor& input, Saved& saved, const Pass& pass) {
+  Module& ln1 = *parts_[0];
+  Module& attn = *parts_[1];
+  Module& ln2 = *parts_[2];
+  Module& mlp = *parts_[3];
+  Tensor a = ln1.forward(input, saved.child(0), pass);
+  a = attn.forward(a, saved.child(1), pass);
   Tensor h = empty_like(input);
   ops::add(input, a, h);
   a = Tensor();
-  Tensor m = ln2_->forward(h, saved.child(2), pass);
-  m = mlp_->forward(m, saved.child(3), pass);
+  Tensor m = ln2.forward(h, saved.child(2), pass);
+  m = mlp.forward(m, saved.child(3), pass);
   Tensor y = empty_like(h);
   ops::add(h, m, y);
   return y;
 }
 
-Tensor TransformerBlock::backward_all(const Tensor& grad_output, Saved& saved) {
+Tensor PreLnBlock::backward_all(const Tensor& grad_output, Saved& saved) {
+  before_backward();
   const Tensor& dy = grad_output;
-  Tensor grad = mlp_->backward(dy, saved.child(3));
-  grad = ln2_->backward(grad, saved.child(2));
+  Tensor grad = parts_[3]->backward(dy, saved.child(3));
+  grad = parts_[2]->backward(grad, saved.child(2));
   Tensor dh = empty_like(grad);
   ops::add(dy, grad, dh);
-  grad = attn_->backward(dh, saved.child(1));
-  grad = ln1_->backward(grad, saved.child(0));
+  grad = parts_[1]->backward(dh, saved.child(1));
+  grad = parts_[0]->backward(grad, saved.child(0));
   Tensor dx = empty_like(grad);
   ops::add(dh, grad, dx);
   saved.clear();
+  after_backward();
   return dx;
 }
 
-Tensor TransformerBlock::forward(const Tensor& input, Saved& saved, const Pass& pass) {
+Tensor PreLnBlock::forward(const Tensor& input, Saved& saved, const Pass& pass) {
   saved.clear();
   if (!recompute_) return forward_all(input, saved, pass);
   Tensor y;
@@ -587,15 +584,27 @@ Tensor TransformerBlock::forward(const Tensor& input, Saved& saved, const Pass& 
   return y;
 }
 
-Tensor TransformerBlock::backward_impl(const Tensor& grad_output, Saved& saved) {
+Tensor PreLnBlock::backward_impl(const Tensor& grad_output, Saved& saved) {
   if (saved.scalars.empty()) return backward_all(grad_output, saved);  // recompute was off at forward time
   check_saved(*this, saved, 1, 3);
   const Tensor input = saved.tensors[0];
   const Pass pass{uint64_t(saved.scalars[0]), uint64_t(saved.scalars[1]), uint64_t(saved.scalars[2])};
   saved.clear();
   Saved fresh;
-  forward_all(input, fresh, pass);  // the same calls on the same input: the same activations and dropout masks
+  // The same calls on the same input: the same activations, dropout masks
+  // and (tensor-parallel) collectives in the same order on every rank.
+  forward_all(input, fresh, pass);
   return backward_all(grad_output, fresh);
+}
+
+TransformerBlock::TransformerBlock(const ModelSpec& spec, std::string name, int64_t hidden, int64_t heads,
+                                   int64_t ffn_hidden, float dropout, bool recompute)
+    : PreLnBlock(spec, std::move(name), recompute) {
+  ln1_ = &add_child<LayerNorm>(spec, child_name("ln1"), hidden);
+  attn_ = &add_child<CausalSelfAttention>(spec, child_name("attn"), hidden, heads, dropout);
+  ln2_ = &add_child<LayerNorm>(spec, child_name("ln2"), hidden);
+  mlp_ = &add_child<MlpBlock>(spec, child_name("mlp"), hidden, ffn_hidden, dropout);
+  set_parts(*ln1_, *attn_, *ln2_, *mlp_);
 }
 
 // ---------------------------------------------------------------------------

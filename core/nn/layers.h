@@ -18,6 +18,7 @@
 //     re-initialise where a model prescribes otherwise (GPT-2).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -251,31 +252,47 @@ class MlpBlock : public Module {
   Dropout* dropout_;
 };
 
-// Pre-LN transformer block on x [B, T, C]:
+// The pre-LN residual arithmetic on x [B, T, C], for any four parts:
 //   h = x + attn(ln1(x)),  y = h + mlp(ln2(h)).
-// Children: "<name>.ln1", "<name>.attn", "<name>.ln2", "<name>.mlp".
 // With `recompute`, forward keeps only its input (and the pass); backward
 // re-runs the same forward into a fresh Saved, then the ordinary backward, so
 // its gradients are bit-identical to recompute off, at the cost of one more
-// forward.
-class TransformerBlock : public Module {
+// forward. Subclasses make the parts (serial here, tensor-parallel in
+// parallel/tensor_parallel.h) as children 0..3 and hand them to set_parts().
+class PreLnBlock : public Module {
  public:
-  TransformerBlock(const ModelSpec& spec, std::string name, int64_t hidden, int64_t heads, int64_t ffn_hidden,
-                   float dropout = 0.0f, bool recompute = false);
   Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
   void set_recompute(bool recompute) { recompute_ = recompute; }
   bool recompute() const { return recompute_; }
-  LayerNorm& ln1() { return *ln1_; }
-  LayerNorm& ln2() { return *ln2_; }
-  CausalSelfAttention& attn() { return *attn_; }
-  MlpBlock& mlp() { return *mlp_; }
+
+ protected:
+  PreLnBlock(const ModelSpec& spec, std::string name, bool recompute)
+      : Module(spec, std::move(name)), recompute_(recompute) {}
+  void set_parts(Module& ln1, Module& attn, Module& ln2, Module& mlp) { parts_ = {&ln1, &attn, &ln2, &mlp}; }
+  // Around every backward through the parts (sequence parallelism sums some gradients there).
+  virtual void before_backward() {}
+  virtual void after_backward() {}
 
  private:
   Tensor forward_all(const Tensor& input, Saved& saved, const Pass& pass);  // keeps everything
   Tensor backward_all(const Tensor& grad_output, Saved& saved);
 
   bool recompute_;
+  std::array<Module*, 4> parts_{};  // ln1, attn, ln2, mlp
+};
+
+// The GPT block: children "<name>.ln1", "<name>.attn", "<name>.ln2", "<name>.mlp".
+class TransformerBlock : public PreLnBlock {
+ public:
+  TransformerBlock(const ModelSpec& spec, std::string name, int64_t hidden, int64_t heads, int64_t ffn_hidden,
+                   float dropout = 0.0f, bool recompute = false);
+  LayerNorm& ln1() { return *ln1_; }
+  LayerNorm& ln2() { return *ln2_; }
+  CausalSelfAttention& attn() { return *attn_; }
+  MlpBlock& mlp() { return *mlp_; }
+
+ private:
   LayerNorm* ln1_;
   CausalSelfAttention* attn_;
   LayerNorm* ln2_;

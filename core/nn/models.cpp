@@ -3,6 +3,7 @@
 #include "core/nn/models.h"
 
 #include <cmath>
+#include <cstdlib>
 
 #include "core/context.h"
 
@@ -30,9 +31,14 @@ void ModelConfig::validate() const {
     TESSERA_CHECK(num_layers >= 1, "--num-layers ", num_layers, " must be at least 1");
     TESSERA_CHECK(hidden_size >= 1, "--hidden-size ", hidden_size, " must be at least 1");
     TESSERA_CHECK(num_heads >= 1, "--num-heads ", num_heads, " must be at least 1");
-    TESSERA_CHECK(hidden_size % num_heads == 0, "--num-heads ", num_heads, " does not divide --hidden-size ",
-                  hidden_size, "; choose a head count that divides it (e.g. ",
-                  hidden_size / 64 > 0 ? hidden_size / 64 : 1, " heads of 64)");
+    if (hidden_size % num_heads != 0) {
+      int64_t nearest = 1;  // the divisor of hidden_size closest to the requested head count (the larger on a tie)
+      for (int64_t d = 1; d <= hidden_size; ++d)
+        if (hidden_size % d == 0 && std::abs(d - num_heads) <= std::abs(nearest - num_heads)) nearest = d;
+      TESSERA_THROW("--num-heads ", num_heads, " does not divide --hidden-size ", hidden_size,
+                    "; choose a head count that divides it (e.g. --num-heads ", nearest, ": heads of ",
+                    hidden_size / nearest, ")");
+    }
     TESSERA_CHECK(ffn_hidden_size >= 0, "--ffn-hidden-size ", ffn_hidden_size,
                   " must be positive (or 0 for 4 x --hidden-size)");
     TESSERA_CHECK(dropout >= 0.0f && dropout < 1.0f, "--dropout ", dropout, " must be in [0, 1)");
@@ -172,8 +178,9 @@ int64_t pipeline_layers(const ModelConfig& config) {
 
 std::unique_ptr<Module> build_model(const ModelConfig& config, const ModelSpec& spec, const StageLayers& stage) {
   config.validate();
-  TESSERA_CHECK(config.kind == "mlp" || stage.stages == 1, "--pipeline-parallel ", stage.stages,
-                ": --model ", config.kind, " is not split into pipeline stages here (gpt stages are built by "
+  TESSERA_CHECK(config.kind == "mlp" || stage.stages == 1, "--pipeline-parallel ", stage.stages, ": --model ",
+                config.kind,
+                " is not split into pipeline stages here (gpt stages are built by "
                 "parallel::TensorParallelGpt; cnn trains with --pipeline-parallel 1)");
   const int64_t layers = pipeline_layers(config), end = stage.end < 0 ? layers : stage.end;
   TESSERA_CHECK(stage.begin >= 0 && stage.begin <= end && end <= layers, "pipeline stage ", stage.stage, " of ",

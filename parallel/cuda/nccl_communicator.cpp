@@ -4,10 +4,13 @@
 #include "parallel/cuda/nccl_communicator.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <memory>
 #include <utility>
 
 #include "core/cuda_runtime.h"
+#include "core/error.h"
 #include "parallel/cuda/nccl_check.h"
 #include "parallel/mpi_check.h"
 #include "parallel/process_group.h"
@@ -62,7 +65,8 @@ void check_async(ncclComm_t comm, const std::string& at) {
 // One NCCL operation in flight: the "done" event on the communication stream.
 class NcclWork final : public CommWork {
  public:
-  NcclWork(const Stream& compute, Event done, std::vector<Tensor> keep, ncclComm_t comm, std::string where)
+  NcclWork(const Stream& compute, std::shared_ptr<const Event> done, std::vector<Tensor> keep, ncclComm_t comm,
+           std::string where)
       : compute_(compute), done_(std::move(done)), keep_(std::move(keep)), comm_(comm), where_(std::move(where)) {}
   ~NcclWork() override {
     if (waited_) return;
@@ -80,20 +84,20 @@ class NcclWork final : public CommWork {
   void wait() override {
     if (waited_) return;
     check_async(comm_, where_);
-    done_.wait(compute_);
+    done_->wait(compute_);
     waited_ = true;
     keep_.clear();  // later work on the compute stream is ordered after the operation
   }
 
   bool test() override {
-    if (waited_) return done_.ready();
+    if (waited_) return done_->ready();
     check_async(comm_, where_);
-    return done_.ready();
+    return done_->ready();
   }
 
  private:
   const Stream& compute_;
-  Event done_;
+  std::shared_ptr<const Event> done_;  // shared with the watchdog
   std::vector<Tensor> keep_;
   ncclComm_t comm_;
   std::string where_;
@@ -152,14 +156,19 @@ Bootstrap bootstrap(MPI_Comm comm, const std::string& name, Device device) {
 }  // namespace
 
 NcclCommunicator::OwnedComm::~OwnedComm() {
-  if (!comm_) return;
+  const ncclComm_t comm = comm_.exchange(nullptr);
+  if (!comm) return;
   ncclResult_t async = ncclSuccess;
-  if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async == ncclSuccess &&
-      ncclCommFinalize(comm_) == ncclSuccess) {
-    ncclCommDestroy(comm_);
+  if (ncclCommGetAsyncError(comm, &async) == ncclSuccess && async == ncclSuccess &&
+      ncclCommFinalize(comm) == ncclSuccess) {
+    ncclCommDestroy(comm);
   } else {
-    ncclCommAbort(comm_);  // a failed communicator cannot be finalised
+    ncclCommAbort(comm);  // a failed communicator cannot be finalised
   }
+}
+
+void NcclCommunicator::OwnedComm::abort() {
+  if (const ncclComm_t comm = comm_.exchange(nullptr)) ncclCommAbort(comm);
 }
 
 NcclCommunicator::NcclCommunicator(MPI_Comm comm, std::string name, Context& ctx, Device device)
@@ -168,12 +177,43 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, std::string name, Context& ctx
         rank_ = b.rank;
         size_ = b.size;
         return b.comm;
-      }()) {}
+      }()) {
+  start_watchdog();
+}
 
 NcclCommunicator::NcclCommunicator(ncclComm_t adopted, std::string name, Context& ctx, Device device)
     : ctx_(ctx), device_(device), name_(std::move(name)), stream_(Stream::create(device)), comm_(adopted) {
   TESSERA_NCCL_CHECK(ncclCommUserRank(adopted, &rank_));
   TESSERA_NCCL_CHECK(ncclCommCount(adopted, &size_));
+  start_watchdog();
+}
+
+void NcclCommunicator::start_watchdog() {
+  const auto health = [this] {
+    const ncclComm_t comm = comm_.get();
+    ncclResult_t async = ncclSuccess;
+    if (!comm || ncclCommGetAsyncError(comm, &async) != ncclSuccess) return std::string();
+    if (async == ncclSuccess || async == ncclInProgress) return std::string();
+    return std::string(ncclGetErrorString(async)) + " (" + ncclGetLastError(comm) + ")";
+  };
+  watchdog_ =
+      std::make_unique<OperationWatchdog>(name_, health, [this](const std::string& report) { fail_and_exit(report); });
+}
+
+// Not MPI_Abort: MPI runs MPI_THREAD_FUNNELED and this is the watchdog's
+// thread, while the main thread may be blocked in a CUDA call for good. A
+// rank that exits without MPI_Finalize makes mpirun (and srun
+// --kill-on-bad-exit, as slurm/ launches) end the whole job.
+void NcclCommunicator::fail_and_exit(const std::string& report) {
+  const int rank = launcher_rank();
+  std::fprintf(stderr,
+               "tessera: [rank %d] NCCL watchdog: %s\n"
+               "tessera: rank %d aborts NCCL communicator '%s' (rank %d of %d, %s) and exits; the launcher ends the "
+               "job (see docs/when-things-go-wrong.md)\n",
+               rank, report.c_str(), rank, name_.c_str(), rank_, size_, device_.to_string().c_str());
+  std::fflush(nullptr);
+  comm_.abort();
+  std::_Exit(1);
 }
 
 std::string NcclCommunicator::where(const char* op) const {
@@ -194,9 +234,11 @@ CommHandle NcclCommunicator::launch(const std::string& at, std::vector<Tensor> k
   Event ready(device_);
   ready.record(compute);
   ready.wait(stream_);
+  TESSERA_CHECK(!watchdog_->failed(), at, ": the communicator has failed: ", watchdog_->report());
   enqueue(static_cast<cudaStream_t>(stream_.native_handle()));
-  Event done(device_);
-  done.record(stream_);
+  auto done = std::make_shared<Event>(device_);
+  done->record(stream_);
+  watchdog_->watch(at, sequence_, timeout(), [done] { return done->ready(); });
   return std::make_unique<NcclWork>(compute, std::move(done), std::move(keep), comm_.get(), at);
 }
 
@@ -293,16 +335,12 @@ CommHandle NcclCommunicator::send_recv(const std::vector<P2POp>& ops) {
 void NcclCommunicator::barrier() {
   ++sequence_;
   const std::string at = where("barrier");
-  Tensor token = ctx_.zeros(Shape{1}, DType::f32, device_);
-  cuda_runtime::set_device(device_.index);
-  const Stream& compute = ctx_.compute_stream(device_);
-  Event ready(device_);
-  ready.record(compute);  // the zeros above were written on the compute stream
-  ready.wait(stream_);
-  TESSERA_NCCL_CHECK(ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclFloat32, ncclSum, comm_.get(),
-                                   static_cast<cudaStream_t>(stream_.native_handle())));
-  stream_.synchronize();
-  check_async(comm_.get(), at);
+  Tensor token = ctx_.zeros(Shape{1}, DType::f32, device_);  // written on the compute stream: launch orders it
+  CommHandle done = launch(at, {token}, [&](cudaStream_t stream) {
+    TESSERA_NCCL_CHECK(ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclFloat32, ncclSum, comm_.get(), stream));
+  });
+  stream_.synchronize();  // the host waits (bounded by the watchdog)
+  done->wait();
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const std::string& name) {
@@ -312,7 +350,9 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const 
   cuda_runtime::set_device(device_.index);
   ncclComm_t child = nullptr;
   TESSERA_NCCL_CHECK(ncclCommSplit(comm_.get(), color, key, &child, nullptr));
-  return std::unique_ptr<Communicator>(new NcclCommunicator(child, name, ctx_, device_));
+  std::unique_ptr<Communicator> made(new NcclCommunicator(child, name, ctx_, device_));
+  made->set_timeout(timeout());
+  return made;
 }
 
 bool nccl_compiled() {

@@ -22,6 +22,13 @@
 //   - send_recv groups its transfers with ncclGroupStart/ncclGroupEnd.
 //   - barrier(): a one-element all-reduce on the communication stream, then
 //     the host waits for that stream.
+//   - Watchdog (--comm-timeout): the host never waits for an NCCL operation,
+//     so a thread (parallel/operation_watchdog.h) polls each one's "done"
+//     event against its deadline and ncclCommGetAsyncError. On a late
+//     operation or an asynchronous error it prints a report naming the rank,
+//     communicator, operation and sequence number, aborts the communicator
+//     (ncclCommAbort: its kernels stop) and ends the process; the launcher
+//     (mpirun, srun --kill-on-bad-exit) then ends the job.
 //   - RAII: the ncclComm_t is finalised and destroyed (aborted when NCCL has
 //     reported an asynchronous error); stream and events are core's RAII types.
 #pragma once
@@ -29,6 +36,7 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -37,6 +45,7 @@
 #include "core/context.h"
 #include "core/stream.h"
 #include "parallel/communicator.h"
+#include "parallel/operation_watchdog.h"
 
 namespace tessera::parallel {
 
@@ -67,21 +76,26 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t native() const { return comm_.get(); }
   const Stream& stream() const { return stream_; }
 
-  // Owns an ncclComm_t: finalise + destroy, or abort after an asynchronous error.
+  // Owns an ncclComm_t: finalise + destroy, or abort after an asynchronous
+  // error. abort() may come from the watchdog's thread.
   class OwnedComm {
    public:
     explicit OwnedComm(ncclComm_t comm = nullptr) : comm_(comm) {}
     ~OwnedComm();
     OwnedComm(const OwnedComm&) = delete;
     OwnedComm& operator=(const OwnedComm&) = delete;
-    ncclComm_t get() const { return comm_; }
+    ncclComm_t get() const { return comm_.load(); }
+    void abort();  // ncclCommAbort, once; get() is null afterwards
 
    private:
-    ncclComm_t comm_;
+    std::atomic<ncclComm_t> comm_;
   };
 
  private:
   NcclCommunicator(ncclComm_t adopted, std::string name, Context& ctx, Device device);
+  void start_watchdog();
+  // The watchdog's verdict (on its thread): report, abort the communicator, end the process.
+  [[noreturn]] void fail_and_exit(const std::string& report);
   std::string where(const char* op) const;
   void check_device(const std::string& at, const char* what, const Tensor& tensor) const;
   // Orders the communication stream after the compute stream, runs `enqueue`
@@ -96,6 +110,7 @@ class NcclCommunicator final : public Communicator {
   uint64_t sequence_ = 0;
   Stream stream_;
   OwnedComm comm_;
+  std::unique_ptr<OperationWatchdog> watchdog_;  // after comm_: its thread stops before the communicator goes
 };
 
 }  // namespace tessera::parallel

@@ -23,8 +23,9 @@ const fs::path kFashionMnist = "/usr/share/datasets/fashion-mnist";
 
 // A scratch directory removed at the end of the test.
 struct ScratchDir {
-  ScratchDir() : path(fs::temp_directory_path() / ("tessera_train_" + std::to_string(::getpid()) + "_" +
-                                                   ::testing::UnitTest::GetInstance()->current_test_info()->name())) {
+  ScratchDir()
+      : path(fs::temp_directory_path() / ("tessera_train_" + std::to_string(::getpid()) + "_" +
+                                          ::testing::UnitTest::GetInstance()->current_test_info()->name())) {
     fs::create_directories(path);
   }
   ~ScratchDir() { fs::remove_all(path); }
@@ -131,7 +132,8 @@ TEST(Train, ConfigFileSetsWhatFlagsDoNotAndRejectsUnknownKeys) {
   app::TrainConfig c;
   CLI::App command;
   app::add_train_options(command, c);
-  command.parse(std::vector<std::string>{"0.25", "--lr", toml.string(), "--config"});  // reversed: CLI11 pops from the back
+  command.parse(
+      std::vector<std::string>{"0.25", "--lr", toml.string(), "--config"});  // reversed: CLI11 pops from the back
   app::apply_config_file(command, c);
   EXPECT_EQ(c.model, "gpt");
   EXPECT_EQ(c.num_layers, 3);
@@ -150,6 +152,18 @@ TEST(Train, ConfigFileSetsWhatFlagsDoNotAndRejectsUnknownKeys) {
     EXPECT_NE(std::string(error.what()).find("learning-rate"), std::string::npos) << error.what();
     EXPECT_NE(std::string(error.what()).find(toml.string()), std::string::npos) << error.what();
   }
+}
+
+TEST(Train, ARepeatedFlagKeepsItsLastValueAndListsStillAccumulate) {
+  app::TrainConfig c;
+  CLI::App command;
+  app::add_train_options(command, c);
+  // Reversed: CLI11 pops from the back. Command line: --lr 0.5 --model mlp --lr 0.125 --hidden 24,12 --model cnn
+  command.parse(std::vector<std::string>{"cnn", "--model", "24,12", "--hidden", "0.125", "--lr", "mlp", "--model",
+                                         "0.5", "--lr"});
+  EXPECT_FLOAT_EQ(c.lr, 0.125f);
+  EXPECT_EQ(c.model, "cnn");
+  EXPECT_EQ(c.hidden, (std::vector<int64_t>{24, 12}));
 }
 
 void expect_train_error(const app::TrainConfig& c, const std::string& fragment) {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -131,6 +132,41 @@ inline void write_tokens(const std::string& path, const std::vector<int32_t>& to
   file.string_attribute("kind", "tokens");
   file.int_attribute("vocab_size", vocab_size);
   file.dataset("tokens", file_type, H5T_NATIVE_INT32, {hsize_t(tokens.size())}, tokens.data());
+}
+
+// Flips bit `bit` of the byte `offset` bytes into the stored data of the
+// contiguous dataset `name` of `path`, behind HDF5's back (what a bad disk or
+// a bad copy does). Returns false when the dataset has no contiguous storage
+// or `offset` is outside it.
+inline bool flip_stored_bit(const std::string& path, const std::string& name, hsize_t offset, int bit) {
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  const hid_t set = H5Dopen2(file, name.c_str(), H5P_DEFAULT);
+  const haddr_t start = H5Dget_offset(set);
+  const hsize_t stored = H5Dget_storage_size(set);
+  H5Dclose(set);
+  H5Fclose(file);
+  if (start == HADDR_UNDEF || offset >= stored) return false;
+  std::fstream stream(path, std::ios::in | std::ios::out | std::ios::binary);
+  const auto at = std::streamoff(start + offset);
+  stream.seekg(at);
+  char byte = 0;
+  stream.read(&byte, 1);
+  byte = char(byte ^ (1 << bit));
+  stream.seekp(at);
+  stream.write(&byte, 1);
+  return bool(stream);
+}
+
+// The same at a random byte and bit of the dataset's stored data.
+inline bool flip_random_stored_bit(const std::string& path, const std::string& name, std::mt19937_64& rng) {
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  const hid_t set = H5Dopen2(file, name.c_str(), H5P_DEFAULT);
+  const hsize_t stored = H5Dget_storage_size(set);
+  H5Dclose(set);
+  H5Fclose(file);
+  if (stored == 0) return false;
+  return flip_stored_bit(path, name, std::uniform_int_distribution<hsize_t>(0, stored - 1)(rng),
+                         std::uniform_int_distribution<int>(0, 7)(rng));
 }
 
 // A whole 1-D or N-D dataset read back with the C API, converted to `memory_type`.

@@ -1,0 +1,189 @@
+// Bad input under real mpirun (label `fault`), one test per case a user can
+// give: config values (negative sizes, layouts that do not divide, an unknown
+// model), data files (missing, wrong schema, wrong dtype, truncated, labels
+// out of range) and checkpoints (missing, truncated, checksum mismatch, a
+// different model). Every case is a 2-rank `tessera train --save DIR
+// --resume auto` on a directory that already holds a good run's checkpoints,
+// and must end with a message naming the rank, the flag or file and what to
+// do, a non-zero exit, no hang (well within the test's deadline), no process
+// left, and every file of DIR exactly as it was.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "io/checkpoint.h"
+#include "tests/io/io_test_files.h"
+#include "tests/support/process_job.h"
+#include "tests/support/resume_support.h"
+
+namespace tessera::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::vector<std::string> kGpt = words(
+    "--model gpt --seq-length 8 --num-layers 2 --num-heads 4 --hidden-size 16 --micro-batch-size 2 --threads 1 "
+    "--train-steps 6 --save-interval 2 --comm-timeout 20");
+
+// Every file under `dir` with its bytes: the "untouched" check.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    if (!entry.is_regular_file()) continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    std::stringstream bytes;
+    bytes << in.rdbuf();
+    files[fs::relative(entry.path(), dir).string()] = bytes.str();
+  }
+  return files;
+}
+
+class BadInput : public ::testing::Test {
+ protected:
+  // A token file and a good 2-rank run's checkpoints (steps 2 and 4) in a fresh directory.
+  void SetUp() override {
+    std::mt19937_64 rng(std::random_device{}());
+    data = write_text_dataset(dir.path, 4000, rng);
+    Job job(tessera_command(2, joined(kGpt, {"--train-steps", "4", "--data", data, "--save", save})), dir / "good.log");
+    ASSERT_EQ(job.wait(seconds(90)), 0) << job.output();
+    ASSERT_TRUE(fs::exists(fs::path(save) / "step_00000004"));
+  }
+
+  // Runs `tessera train` on 2 ranks with the usual flags, `--save`/`--resume auto`
+  // on the good run's directory, then `extra` (later flags win). Expects a
+  // failure whose output holds every part of `expected`, within 30 s, nothing
+  // left running and the save directory untouched. Returns the output.
+  std::string expect_refused(const std::vector<std::string>& extra, const std::vector<std::string>& expected) {
+    const auto before = snapshot(save);
+    const auto start = Clock::now();
+    const auto args = joined(joined(kGpt, {"--data", data, "--save", save, "--resume", "auto"}), extra);
+    Job job(tessera_command(2, args), dir / "bad.log");
+    const int status = job.wait(seconds(60));
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const std::string output = job.output();
+    EXPECT_NE(status, 0) << output;
+    EXPECT_NE(status, -1) << "killed at the deadline: it hung";
+    EXPECT_LT(elapsed, 30.0) << output;
+    EXPECT_FALSE(job.anything_left()) << "processes left after the job ended";
+    for (const std::string& part : expected)
+      EXPECT_TRUE(contains(output, part)) << "no '" << part << "' in:\n" << output;
+    EXPECT_TRUE(contains(output, "[rank 0]") || contains(output, "[rank 1]")) << "no rank named in:\n" << output;
+    EXPECT_TRUE(snapshot(save) == before) << "the save directory " << save << " changed";
+    return output;
+  }
+
+  std::string newest_checkpoint_file() const { return (fs::path(save) / "step_00000004" / "checkpoint.h5").string(); }
+
+  ScratchDirectory dir{"tessera_bad_input_"};
+  std::string data;
+  std::string save = dir / "ckpt";
+};
+
+// --- Config values ---------------------------------------------------------
+
+TEST_F(BadInput, NegativeSizes) {
+  expect_refused({"--micro-batch-size", "-4"}, {"--micro-batch-size must be positive, got -4"});
+  expect_refused({"--hidden-size", "-16"}, {"--hidden-size -16 must be at least 1"});
+  expect_refused({"--seq-length", "0"}, {"--seq-length 0 must be at least 1"});
+}
+
+TEST_F(BadInput, LayoutsThatDoNotDivide) {
+  expect_refused({"--tensor-parallel", "3"},
+                 {"2 ranks cannot make --tensor-parallel 3", "launch a multiple of that many ranks"});
+  expect_refused({"--pipeline-parallel", "2", "--num-layers", "1"},
+                 {"--pipeline-parallel 2 needs at least one layer per stage", "use at most 1 stages"});
+  expect_refused({"--num-heads", "3"}, {"--num-heads 3 does not divide --hidden-size 16", "e.g. --num-heads 4"});
+  expect_refused({"--global-batch-size", "6"},
+                 {"--global-batch-size 6 is not a multiple of --micro-batch-size 2 x 2 data-parallel ranks",
+                  "use a multiple of 4"});
+  expect_refused({"--tensor-parallel", "2", "--vocab-size", "257"},
+                 {"--vocab-size 257 is not divisible by --tensor-parallel 2", "--vocab-size 258"});
+}
+
+TEST_F(BadInput, UnknownModel) {
+  expect_refused({"--model", "resnet"}, {"[rank 0] bad command line", "--model: resnet not in {mlp,cnn,gpt}"});
+}
+
+// --- Data files ------------------------------------------------------------
+
+TEST_F(BadInput, MissingDataFile) {
+  const std::string missing = dir / "missing.h5";
+  expect_refused({"--data", missing}, {"data file " + missing + " does not exist", "tessera prepare"});
+}
+
+TEST_F(BadInput, DataFileWithTheWrongSchema) {
+  // A checkpoint given as data: HDF5, but no Tessera dataset.
+  const std::string file = newest_checkpoint_file();
+  expect_refused({"--data", file}, {file, "root attribute 'tessera_schema' is missing", "tessera prepare"});
+  // A file that is not HDF5 at all.
+  const std::string text = dir / "notes.txt";
+  std::ofstream(text) << "not a dataset\n";
+  expect_refused({"--data", text}, {text, "cannot be opened as an HDF5 file", "Not an HDF5 file"});
+}
+
+TEST_F(BadInput, DataFileWithTheWrongDtype) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::vector<int32_t> tokens(3000);
+  for (int32_t& token : tokens) token = std::uniform_int_distribution<int32_t>(0, 255)(rng);
+  const std::string file = dir / "float_tokens.h5";
+  write_tokens(file, tokens, H5T_IEEE_F32LE, 256);
+  expect_refused({"--data", file}, {file, "dataset '/tokens' holds", "it must be uint8, uint16 or int32"});
+}
+
+TEST_F(BadInput, TruncatedDataFile) {
+  const std::string cut = dir / "cut.h5";
+  fs::copy_file(data, cut);
+  fs::resize_file(cut, fs::file_size(cut) * 2 / 3);
+  expect_refused({"--data", cut}, {cut, "truncated file", "prepare it again"});
+}
+
+TEST_F(BadInput, LabelsOutOfRange) {
+  std::mt19937_64 rng(std::random_device{}());
+  ClassificationFile images = random_classification(rng, 64, 1, 8, 8, 4);
+  const auto bad_index = std::uniform_int_distribution<size_t>(0, images.labels.size() - 1)(rng);
+  images.labels[bad_index] = 4;  // == num_classes
+  const std::string file = dir / "images.h5";
+  write_classification(file, images);
+  expect_refused({"--model", "mlp", "--hidden", "16", "--data", file, "--save", dir / "mlp_ckpt"},
+                 {file, "'/labels'[" + std::to_string(bad_index) + "] = 4 is outside [0, num_classes)",
+                  "fix the labels or the attribute, or prepare the file again"});
+}
+
+// --- Checkpoints -----------------------------------------------------------
+
+TEST_F(BadInput, MissingCheckpoint) {
+  const std::string missing = dir / "nothing_here";
+  expect_refused({"--resume", missing}, {"--resume " + missing + ": no such checkpoint", "--resume auto"});
+}
+
+TEST_F(BadInput, TruncatedCheckpoint) {
+  const std::string file = newest_checkpoint_file();
+  fs::resize_file(file, fs::file_size(file) / 2);
+  expect_refused({}, {file, "cannot be opened as an HDF5 file", "truncated file",
+                      "resume from an earlier one: --resume " + (fs::path(save) / "step_00000002").string()});
+}
+
+TEST_F(BadInput, CheckpointChecksumMismatch) {
+  const std::string file = newest_checkpoint_file();
+  std::mt19937_64 rng(std::random_device{}());
+  ASSERT_TRUE(flip_random_stored_bit(file, "/tensors/wte.weight", rng));  // what a bad disk or copy does
+  expect_refused({}, {"checksum mismatch in tensor wte.weight of " + file,
+                      "resume from an earlier one: --resume " + (fs::path(save) / "step_00000002").string()});
+}
+
+TEST_F(BadInput, CheckpointOfADifferentModel) {
+  expect_refused({"--hidden-size", "32"}, {"holds another model: --hidden-size is 32 here but 16 in the checkpoint",
+                                           "tessera checkpoint inspect"});
+}
+
+}  // namespace
+}  // namespace tessera::testing
