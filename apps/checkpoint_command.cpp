@@ -13,24 +13,13 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/units.h"
 #include "io/checkpoint.h"
 
 namespace tessera::app {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string human_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int unit = 0;
-  while (bytes >= 1024.0 && unit < 4) {
-    bytes /= 1024.0;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.1f %s", bytes, units[unit]);
-  return text;
-}
 
 // A step directory or HDF5 file as given, or a save directory's latest checkpoint.
 std::string resolve(const std::string& path) {

@@ -51,6 +51,7 @@
 
 #include "core/context.h"
 #include "core/fault.h"
+#include "core/units.h"
 #include "io/hdf5_file.h"
 
 namespace tessera::io {
@@ -156,6 +157,7 @@ void write_file_atomically(const fs::path& path, const std::string& text) {
   const int synced = ::fsync(fd);
   const int sync_error = errno;
   ::close(fd);
+  if (written != ssize_t(text.size()) || synced != 0) ::unlink(temporary.c_str());  // `path` keeps its old text
   TESSERA_CHECK(written == ssize_t(text.size()), "cannot write ", temporary.string(), ": ", errno_text(write_error));
   TESSERA_CHECK(synced == 0, "fsync of ", temporary.string(), " failed: ", errno_text(sync_error));
   rename_path(temporary, path);
@@ -811,6 +813,47 @@ std::string corrupt_advice(const fs::path& directory) {
          " (the files are left as they are)";
 }
 
+// Bytes a checkpoint of `plans` and the ranks' state will take on disk: the
+// data plus HDF5's object headers and attributes (about 0.4 KiB per
+// dataset measured; 0.5 KiB is counted) and the file's own structures.
+int64_t checkpoint_file_bytes(const std::vector<TensorPlan>& plans, const std::vector<RankInfo>& all) {
+  int64_t bytes = 4096;
+  for (const TensorPlan& plan : plans) bytes += plan.shape.numel() * int64_t(dtype_size(plan.dtype)) + 512;
+  for (const RankInfo& info : all)
+    for (const auto& [key, size] : info.state_sizes) bytes += size + 512;
+  return bytes;
+}
+
+// A full disk, said so that a user can act: the save directory's
+// filesystem, the room it has, what the checkpoint needs, what to do.
+// `while_writing`: the write itself ran out of room (the partial checkpoint
+// is already removed again); with bytes to spare, files (inodes) or a quota
+// ran out.
+std::string no_room_message(const fs::path& save_dir, int64_t needed, bool while_writing) {
+  std::error_code error;
+  const fs::space_info space = fs::space(save_dir, error);
+  const std::string free = error ? "an unknown amount" : human_bytes(double(space.available));
+  std::string text;
+  if (!while_writing)
+    text = "the filesystem of " + save_dir.string() + " has " + free + " free, the checkpoint needs about " +
+           human_bytes(double(needed));
+  else if (!error && space.available >= std::uintmax_t(needed))
+    text = "the filesystem of " + save_dir.string() + " has " + free + " free but no room for more files (inodes) " +
+           "or a quota is exhausted";
+  else
+    text = "the filesystem of " + save_dir.string() + " ran out of space while writing the checkpoint (about " +
+           human_bytes(double(needed)) + "; " + free + " free without it)";
+  return text + "; free space there, keep fewer checkpoints (--keep-checkpoints N), or --save to a larger filesystem";
+}
+
+// Whether the save directory's filesystem has room for `needed` bytes
+// (true when it cannot tell).
+bool has_room(const fs::path& save_dir, int64_t needed) {
+  std::error_code error;
+  const fs::space_info space = fs::space(save_dir, error);
+  return error || space.available >= std::uintmax_t(needed);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -899,6 +942,7 @@ std::string save_checkpoint(parallel::Communicator& world, const std::string& di
     return final_path.string();
   }
 
+  const int64_t needed = checkpoint_file_bytes(plans, all);
   std::string failure;  // rank 0's first error; after one, it only receives (so no rank blocks)
   const auto record = [&](const std::exception& error) {
     if (failure.empty()) failure = message_of(error);
@@ -912,6 +956,8 @@ std::string save_checkpoint(parallel::Communicator& world, const std::string& di
     TESSERA_CHECK(!error, what, ": cannot create the directory ", dir, ": ", error.message());
     if (!existed) fsync_path(save_dir.has_parent_path() ? save_dir.parent_path() : fs::path("."), true);
     remove_stale_temporaries(save_dir);
+    // Before writing anything: a checkpoint that cannot fit fails now, with a message saying so.
+    TESSERA_CHECK(has_room(save_dir, needed), no_room_message(save_dir, needed, false));
     fs::create_directory(temporary, error);
     TESSERA_CHECK(!error, what, ": cannot create ", temporary.string(), ": ", error.message());
     writer.emplace(temporary, step, ranks, metadata);
@@ -994,22 +1040,32 @@ std::string save_checkpoint(parallel::Communicator& world, const std::string& di
   }
 
   if (failure.empty()) {
+    bool published = false;
     try {
       writer->close();
       writer.reset();
       fsync_path(temporary, true);
       publish_directory(temporary, final_path);
+      published = true;
       fsync_path(save_dir, true);
       write_file_atomically(save_dir / kLatestFile, final_path.filename().string() + "\n");
       prune(save_dir, options.keep, final_path.filename().string());
     } catch (const std::exception& error) {
       record(error);
+      if (published)
+        failure += " (" + final_path.string() +
+                   " itself is complete, but 'latest' still names the previous checkpoint, which --resume auto uses)";
     }
   }
   if (!failure.empty()) {
     writer.reset();
     std::error_code ignored;
     fs::remove_all(temporary, ignored);  // the previous checkpoint and `latest` are untouched
+    // A write that ran out of room (more than estimated, or another writer
+    // filled the disk) says so first; HDF5's stack follows.
+    if (failure.find("No space left on device") != std::string::npos &&
+        failure.find("free space there") == std::string::npos)
+      failure = no_room_message(save_dir, needed, true) + ". " + failure;
   }
   broadcast_outcome(world, scratch, failure);
   if (!failure.empty()) TESSERA_THROW(what, " failed (the previous checkpoint and 'latest' are untouched): ", failure);

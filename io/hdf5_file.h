@@ -45,7 +45,16 @@ class Hdf5Handle {
   hid_t get() const { return id_; }
   bool valid() const { return id_ >= 0; }
   void reset() noexcept {
-    if (id_ >= 0 && close_) close_(id_);  // errors on close are not actionable here
+    if (id_ >= 0 && close_) {
+      // Errors on close are not actionable here (a write that already failed
+      // has been reported): they must not print HDF5's stack either.
+      H5E_auto2_t function = nullptr;
+      void* data = nullptr;
+      H5Eget_auto2(H5E_DEFAULT, &function, &data);
+      H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+      close_(id_);
+      H5Eset_auto2(H5E_DEFAULT, function, data);
+    }
     id_ = -1;
   }
 

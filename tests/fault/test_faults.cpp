@@ -5,8 +5,10 @@
 // collective), every process gone within --comm-timeout + 10 s, and the
 // newest complete checkpoint intact and resumable to the end of the run; NaN
 // steps skipped and the run stopped naming the step and the tensor after
-// --max-skipped-steps; a slow rank waited for.
+// --max-skipped-steps; a slow rank waited for; a full disk (bytes, inodes)
+// named with what to do, the previous checkpoint kept.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -37,7 +39,7 @@ std::vector<std::string> gpt_args() {
       "--micro-batch-size 2 --threads 1 --lr 1e-3");
 }
 
-// Runs `tessera train` on `ranks` ranks to its end (bounded); returns {status, seconds, output}.
+// How a job ended: {status, seconds, output, anything left running}.
 struct Outcome {
   int status = 0;
   double seconds = 0.0;
@@ -45,9 +47,10 @@ struct Outcome {
   bool left = false;  // processes of the job still there after it ended
 };
 
-Outcome run_job(int ranks, const std::vector<std::string>& args, const std::string& log, seconds limit) {
+// Runs `argv` (a job: mpiexec and its ranks, maybe under a wrapper) to its end (bounded).
+Outcome run_command(const std::vector<std::string>& argv, const std::string& log, seconds limit) {
   const auto start = Clock::now();
-  Job job(tessera_command(ranks, args), log);
+  Job job(argv, log);
   Outcome out;
   out.status = job.wait(limit);
   out.seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -55,6 +58,10 @@ Outcome run_job(int ranks, const std::vector<std::string>& args, const std::stri
   out.left = job.anything_left();
   out.output = job.output();
   return out;
+}
+
+Outcome run_job(int ranks, const std::vector<std::string>& args, const std::string& log, seconds limit) {
+  return run_command(tessera_command(ranks, args), log, limit);
 }
 
 // A job a fault ended: a non-zero exit within --comm-timeout + 10 s, no
@@ -166,6 +173,64 @@ TEST(Faults, ATruncatedDataFileInTheMiddleOfARunNamesTheRankAndTheFile) {
          "cannot be opened as an HDF5 file", "prepare it again", "rank 1 failed; aborting all 2 ranks"});
   }
   expect_newest_checkpoint_resumes(dir / "ckpt", 4, 2, run_args, 6, dir / "resumed.log");
+}
+
+// `argv` as one shell word each ('...' quoted).
+std::string shell_words(const std::vector<std::string>& argv) {
+  std::string line;
+  for (const std::string& arg : argv) {
+    std::string quoted = "'";
+    for (char ch : arg) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    line += (line.empty() ? "" : " ") + quoted + "'";
+  }
+  return line;
+}
+
+// A run whose --save directory sits on a small tmpfs (`mount_options`),
+// mounted in a private mount namespace (unshare) so nothing outlives the
+// test; the save directory is copied out to `copy` afterwards for the checks.
+Outcome run_on_small_filesystem(const ScratchDirectory& dir, const std::string& mount_options,
+                                const std::vector<std::string>& args, const std::string& copy) {
+  const std::string mount_point = dir / "small";
+  std::filesystem::create_directories(mount_point);
+  const std::string script = "mount -t tmpfs -o " + mount_options + " tessera-test " + shell_words({mount_point}) +
+                             " || exit 97; " +
+                             shell_words(tessera_command(2, joined(args, {"--save", mount_point + "/ckpt"}))) +
+                             "; status=$?; cp -a " + shell_words({mount_point + "/ckpt", copy}) + "; exit $status";
+  return run_command({"/usr/bin/unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", script},
+                     dir / "small.log", seconds(60));
+}
+
+TEST(Faults, AFullDiskStopsTheSaveSayingSoAndKeepsThePreviousCheckpoint) {
+  if (::geteuid() != 0 || !std::filesystem::exists("/usr/bin/unshare"))
+    GTEST_SKIP() << "needs root and util-linux's unshare to mount a small tmpfs in a private mount namespace";
+  // Each checkpoint of this model is about 123 KiB: 300 KiB hold two, the
+  // third (step 6) does not fit; 8 inodes are used up by then as well.
+  struct Case {
+    std::string mount_options, message;
+  };
+  const std::vector<Case> cases = {
+      {"size=300k", "the checkpoint needs about"},
+      {"size=10m,nr_inodes=8", "no room for more files (inodes)"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.mount_options);
+    ScratchDirectory dir("tessera_faults_");
+    const auto args = joined(gpt_args(), {"--train-steps", "8", "--save-interval", "2", "--comm-timeout", "10"});
+    const Outcome out = run_on_small_filesystem(dir, c.mount_options, args, dir / "after");
+    ASSERT_NE(out.status, 97) << "could not mount a tmpfs:\n" << out.output;
+    expect_ended_by_fault(
+        out, 10.0,
+        {"[rank 0] tessera error: saving checkpoint ",
+         "step_00000006 failed (the previous "
+         "checkpoint and 'latest' are untouched)",
+         c.message, "keep fewer checkpoints (--keep-checkpoints N), or --save to a larger filesystem"});
+    EXPECT_FALSE(contains(out.output, "HDF5-DIAG")) << "HDF5's own error stack printed:\n" << out.output;
+    // What was on the small filesystem: the step-4 checkpoint, complete, and nothing half-written.
+    EXPECT_FALSE(std::filesystem::exists(dir / "after/.step_00000006.tmp"));
+    expect_newest_checkpoint_resumes(dir / "after", 4, 2, joined(args, {"--save", dir / "after", "--resume", "auto"}),
+                                     8, dir / "resumed.log");
+  }
 }
 
 TEST(Faults, NanGradientsAreSkippedThenTheRunStopsNamingStepAndTensor) {
