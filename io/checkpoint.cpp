@@ -506,25 +506,6 @@ RankInfo deserialise(const uint8_t* data, size_t size, int rank) {
   return info;
 }
 
-// Every rank's bytes, on every rank (lengths first, then buffers padded to the longest).
-std::vector<std::vector<uint8_t>> all_gather_bytes(parallel::Communicator& world, Context& scratch,
-                                                   const std::vector<uint8_t>& mine) {
-  const int ranks = world.size();
-  Tensor length = scratch.full(Shape{1}, DType::i64, double(mine.size()));
-  Tensor lengths = scratch.empty(Shape{ranks}, DType::i64);
-  world.all_gather(length, lengths)->wait();
-  const int64_t* sizes = lengths.data<int64_t>();
-  const int64_t longest = std::max<int64_t>(1, *std::max_element(sizes, sizes + ranks));
-  Tensor buffer = scratch.zeros(Shape{longest}, DType::u8);
-  if (!mine.empty()) std::memcpy(buffer.data_ptr(), mine.data(), mine.size());
-  Tensor gathered = scratch.empty(Shape{longest * ranks}, DType::u8);
-  world.all_gather(buffer, gathered)->wait();
-  std::vector<std::vector<uint8_t>> out(static_cast<size_t>(ranks));
-  const uint8_t* all = gathered.data<uint8_t>();
-  for (int r = 0; r < ranks; ++r) out[size_t(r)].assign(all + r * longest, all + r * longest + sizes[r]);
-  return out;
-}
-
 // Rank 0's outcome (empty: success), on every rank.
 std::string broadcast_outcome(parallel::Communicator& world, Context& scratch, const std::string& failure) {
   Tensor length = scratch.full(Shape{1}, DType::i64, double(failure.size()));
@@ -910,7 +891,7 @@ std::string save_checkpoint(parallel::Communicator& world, const std::string& di
   }
 
   // 2. Everyone's descriptors; all ranks stop together on any rank's error.
-  const std::vector<std::vector<uint8_t>> gathered = all_gather_bytes(world, scratch, serialise(mine));
+  const std::vector<std::vector<uint8_t>> gathered = parallel::all_gather_bytes(world, scratch, serialise(mine));
   std::vector<RankInfo> all;
   for (int r = 0; r < ranks; ++r) all.push_back(deserialise(gathered[size_t(r)].data(), gathered[size_t(r)].size(), r));
   for (int r = 0; r < ranks; ++r) {

@@ -120,4 +120,10 @@ class Communicator {
   double timeout_s_ = 0.0;
 };
 
+// Every rank's `mine` (any lengths), on every rank, in rank order: two
+// all-gathers of host tensors made in `scratch` (lengths, then the bytes
+// padded to the longest). Collective over `group`.
+std::vector<std::vector<uint8_t>> all_gather_bytes(Communicator& group, Context& scratch,
+                                                   const std::vector<uint8_t>& mine);
+
 }  // namespace tessera::parallel

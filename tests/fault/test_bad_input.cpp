@@ -1,8 +1,8 @@
 // Bad input under real mpirun (label `fault`), one test per case a user can
 // give: config values (negative sizes, layouts that do not divide, an unknown
-// model), data files (missing, wrong schema, wrong dtype, truncated, labels
-// out of range) and checkpoints (missing, truncated, checksum mismatch, a
-// different model). Every case is a 2-rank `tessera train --save DIR
+// model, ranks started with different flags or data), data files (missing,
+// wrong schema, wrong dtype, truncated, labels out of range) and checkpoints
+// (missing, truncated, checksum mismatch, a different model). Every case is a 2-rank `tessera train --save DIR
 // --resume auto` on a directory that already holds a good run's checkpoints,
 // and must end with a message naming the rank, the flag or file and what to
 // do, a non-zero exit, no hang (well within the test's deadline), no process
@@ -62,10 +62,19 @@ class BadInput : public ::testing::Test {
   // failure whose output holds every part of `expected`, within 30 s, nothing
   // left running and the save directory untouched. Returns the output.
   std::string expect_refused(const std::vector<std::string>& extra, const std::vector<std::string>& expected) {
+    return expect_command_refused(tessera_command(2, train_args(extra)), expected);
+  }
+
+  // The usual flags, `--save`/`--resume auto` on the good run's directory, then `extra`.
+  std::vector<std::string> train_args(const std::vector<std::string>& extra) const {
+    return joined(joined(kGpt, {"--data", data, "--save", save, "--resume", "auto"}), extra);
+  }
+
+  // expect_refused for a whole command line (`argv`: mpiexec ...).
+  std::string expect_command_refused(const std::vector<std::string>& argv, const std::vector<std::string>& expected) {
     const auto before = snapshot(save);
     const auto start = Clock::now();
-    const auto args = joined(joined(kGpt, {"--data", data, "--save", save, "--resume", "auto"}), extra);
-    Job job(tessera_command(2, args), dir / "bad.log");
+    Job job(argv, dir / "bad.log");
     const int status = job.wait(seconds(60));
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -107,6 +116,34 @@ TEST_F(BadInput, LayoutsThatDoNotDivide) {
                   "use a multiple of 4"});
   expect_refused({"--tensor-parallel", "2", "--vocab-size", "257"},
                  {"--vocab-size 257 is not divisible by --tensor-parallel 2", "--vocab-size 258"});
+}
+
+// Ranks started with different flags or different data (an MPMD command
+// line standing in for a launch script that differs between nodes): refused
+// before the first collective of the run, naming each setting and which
+// ranks have which value. CPU threads may differ.
+TEST_F(BadInput, RanksStartedWithDifferentFlagsOrData) {
+  const auto mpmd = [&](const std::vector<std::string>& first, const std::vector<std::string>& second) {
+    std::vector<std::string> argv = {
+        TESSERA_MPIEXEC, "--oversubscribe", "--bind-to", "none", "-np", "1", TESSERA_BINARY, "train"};
+    argv = joined(argv, first);
+    argv = joined(argv, {":", "-np", "1", TESSERA_BINARY, "train"});
+    return joined(argv, second);
+  };
+  expect_command_refused(mpmd(train_args({}), train_args({"--hidden-size", "32", "--lr", "0.01"})),
+                         {"the 2 ranks were not started alike", "--hidden-size: '16' on rank 0; '32' on rank 1",
+                          "--lr: '", "' on rank 1", "check the launch script"});
+  // Another copy of the data on "node" 1: other contents under the same flags.
+  std::mt19937_64 rng(std::random_device{}());
+  const fs::path other = dir.path / "other";
+  fs::create_directories(other);
+  const std::string other_data = write_text_dataset(other, 6000, rng);
+  expect_command_refused(mpmd(train_args({}), train_args({"--data", other_data})),
+                         {"the --data file's contents: 'tokens: ", "' on rank 0; 'tokens: ", "' on rank 1"});
+  // A different thread count is fine: the run goes on to its end.
+  const auto fresh = joined(kGpt, {"--data", data, "--save", dir / "ok"});
+  Job job(mpmd(fresh, joined(fresh, {"--threads", "2"})), dir / "ok.log");
+  EXPECT_EQ(job.wait(seconds(90)), 0) << job.output();
 }
 
 TEST_F(BadInput, UnknownModel) {
