@@ -17,10 +17,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
-#include <map>
 #include <memory>
 #include <random>
-#include <set>
 #include <sstream>
 #include <string_view>
 #include <thread>
@@ -29,6 +27,7 @@
 #include <vector>
 
 #include "apps/preemption.h"
+#include "apps/rank_agreement.h"
 #include "apps/train_checkpoint.h"
 #include "core/context.h"
 #include "core/cuda_runtime.h"
@@ -326,78 +325,6 @@ std::vector<int64_t> stage_bounds(const nn::ModelConfig& m, const TrainConfig& c
   return parallel::partition_layers(costs, first, last, stages);
 }
 
-// What every rank must agree on before the first collective of the run: its
-// settings, flag by flag (CPU threads, the device string, the --config
-// file's path, the data files' paths and where metrics and traces go may
-// differ between nodes), what its
-// data files hold, and the build. A launch script that hands ranks different
-// flags, or nodes holding different copies of the data, would otherwise
-// diverge silently or hang in a collective.
-std::vector<std::pair<std::string, std::string>> settings_to_agree(const TrainConfig& c,
-                                                                   const std::optional<io::DatasetInfo>& data,
-                                                                   const std::optional<io::DatasetInfo>& eval) {
-  static const std::set<std::string> may_differ = {"threads",   "device",  "config", "data",
-                                                   "eval-data", "metrics", "trace"};
-  std::vector<std::pair<std::string, std::string>> out;
-  for (auto& [key, value] : settings(c))
-    if (!may_differ.count(key)) out.emplace_back("--" + key, value);
-  if (data) out.emplace_back("the --data file's contents", data->describe());
-  if (eval) out.emplace_back("the --eval-data file's contents", eval->describe());
-  out.emplace_back("the tessera build", TESSERA_VERSION);
-  return out;
-}
-
-// "0", "0-2", "0-2, 5, 7-8"
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string text;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (!text.empty()) text += ", ";  // (appends: GCC 12 misreports `"-" + string` under -Wrestrict)
-    text += std::to_string(ranks[i]);
-    if (j > i) {
-      text += '-';
-      text += std::to_string(ranks[j]);
-    }
-    i = j + 1;
-  }
-  return text;
-}
-
-// Collective over `world`: throws, on every rank alike, naming each setting
-// on which the ranks differ and which ranks have which value.
-void check_ranks_agree(parallel::Communicator& world, const std::vector<std::pair<std::string, std::string>>& mine) {
-  if (world.size() == 1) return;
-  std::string text;
-  for (const auto& [key, value] : mine) text += key + '\n' + value + '\n';
-  Context scratch;
-  const std::vector<std::vector<uint8_t>> all =
-      parallel::all_gather_bytes(world, scratch, std::vector<uint8_t>(text.begin(), text.end()));
-  // Per rank, key -> value.
-  std::vector<std::map<std::string, std::string>> by_rank(all.size());
-  for (size_t r = 0; r < all.size(); ++r) {
-    std::istringstream in(std::string(all[r].begin(), all[r].end()));
-    for (std::string key, value; std::getline(in, key) && std::getline(in, value);) by_rank[r][key] = value;
-  }
-  std::string differences;
-  for (const auto& [key, ignored] : mine) {
-    std::map<std::string, std::vector<int>> ranks_by_value;
-    for (size_t r = 0; r < by_rank.size(); ++r) {
-      const auto found = by_rank[r].find(key);
-      ranks_by_value[found == by_rank[r].end() ? "(not set)" : found->second].push_back(int(r));
-    }
-    if (ranks_by_value.size() == 1) continue;
-    differences += "\n  " + key + ":";
-    for (const auto& [value, ranks] : ranks_by_value)
-      differences += " '" + value + (ranks.size() > 1 ? "' on ranks " : "' on rank ") + rank_list(ranks) + ";";
-    differences.pop_back();
-  }
-  TESSERA_CHECK(differences.empty(), "the ", world.size(),
-                " ranks were not started alike; every rank must get the same flags, data and tessera build "
-                "(check the launch script, the --config file and the data on each node):",
-                differences);
-}
-
 // TESSERA_FAULT (core/fault.h) at the start of step `step` (1-based) on
 // world rank `rank`: crash (the process dies at once, SIGKILL), hang (it
 // stops for good, never reaching its next collective), slow (it sleeps 2 s),
@@ -504,7 +431,7 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
     TESSERA_CHECK(!data_info || eval_info->kind == data_info->kind, "--eval-data ", c.eval_data,
                   " holds another kind of data than --data ", c.data);
   }
-  check_ranks_agree(*world, settings_to_agree(c, data_info, eval_info));
+  check_ranks_agree(*world, c, data_info, eval_info);
 
   parallel::GridSizes grid_sizes;
   grid_sizes.tp = c.tensor_parallel;

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
-#include <iterator>
 #include <utility>
 
 namespace tessera::parallel {
@@ -80,7 +79,12 @@ std::string OperationWatchdog::inspect() {
   // A probe that throws (a CUDA error on the event query) is a failure too.
   for (auto op = operations_.begin(); op != operations_.end();) {
     try {
-      op = op->done() ? operations_.erase(op) : std::next(op);
+      if (op->done()) {
+        last_completed_ = std::max(last_completed_, op->sequence);
+        op = operations_.erase(op);
+      } else {
+        ++op;
+      }
     } catch (const std::exception& error) {
       return describe_failure(error.what(), &*op);
     }
@@ -117,6 +121,8 @@ std::string OperationWatchdog::describe_failure(const std::string& cause, const 
             ": a rank that has not is stalled or dead (its log stops before it; with NCCL >= 2.24 `ncclras` on any "
             "node of the job lists the ranks missing from a collective)";
   }
+  if (last_completed_ > 0)
+    text += "; the last operation seen completing on this rank was " + std::to_string(last_completed_);
   if (operations_.size() > 1) {
     text += "; " + std::to_string(operations_.size()) + " operations pending on this rank, the newest is operation " +
             std::to_string(operations_.back().sequence) + " (" + operations_.back().what + ")";

@@ -11,7 +11,8 @@
 //   - a probe that throws is a failure, reported with its message.
 // On the first failure it calls `on_failure` once, on its own thread, with a
 // report naming the communicator, the operation (kind, bytes, sequence
-// number), how long it has been pending and what is still queued behind it,
+// number), how long it has been pending, the last operation seen completing
+// (compare it across the ranks' reports) and what is still queued behind it,
 // then stops watching; failed() and report() let the host thread raise the
 // same report the next time it touches the communicator. The NCCL
 // communicator's on_failure aborts the communicator and ends the process
@@ -78,8 +79,9 @@ class OperationWatchdog {
   std::condition_variable wake_;
   std::deque<Operation> operations_;  // in enqueue order
   bool stop_ = false;
-  std::string report_;  // set once, on failure
-  std::thread thread_;  // last: started after everything it reads
+  uint64_t last_completed_ = 0;  // the highest sequence number seen finished (0: none)
+  std::string report_;           // set once, on failure
+  std::thread thread_;           // last: started after everything it reads
 };
 
 }  // namespace tessera::parallel

@@ -72,6 +72,7 @@ TEST(OperationWatchdog, ALateOperationIsReportedOnceAfterItsDeadline) {
   Failures failures;
   OperationWatchdog watchdog("tp", nullptr, failures.handler(), 5ms);
   std::atomic<bool> done_early{false};
+  watchdog.watch("all_gather of 32 bytes", 5, 0.3, [] { return true; });               // finished at once
   watchdog.watch("broadcast of 16 bytes", 6, 0.0, [&] { return done_early.load(); });  // no deadline
   const auto start = Clock::now();
   watchdog.watch("all_reduce sum of 4096 bytes", 7, 0.3, [] { return false; });
@@ -87,6 +88,7 @@ TEST(OperationWatchdog, ALateOperationIsReportedOnceAfterItsDeadline) {
             std::string::npos)
       << report;
   EXPECT_NE(report.find("Every rank of 'tp' must enqueue operation 7"), std::string::npos) << report;
+  EXPECT_NE(report.find("the last operation seen completing on this rank was 5"), std::string::npos) << report;
   EXPECT_NE(report.find("3 operations pending on this rank, the newest is operation 8"), std::string::npos) << report;
   // Once only, and nothing is watched after a failure.
   watchdog.watch("all_reduce sum of 4 bytes", 9, 0.01, [] { return false; });
