@@ -683,7 +683,8 @@ CommHandle MpiCommunicator::recv(Tensor& tensor, int peer) {
 CommHandle MpiCommunicator::send_recv(const std::vector<P2POp>& ops) {
   begin("send_recv");
   count(ops);
-  const std::string at = where("send_recv") + " (" + std::to_string(ops.size()) + " transfers)";
+  const std::string at =
+      where("send_recv") + " (" + std::to_string(ops.size()) + (ops.size() == 1 ? " transfer)" : " transfers)");
   for (const P2POp& op : ops) {
     check_tensor(at, op.kind == P2POp::Kind::send ? "send" : "recv", op.tensor);
     check_peer(at, "peer", op.peer, size_);

@@ -309,7 +309,8 @@ CommHandle NcclCommunicator::recv(Tensor& tensor, int peer) {
 CommHandle NcclCommunicator::send_recv(const std::vector<P2POp>& ops) {
   ++sequence_;
   count(ops);
-  const std::string at = where("send_recv") + " (" + std::to_string(ops.size()) + " transfers)";
+  const std::string at =
+      where("send_recv") + " (" + std::to_string(ops.size()) + (ops.size() == 1 ? " transfer)" : " transfers)");
   std::vector<Tensor> keep;
   for (const P2POp& op : ops) {
     check_device(at, op.kind == P2POp::Kind::send ? "send" : "recv", op.tensor);

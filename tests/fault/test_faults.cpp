@@ -108,6 +108,20 @@ TEST(Faults, HangOnOneRankOfDpTwoTpTwoIsNamedAndEndsTheJob) {
   expect_newest_checkpoint_resumes(dir / "ckpt", 2, 4, args, 6, dir / "resumed.log");
 }
 
+// Point-to-point transfers have the same deadline: a stage that stops leaves
+// its neighbour waiting in the pipeline exchange, which is named.
+TEST(Faults, HangOfAPipelineStageIsNamedInTheTransfer) {
+  ScratchDirectory dir("tessera_faults_");
+  const FaultEnvironment fault("hang@3:1");  // stage 1 stops as step 3 begins
+  const Outcome out = run_job(
+      2, joined(gpt_args(), {"--pp", "2", "--global-batch-size", "8", "--train-steps", "6", "--comm-timeout", "4"}),
+      dir / "pp_hang.log", seconds(60));
+  expect_ended_by_fault(
+      out, 4.0,
+      {"TESSERA_FAULT: hang at step 3 on rank 1", "send_recv on communicator 'pp'",
+       "did not complete within 4 s (--comm-timeout", "(world rank 1): has NOT reached it", "<- STALLED"});
+}
+
 // The NCCL side of the watchdog (parallel/operation_watchdog.h): the host
 // never waits for an NCCL collective, so the watchdog's thread must notice
 // it is late, report, abort the communicator and end the process. Needs two
