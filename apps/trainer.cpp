@@ -588,6 +588,10 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
       if (const std::optional<std::string> found = checkpoint_to_resume(c)) path = *found;
     path = broadcast_text(*world, ctx, device, path);
     if (!path.empty()) {
+      std::error_code unseen;
+      TESSERA_CHECK(std::filesystem::exists(path, unseen), "rank ", world->rank(), " cannot see ", path,
+                    ", the checkpoint rank 0 chose to resume from: every rank reads its own slices, so --save must "
+                    "be on a filesystem all ranks share (or the checkpoint copied to the same path on every node)");
       resumed = load_training_checkpoint(state, path);
       counters = resumed->counters;
     }

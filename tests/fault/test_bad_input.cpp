@@ -9,6 +9,7 @@
 // left, and every file of DIR exactly as it was.
 #include <gtest/gtest.h>
 #include <hdf5.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -215,6 +216,23 @@ TEST_F(BadInput, CheckpointChecksumMismatch) {
   ASSERT_TRUE(flip_random_stored_bit(file, "/tensors/wte.weight", rng));  // what a bad disk or copy does
   expect_refused({}, {"checksum mismatch in tensor wte.weight of " + file,
                       "resume from an earlier one: --resume " + (fs::path(save) / "step_00000002").string()});
+}
+
+// Node-local --save directories: rank 1 runs in a mount namespace of its own
+// where the save directory is an empty tmpfs, so it cannot see the
+// checkpoint rank 0 picks for --resume auto.
+TEST_F(BadInput, CheckpointNotVisibleToEveryRank) {
+  if (::geteuid() != 0 || !fs::exists("/usr/bin/unshare"))
+    GTEST_SKIP() << "needs root and util-linux's unshare to give one rank a private mount namespace";
+  std::string rank1 = "mount -t tmpfs tessera-test '" + save + "' && exec '" + std::string(TESSERA_BINARY) + "' train";
+  for (const std::string& arg : train_args({})) rank1 += " '" + arg + "'";
+  const std::vector<std::string> argv = joined(
+      {TESSERA_MPIEXEC, "--oversubscribe", "--bind-to", "none", "-np", "1", TESSERA_BINARY, "train"},
+      joined(train_args({}),
+             {":", "-np", "1", "/usr/bin/unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", rank1}));
+  expect_command_refused(
+      argv, {"[rank 1] tessera error: rank 1 cannot see " + save + "/step_00000004",
+             "the checkpoint rank 0 chose to resume from", "--save must be on a filesystem all ranks share"});
 }
 
 TEST_F(BadInput, CheckpointOfADifferentModel) {
