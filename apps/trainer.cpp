@@ -37,6 +37,7 @@
 #include "core/nn/lr_schedule.h"
 #include "core/nn/models.h"
 #include "core/nn/optimizer.h"
+#include "io/checkpoint.h"
 #include "io/dataset.h"
 #include "io/loader.h"
 #include "io/metrics.h"
@@ -432,6 +433,7 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
                   " holds another kind of data than --data ", c.data);
   }
   check_ranks_agree(*world, c, data_info, eval_info);
+  if (!c.save.empty() && world->rank() == 0) io::check_save_directory(c.save);  // rank 0 writes checkpoints
 
   parallel::GridSizes grid_sizes;
   grid_sizes.tp = c.tensor_parallel;

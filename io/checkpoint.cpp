@@ -934,13 +934,13 @@ std::string save_checkpoint(parallel::Communicator& world, const std::string& di
     std::error_code error;
     const bool existed = fs::is_directory(save_dir, error);
     fs::create_directories(save_dir, error);
-    TESSERA_CHECK(!error, what, ": cannot create the directory ", dir, ": ", error.message());
+    TESSERA_CHECK(!error, "cannot create the directory ", dir, ": ", error.message());
     if (!existed) fsync_path(save_dir.has_parent_path() ? save_dir.parent_path() : fs::path("."), true);
     remove_stale_temporaries(save_dir);
     // Before writing anything: a checkpoint that cannot fit fails now, with a message saying so.
     TESSERA_CHECK(has_room(save_dir, needed), no_room_message(save_dir, needed, false));
     fs::create_directory(temporary, error);
-    TESSERA_CHECK(!error, what, ": cannot create ", temporary.string(), ": ", error.message());
+    TESSERA_CHECK(!error, "cannot create ", temporary.string(), ": ", error.message());
     writer.emplace(temporary, step, ranks, metadata);
   } catch (const std::exception& error) {
     record(error);
@@ -1051,6 +1051,23 @@ std::string save_checkpoint(parallel::Communicator& world, const std::string& di
   broadcast_outcome(world, scratch, failure);
   if (!failure.empty()) TESSERA_THROW(what, " failed (the previous checkpoint and 'latest' are untouched): ", failure);
   return final_path.string();
+}
+
+void check_save_directory(const std::string& dir) {
+  const std::string fix = "; give --save a directory this rank can create and write (it is checked at the start)";
+  TESSERA_CHECK(!dir.empty(), "--save is empty", fix);
+  std::error_code error;
+  fs::create_directories(dir, error);
+  TESSERA_CHECK(!error, "--save ", dir, ": cannot create the directory: ", error.message(), fix);
+  TESSERA_CHECK(fs::is_directory(dir, error), "--save ", dir, " is not a directory", fix);
+  const fs::path probe = fs::path(dir) / (".tessera-write-test." + std::to_string(::getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  TESSERA_CHECK(fd >= 0, "--save ", dir, ": cannot write in it: ", errno_text(errno), fix);
+  const ssize_t written = ::write(fd, "ok\n", 3);
+  const int write_error = errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  TESSERA_CHECK(written == 3, "--save ", dir, ": cannot write in it: ", errno_text(write_error), fix);
 }
 
 // ---------------------------------------------------------------------------

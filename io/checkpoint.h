@@ -155,6 +155,12 @@ std::string save_checkpoint(parallel::Communicator& world, const std::string& di
                             const std::vector<TensorPiece>& pieces, const CheckpointMetadata& metadata,
                             const SaveOptions& options = {});
 
+// Creates the save directory `dir` if needed and writes (then removes) a
+// probe file in it, so a run finds out at its start, not at its first
+// checkpoint hours later, that checkpoints cannot go there. Throws
+// tessera::Error naming the directory, the reason and the flag.
+void check_save_directory(const std::string& dir);
+
 // The newest complete checkpoint in `dir` (following `latest`, falling back
 // to the highest step_* directory if `latest` is missing or names a missing
 // directory), or nothing if there is none.

@@ -2,11 +2,13 @@
 // give: config values (negative sizes, layouts that do not divide, an unknown
 // model, ranks started with different flags or data), data files (missing,
 // wrong schema, wrong dtype, truncated, labels out of range) and checkpoints
-// (missing, truncated, checksum mismatch, a different model). Every case is a 2-rank `tessera train --save DIR
-// --resume auto` on a directory that already holds a good run's checkpoints,
-// and must end with a message naming the rank, the flag or file and what to
-// do, a non-zero exit, no hang (well within the test's deadline), no process
-// left, and every file of DIR exactly as it was.
+// (missing, truncated, checksum mismatch, a different model, not visible
+// to every rank; a save directory that cannot be written). Every case is a
+// 2-rank `tessera train --save DIR --resume auto` on a directory that
+// already holds a good run's checkpoints, and must end with a message naming
+// the rank, the flag or file and what to do, a non-zero exit, no hang (well
+// within the test's deadline), no process left, and every file of DIR
+// exactly as it was.
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <unistd.h>
@@ -197,6 +199,17 @@ TEST_F(BadInput, LabelsOutOfRange) {
 }
 
 // --- Checkpoints -----------------------------------------------------------
+
+TEST_F(BadInput, SaveDirectoryThatCannotBeWritten) {
+  // Found at the start, before any step runs, not at the first checkpoint.
+  const std::string output =
+      expect_refused({"--save", "/proc/tessera-no-such-dir"},
+                     {"--save /proc/tessera-no-such-dir: cannot create the directory", "it is checked at the start"});
+  EXPECT_FALSE(contains(output, "step 1/")) << output;
+  const std::string file = dir / "a_file";
+  std::ofstream(file) << "not a directory\n";
+  expect_refused({"--save", file}, {"--save " + file + ": cannot create the directory"});
+}
 
 TEST_F(BadInput, MissingCheckpoint) {
   const std::string missing = dir / "nothing_here";
