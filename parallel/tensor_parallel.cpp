@@ -425,27 +425,12 @@ Tensor ParallelSelfAttention::forward(const Tensor& input, nn::Saved& saved, con
   Tensor packed = qkv_->forward(input, saved.child(0), pass);  // [B, T, 3·H'·Dh], whole sequence
   TESSERA_CHECK(packed.ndim() == 3, name(), ": the input must be [B, T, ", hidden_, "], got ",
                 input.shape().to_string());
-  const int64_t batch = packed.size(0), tokens = packed.size(1);
-  const Tensor qkv = packed.view(Shape{batch, tokens, 3, local_heads_, head_dim_});
-  Tensor out = context().empty(Shape{batch, tokens, local_heads_, head_dim_}, spec().dtype, spec().device);
-  Tensor logsumexp = context().empty(Shape{batch, local_heads_, tokens}, DType::f32, spec().device);
-  ops::attention_forward(qkv, out, logsumexp);
-  Tensor y = proj_->forward(out.view(Shape{batch, tokens, local_heads_ * head_dim_}), saved.child(1), pass);
-  y = dropout_->forward(y, saved.child(2), pass);
-  saved.tensors = {qkv, out, logsumexp};
-  return y;
+  return nn::attention_from_qkv(*this, packed, local_heads_, head_dim_, *proj_, *dropout_, saved, pass);
 }
 
 Tensor ParallelSelfAttention::backward_impl(const Tensor& grad_output, nn::Saved& saved) {
-  nn::check_saved(*this, saved, 3, 0);
-  Tensor grad = dropout_->backward(grad_output, saved.child(2));
-  grad = proj_->backward(grad, saved.child(1));
-  const Tensor qkv = saved.tensors[0], out = saved.tensors[1], logsumexp = saved.tensors[2];
-  saved.tensors.clear();
-  Tensor grad_qkv = empty_like(qkv);
-  ops::attention_backward(grad.view(out.shape()), qkv, out, logsumexp, grad_qkv);
-  Tensor dx =
-      qkv_->backward(grad_qkv.view(Shape{qkv.size(0), qkv.size(1), 3 * local_heads_ * head_dim_}), saved.child(0));
+  const Tensor grad_packed = nn::attention_from_qkv_backward(*this, *proj_, *dropout_, grad_output, saved);
+  Tensor dx = qkv_->backward(grad_packed, saved.child(0));
   saved.clear();
   return dx;
 }

@@ -488,31 +488,43 @@ CausalSelfAttention::CausalSelfAttention(const ModelSpec& spec, std::string name
   dropout_ = &add_child<Dropout>(spec, child_name("dropout"), dropout);
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& input, Saved& saved, const Pass& pass) {
-  check_activation(*this, input);
-  TESSERA_CHECK(input.ndim() == 3 && input.size(2) == hidden_, name(), ": the input has shape ",
-                input.shape().to_string(), ", expected [B, T, ", hidden_, "]");
-  const int64_t batch = input.size(0), tokens = input.size(1), head_dim = hidden_ / heads_;
-  const Tensor qkv = qkv_->forward(input, saved.child(0), pass).view(Shape{batch, tokens, 3, heads_, head_dim});
-  Tensor out = context().empty(Shape{batch, tokens, heads_, head_dim}, spec().dtype, spec().device);
-  Tensor logsumexp = context().empty(Shape{batch, heads_, tokens}, DType::f32, spec().device);
+Tensor attention_from_qkv(Module& self, const Tensor& packed, int64_t heads, int64_t head_dim, Module& proj,
+                          Module& dropout, Saved& saved, const Pass& pass) {
+  const int64_t batch = packed.size(0), tokens = packed.size(1);
+  const Tensor qkv = packed.view(Shape{batch, tokens, 3, heads, head_dim});
+  Context& ctx = self.context();
+  Tensor out = ctx.empty(Shape{batch, tokens, heads, head_dim}, self.spec().dtype, self.spec().device);
+  Tensor logsumexp = ctx.empty(Shape{batch, heads, tokens}, DType::f32, self.spec().device);
   ops::attention_forward(qkv, out, logsumexp);
-  Tensor y = proj_->forward(out.view(Shape{batch, tokens, hidden_}), saved.child(1), pass);
-  y = dropout_->forward(y, saved.child(2), pass);
+  Tensor y = proj.forward(out.view(Shape{batch, tokens, heads * head_dim}), saved.child(1), pass);
+  y = dropout.forward(y, saved.child(2), pass);
   saved.tensors = {qkv, out, logsumexp};
   return y;
 }
 
-Tensor CausalSelfAttention::backward_impl(const Tensor& grad_output, Saved& saved) {
-  check_saved(*this, saved, 3);
-  Tensor grad = dropout_->backward(grad_output, saved.child(2));
-  grad = proj_->backward(grad, saved.child(1));
+Tensor attention_from_qkv_backward(const Module& self, Module& proj, Module& dropout, const Tensor& grad_output,
+                                   Saved& saved) {
+  check_saved(self, saved, 3);
+  Tensor grad = dropout.backward(grad_output, saved.child(2));
+  grad = proj.backward(grad, saved.child(1));
   const Tensor qkv = saved.tensors[0], out = saved.tensors[1], logsumexp = saved.tensors[2];
   saved.tensors.clear();
   Tensor grad_qkv = empty_like(qkv);
   ops::attention_backward(grad.view(out.shape()), qkv, out, logsumexp, grad_qkv);
-  const Shape packed{qkv.size(0), qkv.size(1), 3 * hidden_};
-  Tensor dx = qkv_->backward(grad_qkv.view(packed), saved.child(0));
+  return grad_qkv.view(Shape{qkv.size(0), qkv.size(1), 3 * qkv.size(3) * qkv.size(4)});
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& input, Saved& saved, const Pass& pass) {
+  check_activation(*this, input);
+  TESSERA_CHECK(input.ndim() == 3 && input.size(2) == hidden_, name(), ": the input has shape ",
+                input.shape().to_string(), ", expected [B, T, ", hidden_, "]");
+  const Tensor packed = qkv_->forward(input, saved.child(0), pass);
+  return attention_from_qkv(*this, packed, heads_, hidden_ / heads_, *proj_, *dropout_, saved, pass);
+}
+
+Tensor CausalSelfAttention::backward_impl(const Tensor& grad_output, Saved& saved) {
+  const Tensor grad_packed = attention_from_qkv_backward(*this, *proj_, *dropout_, grad_output, saved);
+  Tensor dx = qkv_->backward(grad_packed, saved.child(0));
   saved.clear();
   return dx;
 }

@@ -218,6 +218,18 @@ class InputCast : public Module {
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
 };
 
+// The causal self-attention between its input projection and its output,
+// shared by CausalSelfAttention and the tensor-parallel attention
+// (parallel/tensor_parallel.h): `packed` [B, T, 3·H·Dh] (what the QKV
+// projection returned: q, k, v of H heads of Dh) → the fused attention →
+// `proj` (child 1 of `saved`) → `dropout` (child 2). Keeps what backward
+// needs in saved.tensors.
+Tensor attention_from_qkv(Module& self, const Tensor& packed, int64_t heads, int64_t head_dim, Module& proj,
+                          Module& dropout, Saved& saved, const Pass& pass);
+// Its backward: the gradient of `packed` (for the QKV projection's backward).
+Tensor attention_from_qkv_backward(const Module& self, Module& proj, Module& dropout, const Tensor& grad_output,
+                                   Saved& saved);
+
 // Causal multi-head self-attention: x [B, T, C] → qkv = Linear(C → 3C) viewed
 // as [B, T, 3, H, C/H] → ops::attention → proj Linear(C → C) → Dropout(p).
 // Children: "<name>.qkv", "<name>.proj", "<name>.dropout".

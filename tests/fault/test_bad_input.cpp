@@ -76,16 +76,12 @@ class BadInput : public ::testing::Test {
   // expect_refused for a whole command line (`argv`: mpiexec ...).
   std::string expect_command_refused(const std::vector<std::string>& argv, const std::vector<std::string>& expected) {
     const auto before = snapshot(save);
-    const auto start = Clock::now();
-    Job job(argv, dir / "bad.log");
-    const int status = job.wait(seconds(60));
-    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    const std::string output = job.output();
-    EXPECT_NE(status, 0) << output;
-    EXPECT_NE(status, -1) << "killed at the deadline: it hung";
-    EXPECT_LT(elapsed, 30.0) << output;
-    EXPECT_FALSE(job.anything_left()) << "processes left after the job ended";
+    const Outcome out = run_command(argv, dir / "bad.log", seconds(60));
+    const std::string& output = out.output;
+    EXPECT_NE(out.status, 0) << output;
+    EXPECT_NE(out.status, -1) << "killed at the deadline: it hung";
+    EXPECT_LT(out.seconds, 30.0) << output;
+    EXPECT_FALSE(out.left) << "processes left after the job ended";
     for (const std::string& part : expected)
       EXPECT_TRUE(contains(output, part)) << "no '" << part << "' in:\n" << output;
     EXPECT_TRUE(contains(output, "[rank 0]") || contains(output, "[rank 1]")) << "no rank named in:\n" << output;
@@ -237,8 +233,8 @@ TEST_F(BadInput, CheckpointChecksumMismatch) {
 TEST_F(BadInput, CheckpointNotVisibleToEveryRank) {
   if (::geteuid() != 0 || !fs::exists("/usr/bin/unshare"))
     GTEST_SKIP() << "needs root and util-linux's unshare to give one rank a private mount namespace";
-  std::string rank1 = "mount -t tmpfs tessera-test '" + save + "' && exec '" + std::string(TESSERA_BINARY) + "' train";
-  for (const std::string& arg : train_args({})) rank1 += " '" + arg + "'";
+  const std::string rank1 = "mount -t tmpfs tessera-test " + shell_words({save}) + " && exec " +
+                            shell_words(joined({TESSERA_BINARY, "train"}, train_args({})));
   const std::vector<std::string> argv = joined(
       {TESSERA_MPIEXEC, "--oversubscribe", "--bind-to", "none", "-np", "1", TESSERA_BINARY, "train"},
       joined(train_args({}),

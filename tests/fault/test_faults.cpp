@@ -39,27 +39,6 @@ std::vector<std::string> gpt_args() {
       "--micro-batch-size 2 --threads 1 --lr 1e-3");
 }
 
-// How a job ended: {status, seconds, output, anything left running}.
-struct Outcome {
-  int status = 0;
-  double seconds = 0.0;
-  std::string output;
-  bool left = false;  // processes of the job still there after it ended
-};
-
-// Runs `argv` (a job: mpiexec and its ranks, maybe under a wrapper) to its end (bounded).
-Outcome run_command(const std::vector<std::string>& argv, const std::string& log, seconds limit) {
-  const auto start = Clock::now();
-  Job job(argv, log);
-  Outcome out;
-  out.status = job.wait(limit);
-  out.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  out.left = job.anything_left();
-  out.output = job.output();
-  return out;
-}
-
 Outcome run_job(int ranks, const std::vector<std::string>& args, const std::string& log, seconds limit) {
   return run_command(tessera_command(ranks, args), log, limit);
 }
@@ -187,17 +166,6 @@ TEST(Faults, ATruncatedDataFileInTheMiddleOfARunNamesTheRankAndTheFile) {
          "cannot be opened as an HDF5 file", "prepare it again", "rank 1 failed; aborting all 2 ranks"});
   }
   expect_newest_checkpoint_resumes(dir / "ckpt", 4, 2, run_args, 6, dir / "resumed.log");
-}
-
-// `argv` as one shell word each ('...' quoted).
-std::string shell_words(const std::vector<std::string>& argv) {
-  std::string line;
-  for (const std::string& arg : argv) {
-    std::string quoted = "'";
-    for (char ch : arg) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-    line += (line.empty() ? "" : " ") + quoted + "'";
-  }
-  return line;
 }
 
 // A run whose --save directory sits on a small tmpfs (`mount_options`),

@@ -112,6 +112,27 @@ class Job {
   int status_ = -1;
 };
 
+// How a job ended: {status, seconds, output, anything left running}.
+struct Outcome {
+  int status = 0;  // as Job::wait: -1 when killed at the deadline
+  double seconds = 0.0;
+  std::string output;
+  bool left = false;  // processes of the job still there after it ended
+};
+
+// Runs `argv` (a job: mpiexec and its ranks, maybe under a wrapper) to its end (bounded by `limit`).
+inline Outcome run_command(const std::vector<std::string>& argv, const std::string& log, seconds limit) {
+  const auto start = Clock::now();
+  Job job(argv, log);
+  Outcome out;
+  out.status = job.wait(limit);
+  out.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  out.left = job.anything_left();
+  out.output = job.output();
+  return out;
+}
+
 inline std::vector<std::string> tessera_command(int ranks, const std::vector<std::string>& args) {
   std::vector<std::string> argv = {TESSERA_MPIEXEC, "-np",  std::to_string(ranks), "--oversubscribe",
                                    "--bind-to",     "none", TESSERA_BINARY,        "train"};
@@ -126,6 +147,17 @@ inline std::string run_training(int ranks, const std::vector<std::string>& args,
   const int status = job.wait(seconds(90));
   EXPECT_EQ(status, 0) << "tessera train on " << ranks << " rank(s) failed; its output:\n" << job.output();
   return job.output();
+}
+
+// `argv` as one shell word each ('...' quoted), for `sh -c` command lines.
+inline std::string shell_words(const std::vector<std::string>& argv) {
+  std::string line;
+  for (const std::string& arg : argv) {
+    std::string quoted = "'";
+    for (char ch : arg) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    line += (line.empty() ? "" : " ") + quoted + "'";
+  }
+  return line;
 }
 
 inline std::vector<std::string> joined(std::vector<std::string> a, const std::vector<std::string>& b) {
