@@ -73,7 +73,11 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
   command.add_option("--precision", c.precision, "fp32, bf16 (f32 master weights) or fp16 (with loss scaling)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->group(machine);
-  command.add_option("--device", c.device, "cpu, cuda or cuda:N")->group(machine);
+  command
+      .add_option("--device", c.device,
+                  "cpu, cuda (each rank its node-local GPU) or cuda:N; emu: an emulated accelerator per rank, "
+                  "for rehearsing GPU paths on the CPU")
+      ->group(machine);
   command.add_option("--threads", c.threads, "CPU threads (0: OpenMP's default)")->group(machine);
   command.add_option("--seed", c.seed, "Seed of initialisation, data order and dropout")->group(machine);
 
@@ -115,7 +119,9 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
       ->check(CLI::NonNegativeNumber)
       ->group(parallel);
   command
-      .add_option("--comm-backend", c.comm_backend, "auto (NCCL for CUDA devices when built, else MPI), mpi or nccl")
+      .add_option("--comm-backend", c.comm_backend,
+                  "auto (NCCL for device tensors when built, MPI for host tensors), mpi, or nccl (as auto, but NCCL is "
+                  "required)")
       ->check(CLI::IsMember({"auto", "mpi", "nccl"}))
       ->group(parallel);
 

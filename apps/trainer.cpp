@@ -31,6 +31,8 @@
 #include "apps/train_checkpoint.h"
 #include "core/context.h"
 #include "core/cuda_runtime.h"
+#include "core/device_runtime.h"
+#include "core/emulated_runtime.h"
 #include "core/fault.h"
 #include "core/nn/grad_scaler.h"
 #include "core/nn/loss.h"
@@ -329,8 +331,9 @@ std::vector<int64_t> stage_bounds(const nn::ModelConfig& m, const TrainConfig& c
 // TESSERA_FAULT (core/fault.h) at the start of step `step` (1-based) on
 // world rank `rank`: crash (the process dies at once, SIGKILL), hang (it
 // stops for good, never reaching its next collective), slow (it sleeps 2 s),
-// truncated_data (its data file is read as a truncated copy from now on).
-void inject_step_faults(int64_t step, int rank, BatchSource& source) {
+// truncated_data (its data file is read as a truncated copy from now on),
+// device_fault (its device faults as after an illegal memory access).
+void inject_step_faults(int64_t step, int rank, BatchSource& source, Device device) {
   const auto announce = [&](const char* kind) {
     std::fprintf(stderr, "tessera: TESSERA_FAULT: %s at step %lld on rank %d\n", kind, static_cast<long long>(step),
                  rank);
@@ -352,12 +355,33 @@ void inject_step_faults(int64_t step, int rank, BatchSource& source) {
     announce("truncated_data");
     source.read_truncated_copy();
   }
+  if (fault_due("device_fault", step, rank)) {
+    announce("device_fault");
+    provoke_device_fault(device);
+  }
 }
 
-// --device cuda: the local rank's GPU under MPI; otherwise as given.
+// --device cuda: the local rank's GPU under MPI; --device emu likewise the
+// local rank's emulated device; otherwise as given.
 Device choose_device(const TrainConfig& c, const parallel::MpiEnv* env) {
   if (env && c.device == "cuda") return env->default_device(true, cuda_runtime::device_count());
+  if (env && c.device == "emu") return Device::emulated(env->local_rank() % emulated::kDeviceCount);
   return parse_device(c.device);
+}
+
+// A device fault (a kernel that failed after it was queued) is found by
+// whichever call touches the device next, which did not cause it: say so,
+// with the last operation dispatched to the device.
+Error explain_device_fault(const Error& error, const Context& ctx, Device device) {
+  const std::string last = ctx.last_operation(device);
+  return Error(
+      ErrorSite{error.library(), error.code(), {}, error.statement(), error.file(), error.line(), error.device()},
+      error.message() + ". " + device.to_string() +
+          " faulted: a kernel or copy failed after it was queued, and this call only found it. The last "
+          "operation dispatched to " +
+          device.to_string() + " was " + (last.empty() ? std::string("not recorded") : "'" + last + "'") +
+          "; rerun with CUDA_LAUNCH_BLOCKING=1 to stop at the failing kernel, and compute-sanitizer to find "
+          "a bad access");
 }
 
 // The first preemption signal any rank received ({signal, the highest rank
@@ -396,17 +420,9 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
-// The whole run: on MPI_COMM_WORLD through --comm-backend when `env` is
-// given, on `given` otherwise (a caller's group, or a group of one without MPI).
-TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Communicator* given) {
-  validate(c);
-  // From here until run() returns, SIGTERM and SIGUSR1 only set a flag that
-  // the step loop acts on; the previous handlers come back on return or throw.
-  const PreemptionSignals signals;
-  ContextOptions context_options;
-  context_options.cpu_threads = c.threads;
-  Context ctx(context_options);
-  const Device device = choose_device(c, env);
+// The run on `device` of `ctx` (see run()).
+TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Communicator* given, Context& ctx,
+                   Device device, const PreemptionSignals& signals) {
   const DType dtype = compute_dtype(c.precision);
   std::unique_ptr<parallel::Communicator> owned;
   std::string backend;
@@ -417,7 +433,8 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
     if (choice == parallel::CommBackend::automatic)
       backend += device.is_cuda() && parallel::nccl_compiled() ? " (NCCL for device tensors, MPI for host tensors)"
                  : device.is_cuda()                            ? " (MPI, device tensors staged through host memory)"
-                                                               : " (MPI)";
+                 : device.is_emulated() ? " (the emulated device channel for device tensors, MPI for host tensors)"
+                                        : " (MPI)";
   } else {
     backend = "given by the caller ('" + given->name() + "')";
   }
@@ -706,7 +723,7 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
     std::printf("nothing to do: the checkpoint is at step %lld and --train-steps/--epochs ask for %lld\n",
                 static_cast<long long>(counters.step), static_cast<long long>(total_steps));
   for (int64_t step = counters.step; step < total_steps; ++step) {
-    inject_step_faults(step + 1, world->rank(), source);
+    inject_step_faults(step + 1, world->rank(), source, device);
     const auto start = Clock::now();
     replica.begin_step();
     const int64_t tp_bytes_before = grid.tp().counters().total_bytes();
@@ -945,6 +962,26 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
     std::fflush(stdout);
   }
   return result;
+}
+
+// The whole run: on MPI_COMM_WORLD through --comm-backend when `env` is
+// given, on `given` otherwise (a caller's group, or a group of one without MPI).
+TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Communicator* given) {
+  validate(c);
+  // From here until run() returns, SIGTERM and SIGUSR1 only set a flag that
+  // the step loop acts on; the previous handlers come back on return or throw.
+  const PreemptionSignals signals;
+  ContextOptions context_options;
+  context_options.cpu_threads = c.threads;
+  Context ctx(context_options);
+  const Device device = choose_device(c, env);
+  bind_thread_to_device(device);  // this thread's device, before anything touches it
+  try {
+    return run_on(c, env, given, ctx, device, signals);
+  } catch (const Error& error) {
+    if (device.is_accelerator() && is_device_fault(error)) throw explain_device_fault(error, ctx, device);
+    throw;
+  }
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// CachingAllocator and the aligned host memory source.
+// CachingAllocator and its memory sources: aligned host memory, and device and
+// pinned memory through an accelerator's runtime.
 #include "core/allocator.h"
 
 #include <cstdlib>
@@ -6,6 +7,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "core/device_runtime.h"
 #include "core/error.h"
 
 namespace tessera {
@@ -26,7 +28,41 @@ class AlignedHostMemory final : public MemorySource {
   size_t alignment_;
 };
 
+class DeviceMemory final : public MemorySource {
+ public:
+  explicit DeviceMemory(Device device) : device_(device), runtime_(device_runtime(device)) {}
+  void* allocate(size_t bytes) override { return runtime_.device_malloc(device_.index, bytes); }
+  void release(void* ptr, size_t) noexcept override { runtime_.device_free(device_.index, ptr); }
+  std::string describe() const override { return "device memory on " + device_.to_string(); }
+
+ private:
+  Device device_;
+  DeviceRuntime& runtime_;
+};
+
+class PinnedHostMemory final : public MemorySource {
+ public:
+  explicit PinnedHostMemory(Device kind) : kind_(kind), runtime_(device_runtime(kind)) {}
+  void* allocate(size_t bytes) override { return runtime_.pinned_malloc(bytes); }
+  void release(void* ptr, size_t) noexcept override { runtime_.pinned_free(ptr); }
+  std::string describe() const override {
+    return std::string("pinned host memory for ") + (kind_.is_cuda() ? "CUDA (cudaHostAlloc)" : "the emulated device");
+  }
+
+ private:
+  Device kind_;
+  DeviceRuntime& runtime_;
+};
+
 }  // namespace
+
+std::unique_ptr<MemorySource> make_device_memory(Device device) {
+  return std::make_unique<DeviceMemory>(device);
+}
+
+std::unique_ptr<MemorySource> make_pinned_host_memory(Device device) {
+  return std::make_unique<PinnedHostMemory>(device);
+}
 
 std::unique_ptr<MemorySource> make_aligned_host_memory(size_t alignment) {
   TESSERA_CHECK(alignment >= alignof(std::max_align_t) && (alignment & (alignment - 1)) == 0,
@@ -54,7 +90,13 @@ CachingAllocator::~CachingAllocator() {
   for (auto& [ptr, block] : live_blocks_) sizes[block->segment] = block->segment_size;
   for (Block* block : free_blocks_) delete block;
   for (auto& [ptr, block] : live_blocks_) delete block;
-  for (auto& [segment, size] : sizes) source_->release(segment, size);
+  if (!abandoned_)
+    for (auto& [segment, size] : sizes) source_->release(segment, size);
+}
+
+void CachingAllocator::abandon() noexcept {
+  std::lock_guard lock(mutex_);
+  abandoned_ = true;
 }
 
 void* CachingAllocator::allocate(size_t bytes, StreamKey stream) {
@@ -156,6 +198,7 @@ void CachingAllocator::deallocate(void* ptr) noexcept {
 }
 
 void CachingAllocator::release_unused_segments() {
+  if (abandoned_) return;
   for (auto it = free_blocks_.begin(); it != free_blocks_.end();) {
     Block* block = *it;
     if (block->prev == nullptr && block->next == nullptr) {  // the whole segment is free

@@ -1,6 +1,6 @@
 // Memory allocators. Every tensor's bytes come from an Allocator owned by the
 // Context. The main implementation, CachingAllocator, sits on a MemorySource
-// (aligned host memory, pinned host memory, or cudaMalloc on one device) and
+// (aligned host memory, pinned host memory, or one device's memory) and
 // keeps freed blocks for reuse:
 //   - blocks are reused only by allocations on the stream they were freed on
 //     (a freed block may still be read by queued work on that stream);
@@ -48,8 +48,10 @@ class MemorySource {
 };
 
 std::unique_ptr<MemorySource> make_aligned_host_memory(size_t alignment = 64);
-std::unique_ptr<MemorySource> make_pinned_host_memory();  // needs the CUDA backend
-std::unique_ptr<MemorySource> make_cuda_device_memory(int device);
+// Through the device runtime of `device`'s kind (core/device_runtime.h):
+// memory on `device`, and page-locked host memory for copies to devices of its kind.
+std::unique_ptr<MemorySource> make_device_memory(Device device);
+std::unique_ptr<MemorySource> make_pinned_host_memory(Device device);
 
 class Allocator {
  public:
@@ -60,6 +62,9 @@ class Allocator {
   virtual void reset_peak_stats() = 0;
   virtual void empty_cache() = 0;  // returns unused segments to the source
   virtual Device device() const = 0;
+  // Never return memory to the source from now on (a failing process whose
+  // device may never drain: freeing device memory waits for the device).
+  virtual void abandon() noexcept = 0;
 };
 
 struct CachingOptions {
@@ -83,6 +88,7 @@ class CachingAllocator final : public Allocator {
   void reset_peak_stats() override;
   void empty_cache() override;
   Device device() const override { return device_; }
+  void abandon() noexcept override;
 
   // Size of the block behind `ptr` (after rounding and any unsplit slack).
   size_t block_size(void* ptr) const;
@@ -115,6 +121,7 @@ class CachingAllocator final : public Allocator {
   std::set<Block*, FreeOrder> free_blocks_;        // ordered by (pool, stream, size, address)
   std::unordered_map<void*, Block*> live_blocks_;  // handed-out blocks by address
   AllocatorStats stats_;
+  bool abandoned_ = false;
 };
 
 }  // namespace tessera

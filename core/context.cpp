@@ -3,10 +3,17 @@
 
 #include <omp.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <exception>
 #include <sstream>
+#include <thread>
 
 #include "core/cpu_libraries.h"
 #include "core/cuda_runtime.h"
+#include "core/device_runtime.h"
+#include "core/emulated_runtime.h"
 #include "core/error.h"
 
 namespace tessera {
@@ -19,6 +26,14 @@ void destroy_cuda_libraries(CudaLibraries* libraries) noexcept;
 std::string describe_cuda_libraries();
 }  // namespace detail
 
+namespace {
+
+// How long teardown waits for a device's queued work before leaving it (a
+// communication that never finished keeps a stream busy for good).
+constexpr std::chrono::seconds kDrainTimeout{60};
+
+}  // namespace
+
 struct Context::DeviceSlot {
   explicit DeviceSlot(Stream s) : stream(std::move(s)) {}
   ~DeviceSlot() {
@@ -27,23 +42,72 @@ struct Context::DeviceSlot {
   Stream stream;
   std::shared_ptr<Allocator> allocator;
   CudaLibraries* libraries = nullptr;
+  std::atomic<const char*> last_operation{nullptr};
 };
 
 Context::Context(ContextOptions options) : options_(options) {
   if (options_.cpu_threads > 0) omp_set_num_threads(options_.cpu_threads);
   cuda_device_count_ = cuda_runtime::device_count();
   cuda_slots_.resize(size_t(cuda_device_count_));
+  emulated_slots_.resize(size_t(emulated::kDeviceCount));
 }
 
+// Queued device work is drained (bounded, see drain()) before streams and
+// memory go away. A context destroyed while an exception unwinds the stack
+// belongs to a failing process: it waits for nothing and returns no device
+// memory (freeing waits for the device), so the error reaches main() and the
+// launcher instead of hanging here.
 Context::~Context() {
-  // Drain queued GPU work before streams and memory go away.
-  for (auto& slot : cuda_slots_)
-    if (slot) {
-      try {
-        slot->stream.synchronize();
-      } catch (...) {  // destructors never throw; the error was already reported by the work that failed
-      }
+  const bool failing = std::uncaught_exceptions() > 0;
+  for (auto* slots : {&cuda_slots_, &emulated_slots_}) {
+    for (size_t index = 0; index < slots->size(); ++index) {
+      DeviceSlot* s = (*slots)[index].get();
+      if (!s) continue;
+      if (failing)
+        s->allocator->abandon();
+      else
+        drain(s->stream.device(), *s);
     }
+  }
+  if (failing) {
+    if (cuda_pinned_) cuda_pinned_->abandon();
+    if (emulated_pinned_) emulated_pinned_->abandon();
+  }
+}
+
+void Context::drain(Device device, DeviceSlot& s) noexcept {
+  try {
+    bind_thread_to_device(device);
+    Event done(device);
+    done.record(s.stream);
+    const auto deadline = std::chrono::steady_clock::now() + kDrainTimeout;
+    while (!done.ready()) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        std::fprintf(stderr,
+                     "tessera: %s still had work queued %lld s after the program ended (a communication that never "
+                     "finished?); leaving it\n",
+                     device.to_string().c_str(), static_cast<long long>(kDrainTimeout.count()));
+        s.allocator->abandon();
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  } catch (const std::exception& error) {  // a device fault: its memory cannot be freed either
+    std::fprintf(stderr, "tessera: %s failed at teardown: %s\n", device.to_string().c_str(), error.what());
+    s.allocator->abandon();
+  }
+}
+
+int Context::device_count(Device device) const {
+  switch (device.type) {
+    case DeviceType::cpu:
+      return 1;
+    case DeviceType::cuda:
+      return cuda_device_count_;
+    case DeviceType::emulated:
+      return emulated::kDeviceCount;
+  }
+  return 0;
 }
 
 Context::DeviceSlot& Context::slot(Device device) {
@@ -56,28 +120,40 @@ Context::DeviceSlot& Context::slot(Device device) {
     }
     return *cpu_slot_;
   }
-  TESSERA_CHECK_ON(device, cuda_runtime::compiled(), "tensor on ", device.to_string(),
-                   " but this Tessera was built without the CUDA backend; rebuild with -DTESSERA_CUDA=ON");
-  TESSERA_CHECK_ON(device, device.index >= 0 && device.index < cuda_device_count_, "no device ", device.to_string(),
-                   ": this machine has ", cuda_device_count_, " CUDA device(s)");
-  auto& entry = cuda_slots_[size_t(device.index)];
+  if (device.is_cuda())
+    TESSERA_CHECK_ON(device, cuda_runtime::compiled(), "tensor on ", device.to_string(),
+                     " but this Tessera was built without the CUDA backend; rebuild with -DTESSERA_CUDA=ON");
+  const int count = device_count(device);
+  TESSERA_CHECK_ON(device, device.index >= 0 && device.index < count, "no device ", device.to_string(),
+                   ": this machine has ", count, device.is_cuda() ? " CUDA device(s)" : " emulated device(s)");
+  auto& entry = (device.is_cuda() ? cuda_slots_ : emulated_slots_)[size_t(device.index)];
   if (!entry) {
     entry = std::make_unique<DeviceSlot>(Stream::create(device));
-    entry->allocator =
-        std::make_shared<CachingAllocator>(device, make_cuda_device_memory(device.index), options_.caching);
+    entry->allocator = std::make_shared<CachingAllocator>(device, make_device_memory(device), options_.caching);
   }
   return *entry;
+}
+
+Context::DeviceSlot* Context::find_slot(Device device) const {
+  std::lock_guard lock(mutex_);
+  if (device.is_cpu()) return cpu_slot_.get();
+  const auto& slots = device.is_cuda() ? cuda_slots_ : emulated_slots_;
+  if (device.index < 0 || size_t(device.index) >= slots.size()) return nullptr;
+  return slots[size_t(device.index)].get();
 }
 
 std::shared_ptr<Allocator> Context::shared_allocator(Device device) {
   return slot(device).allocator;
 }
 
-Allocator& Context::pinned_allocator() {
+Allocator& Context::pinned_allocator(Device device) {
+  TESSERA_CHECK(device.is_accelerator(), "pinned_allocator: pinned host memory serves copies to devices, not to ",
+                device.to_string());
   std::lock_guard lock(mutex_);
-  if (!pinned_allocator_)
-    pinned_allocator_ = std::make_shared<CachingAllocator>(Device::cpu(), make_pinned_host_memory(), options_.caching);
-  return *pinned_allocator_;
+  std::shared_ptr<Allocator>& pinned = device.is_cuda() ? cuda_pinned_ : emulated_pinned_;
+  if (!pinned)
+    pinned = std::make_shared<CachingAllocator>(Device::cpu(), make_pinned_host_memory(device), options_.caching);
+  return *pinned;
 }
 
 const Stream& Context::compute_stream(Device device) {
@@ -86,6 +162,16 @@ const Stream& Context::compute_stream(Device device) {
 
 void Context::synchronize(Device device) {
   slot(device).stream.synchronize();
+}
+
+void Context::note_operation(Device device, const char* name) {
+  if (DeviceSlot* s = find_slot(device)) s->last_operation.store(name, std::memory_order_relaxed);
+}
+
+std::string Context::last_operation(Device device) const {
+  const DeviceSlot* s = find_slot(device);
+  const char* name = s ? s->last_operation.load(std::memory_order_relaxed) : nullptr;
+  return name ? name : "";
 }
 
 CpuLibraries& Context::cpu_libraries() {

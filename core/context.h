@@ -1,6 +1,7 @@
 // Context: the one object that owns the process's compute resources (devices,
 // their compute streams, allocators, and library handles: oneDNN on the CPU,
-// cuBLAS/cuBLASLt/cuDNN on each GPU). There is no other global mutable state:
+// cuBLAS/cuBLASLt/cuDNN on each GPU; the emulated accelerator's devices, whose
+// kernels are the CPU's, core/device.h). There is no other global mutable state:
 // everything that needs a resource gets it from a Context, passed by
 // reference or reached through a tensor (tensor.context()).
 //
@@ -52,13 +53,21 @@ class Context {
   // Resources, created on first use.
   Allocator& allocator(Device device) { return *shared_allocator(device); }
   std::shared_ptr<Allocator> shared_allocator(Device device);
-  Allocator& pinned_allocator();  // page-locked host memory; CUDA builds only
+  // Page-locked host memory for copies to and from devices of `device`'s kind.
+  Allocator& pinned_allocator(Device device);
   const Stream& compute_stream(Device device);
   void synchronize(Device device);  // waits for all work queued on the device's compute stream
   CpuLibraries& cpu_libraries();
   CudaLibraries& cuda_libraries(int device);
 
   int cuda_device_count() const { return cuda_device_count_; }
+  // Devices of `device`'s kind that this process can use (1 for the CPU).
+  int device_count(Device device) const;
+
+  // The name of the last operation dispatched to `device` (kernels/ops), for
+  // reports of asynchronous device faults; "" when none.
+  void note_operation(Device device, const char* name);
+  std::string last_operation(Device device) const;
   int cpu_threads() const;
   const ContextOptions& options() const { return options_; }
   std::string describe() const;  // one line per device and library, for start-up logs
@@ -66,13 +75,16 @@ class Context {
  private:
   struct DeviceSlot;
   DeviceSlot& slot(Device device);
+  DeviceSlot* find_slot(Device device) const;
+  // Waits for a device's queued work at teardown, for a bounded time.
+  void drain(Device device, DeviceSlot& slot) noexcept;
 
   ContextOptions options_;
   int cuda_device_count_ = 0;
   mutable std::mutex mutex_;
   std::unique_ptr<DeviceSlot> cpu_slot_;
-  std::vector<std::unique_ptr<DeviceSlot>> cuda_slots_;
-  std::shared_ptr<Allocator> pinned_allocator_;
+  std::vector<std::unique_ptr<DeviceSlot>> cuda_slots_, emulated_slots_;
+  std::shared_ptr<Allocator> cuda_pinned_, emulated_pinned_;
   std::unique_ptr<CpuLibraries> cpu_libraries_;
 };
 

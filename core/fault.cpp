@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "core/emulated_runtime.h"
 #include "core/error.h"
 
 namespace tessera {
@@ -36,8 +37,8 @@ std::string known_kinds() {
 }  // namespace
 
 const std::vector<std::string_view>& fault_kinds() {
-  static const std::vector<std::string_view> kinds = {"checkpoint_crash", "crash",         "hang", "slow",
-                                                      "nan_grad",         "truncated_data"};
+  static const std::vector<std::string_view> kinds = {"checkpoint_crash", "crash",          "hang",        "slow",
+                                                      "nan_grad",         "truncated_data", "device_fault"};
   return kinds;
 }
 
@@ -94,6 +95,16 @@ bool fault_due(std::string_view kind, int64_t step, int rank) {
     cached_text = value;
   }
   return cached_plan.due(kind, step, rank);
+}
+
+void provoke_device_fault(Device device) {
+  if (device.is_emulated()) {
+    emulated::inject_fault(device.index, "an illegal memory access was encountered (TESSERA_FAULT=device_fault)");
+    return;
+  }
+  TESSERA_CHECK(device.is_cuda(), "TESSERA_FAULT=device_fault needs a device (--device cuda or emu), not ",
+                device.to_string());
+  detail::cuda_provoke_illegal_address(device.index);
 }
 
 }  // namespace tessera

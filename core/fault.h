@@ -19,7 +19,11 @@
 //   nan_grad          its gradients of the step are NaN (the loss gradient is);
 //   truncated_data    from the step on, the rank reads its --data file through
 //                     a copy cut to half its bytes (the readers' own checks
-//                     must end the job, naming the rank and the file).
+//                     must end the job, naming the rank and the file);
+//   device_fault      its device faults as the step begins, as after a
+//                     kernel's illegal memory access (a real one on CUDA, an
+//                     injected sticky error on the emulated device): the
+//                     report must blame the device, not the communication.
 // Steps count from 1: kind@N acts as step N begins (checkpoint_crash@N:
 // while the checkpoint after step N is written).
 //
@@ -34,6 +38,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "core/device.h"
 
 namespace tessera {
 
@@ -68,5 +74,15 @@ const std::vector<std::string_view>& fault_kinds();
 // world rank). False at the cost of one getenv() when the variable is unset;
 // throws tessera::Error when it is set but malformed.
 bool fault_due(std::string_view kind, int64_t step, int rank);
+
+// Makes `device` fail as after a kernel's illegal memory access: every later
+// call about it fails (the device_fault kind).
+void provoke_device_fault(Device device);
+
+namespace detail {
+// A kernel that writes to an invalid address on CUDA device `device`
+// (core/cuda/fault_kernel.cu; throws in builds without CUDA).
+void cuda_provoke_illegal_address(int device);
+}  // namespace detail
 
 }  // namespace tessera

@@ -1,6 +1,7 @@
 // Streams and events: the order in which work runs on a device. On the CPU,
 // work runs inline in the calling thread, so a CPU stream is a no-op object and
-// a CPU event is a timestamp. On CUDA they own a cudaStream_t / cudaEvent_t.
+// a CPU event is a timestamp. On an accelerator they own its runtime's handles
+// (cudaStream_t / cudaEvent_t on CUDA; see core/device_runtime.h).
 #pragma once
 
 #include <chrono>
@@ -12,7 +13,7 @@ namespace tessera {
 class Stream {
  public:
   static Stream cpu() { return Stream(Device::cpu(), nullptr); }
-  static Stream create(Device device);  // a new CUDA stream, or the inline CPU stream
+  static Stream create(Device device);  // a new stream on an accelerator, or the inline CPU stream
 
   Stream(Stream&& other) noexcept;
   Stream& operator=(Stream&& other) noexcept;
@@ -21,7 +22,7 @@ class Stream {
   ~Stream();
 
   Device device() const { return device_; }
-  void* native_handle() const { return handle_; }  // cudaStream_t, nullptr on the CPU
+  void* native_handle() const { return handle_; }  // the runtime's handle (cudaStream_t), nullptr on the CPU
   void synchronize() const;                        // wait until all work queued so far is done
 
  private:

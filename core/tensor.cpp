@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "core/context.h"
-#include "core/cuda_runtime.h"
+#include "core/device_runtime.h"
 #include "core/fill_functors.h"
 #include "core/parallel_for.h"
 #include "core/tensor_fill.h"
@@ -103,14 +103,20 @@ Tensor& Tensor::copy_(const Tensor& source) {
                  [&](int64_t begin, int64_t end) { std::memcpy(dst + begin, src + begin, size_t(end - begin)); });
     return *this;
   }
-  // Order the copy after queued work on the GPU side(s), then make the result
-  // visible to the host when the host is involved.
+  // Order the copy after queued work on the device side(s), then make the
+  // result visible to the host when the host is involved.
+  TESSERA_CHECK(from.is_cpu() || to.is_cpu() || from.type == to.type, "copy_: from ", from.to_string(), " to ",
+                to.to_string(), ": devices of different kinds; copy through the host");
   Context& ctx = context();
-  const Device gpu = to.is_cuda() ? to : from;
-  const Stream& stream = ctx.compute_stream(gpu);
-  if (from.is_cuda() && to.is_cuda() && from != to) ctx.synchronize(from);
-  cuda_runtime::set_device(gpu.index);
-  cuda_runtime::memcpy_async(data_ptr(), source.data_ptr(), nbytes(), stream.native_handle());
+  const Device dev = to.is_accelerator() ? to : from;
+  DeviceRuntime& runtime = device_runtime(dev);
+  if (from.is_accelerator() && to.is_accelerator() && from != to) {
+    runtime.set_device(from.index);
+    ctx.synchronize(from);
+  }
+  const Stream& stream = ctx.compute_stream(dev);
+  runtime.set_device(dev.index);
+  runtime.memcpy_async(data_ptr(), source.data_ptr(), nbytes(), stream.native_handle());
   if (from.is_cpu() || to.is_cpu()) stream.synchronize();
   return *this;
 }

@@ -76,21 +76,32 @@ bool operator==(const Shape& a, const Shape& b) {
 }
 
 std::string Device::to_string() const {
-  return is_cpu() ? "cpu" : "cuda:" + std::to_string(index);
+  switch (type) {
+    case DeviceType::cpu:
+      return "cpu";
+    case DeviceType::cuda:
+      return "cuda:" + std::to_string(index);
+    case DeviceType::emulated:
+      return "emu:" + std::to_string(index);
+  }
+  return "?";
 }
 
 Device parse_device(std::string_view text) {
   if (text == "cpu") return Device::cpu();
   if (text == "cuda" || text == "gpu") return Device::cuda(0);
-  for (std::string_view prefix : {"cuda:", "gpu:"}) {
+  if (text == "emu") return Device::emulated(0);
+  for (std::string_view prefix : {"cuda:", "gpu:", "emu:"}) {
     if (text.starts_with(prefix)) {
       const std::string_view digits = text.substr(prefix.size());
       int index = -1;
       const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
-      if (ec == std::errc() && end == digits.data() + digits.size() && index >= 0) return Device::cuda(index);
+      if (ec == std::errc() && end == digits.data() + digits.size() && index >= 0)
+        return prefix == "emu:" ? Device::emulated(index) : Device::cuda(index);
     }
   }
-  TESSERA_THROW("unknown device '", text, "'; use cpu, cuda or cuda:N");
+  TESSERA_THROW("unknown device '", text,
+                "'; use cpu, cuda or cuda:N (emu or emu:N: the emulated accelerator of the tests)");
 }
 
 }  // namespace tessera

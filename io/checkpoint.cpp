@@ -905,10 +905,14 @@ std::string save_checkpoint(parallel::Communicator& world, const std::string& di
 
   // 4. Data, tensor by tensor; 5. publish on rank 0.
   const size_t crash_after = plans.size() / 2;  // the fault point: after this tensor (or before closing when none)
+  // Every transfer moves host memory on both sides (rank 0 receives into host
+  // buffers), so it takes the host channel of a device-routed communicator
+  // whatever device the pieces live on (parallel/process_group.h).
   if (rank != 0) {
     for (size_t t = 0; t < plans.size(); ++t) {
       for (const PieceInfo* piece : plans[t].owned)
-        if (piece->rank == rank && piece->local.numel() > 0) world.send(pieces[size_t(piece->index)].local, 0)->wait();
+        if (piece->rank == rank && piece->local.numel() > 0)
+          world.send(pieces[size_t(piece->index)].local.to(Device::cpu()), 0)->wait();
       if (t == crash_after) crash_if_due(step, rank);
     }
     if (plans.empty()) crash_if_due(step, rank);

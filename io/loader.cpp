@@ -1,15 +1,20 @@
 // DataLoader: the batch plan (a pure function of seed, epoch, step and shard)
-// and the background thread that reads and assembles batches ahead of use.
+// and the background thread that reads and assembles batches ahead of use and,
+// for an accelerator, copies them there on a stream of its own.
 #include "io/loader.h"
 
+#include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <exception>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <thread>
 #include <utility>
 
+#include "core/device_runtime.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "core/rng.h"
@@ -53,10 +58,21 @@ Error annotated(const Error& error, const std::string& what) {
 
 }  // namespace
 
+// How long the worker waits, when it stops, for copies still reading its
+// pinned buffers; past it the buffers are left allocated (a device that does
+// not drain must not turn into a use-after-free or a hang at exit).
+constexpr std::chrono::seconds kCopyDrainTimeout{30};
+
 struct DataLoader::State {
   struct Item {
     Batch batch;
+    std::shared_ptr<Event> copied;  // on the copy stream: the batch is on the device (accelerators)
     std::exception_ptr error;
+  };
+  // Pinned host buffers that a copy may still be reading, until `copied` passes.
+  struct InFlight {
+    std::shared_ptr<Event> copied;
+    Tensor inputs, targets;
   };
 
   State(Context& context, const std::string& file, LoaderOptions loader_options)
@@ -71,13 +87,15 @@ struct DataLoader::State {
   int64_t items = 0;                  // positions in one epoch's sequence (samples or windows)
   int64_t full_steps = 0;             // steps with a whole global batch
   int64_t steps = 0;                  // steps per epoch
-  std::shared_ptr<Allocator> pinned;  // non-owning view of ctx.pinned_allocator() (GPU delivery)
+  std::shared_ptr<Allocator> pinned;  // non-owning view of ctx.pinned_allocator(device) (accelerators)
+  std::optional<Stream> copy_stream;  // host-to-device copies, apart from the compute stream (accelerators)
 
   // Used by the background thread only.
   int64_t permutation_epoch = -1;
   std::vector<int64_t> permutation;
   std::vector<uint8_t> image_bytes;
   std::vector<int32_t> token_ids;
+  std::deque<InFlight> in_flight;
 
   std::mutex mutex;
   std::condition_variable changed;
@@ -177,40 +195,119 @@ struct DataLoader::State {
     return batch;
   }
 
+  // Copies a host batch to the device on the copy stream: after the compute
+  // stream's queued work (the device memory may have been freed by it just
+  // now), returning the event that marks the copy done. The host buffers stay
+  // alive until then.
+  std::shared_ptr<Event> copy_to_device(Batch& batch) {
+    const Device device = options.device;
+    const Stream& compute = ctx.compute_stream(device);
+    Tensor inputs = ctx.empty(batch.inputs.shape(), batch.inputs.dtype(), device);
+    Tensor targets = ctx.empty(batch.targets.shape(), batch.targets.dtype(), device);
+    Event ready(device);
+    ready.record(compute);
+    ready.wait(*copy_stream);
+    DeviceRuntime& runtime = device_runtime(device);
+    runtime.memcpy_async(inputs.data_ptr(), batch.inputs.data_ptr(), inputs.nbytes(), copy_stream->native_handle());
+    runtime.memcpy_async(targets.data_ptr(), batch.targets.data_ptr(), targets.nbytes(), copy_stream->native_handle());
+    auto copied = std::make_shared<Event>(device);
+    copied->record(*copy_stream);
+    in_flight.push_back({copied, std::move(batch.inputs), std::move(batch.targets)});
+    batch.inputs = std::move(inputs);
+    batch.targets = std::move(targets);
+    return copied;
+  }
+
+  // Frees the pinned buffers whose copies have finished; with `all`, waits
+  // for the rest (bounded, then leaves them allocated).
+  void release_copied(bool all) {
+    const auto deadline = std::chrono::steady_clock::now() + kCopyDrainTimeout;
+    while (!in_flight.empty()) {
+      if (in_flight.front().copied->ready()) {
+        in_flight.pop_front();
+      } else if (!all) {
+        return;
+      } else if (std::chrono::steady_clock::now() > deadline) {
+        std::fprintf(stderr, "tessera: data loader for %s: %zu copies to %s did not finish; leaving their buffers\n",
+                     path.c_str(), in_flight.size(), options.device.to_string().c_str());
+        abandon_copies();
+        return;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+  }
+
+  // The worker's last act: wait for its copies, or, when the device has
+  // failed (the query throws), leave their buffers; the failure itself
+  // reaches the user through the main thread.
+  void finish_copies() noexcept {
+    try {
+      release_copied(true);
+    } catch (...) {
+      abandon_copies();
+    }
+  }
+
+  // Deliberately never freed: a copy may still read them.
+  void abandon_copies() noexcept {
+    new std::deque<InFlight>(std::move(in_flight));
+    in_flight.clear();
+  }
+
+  Item produce(int64_t epoch, int64_t step) {
+    Item item;
+    try {
+      release_copied(false);
+      item.batch = make_batch(epoch, step);
+      if (options.device.is_accelerator()) item.copied = copy_to_device(item.batch);
+    } catch (const Error& failure) {
+      item.error =
+          std::make_exception_ptr(annotated(failure, "data loader for " + path + " (epoch " + std::to_string(epoch) +
+                                                         ", step " + std::to_string(step) + "): "));
+    } catch (const std::exception& failure) {
+      item.error = std::make_exception_ptr(Error(ErrorSite{"tessera", 0, {}, {}, __FILE__, __LINE__, {}},
+                                                 "data loader for " + path + " (epoch " + std::to_string(epoch) +
+                                                     ", step " + std::to_string(step) + "): " + failure.what()));
+    } catch (...) {
+      item.error = std::current_exception();
+    }
+    return item;
+  }
+
+  // The worker thread. It touches the device (pinned memory, copies, events),
+  // so it binds to it first: a thread that does not would make the runtime
+  // create a context on device 0 (core/device_runtime.h).
   void run() {
+    try {
+      bind_thread_to_device(options.device);
+    } catch (...) {
+      std::lock_guard lock(mutex);
+      queue.push_back(Item{{}, nullptr, std::current_exception()});
+      changed.notify_all();
+      return;
+    }
     int64_t epoch = options.start_epoch, step = options.start_step;
     while (true) {
       {
         std::unique_lock lock(mutex);
         changed.wait(lock, [&] { return stop || int64_t(queue.size()) < options.prefetch; });
-        if (stop) return;
+        if (stop) break;
       }
-      Item item;
-      try {
-        item.batch = make_batch(epoch, step);
-      } catch (const Error& failure) {
-        item.error =
-            std::make_exception_ptr(annotated(failure, "data loader for " + path + " (epoch " + std::to_string(epoch) +
-                                                           ", step " + std::to_string(step) + "): "));
-      } catch (const std::exception& failure) {
-        item.error = std::make_exception_ptr(Error(ErrorSite{"tessera", 0, {}, {}, __FILE__, __LINE__, {}},
-                                                   "data loader for " + path + " (epoch " + std::to_string(epoch) +
-                                                       ", step " + std::to_string(step) + "): " + failure.what()));
-      } catch (...) {
-        item.error = std::current_exception();
-      }
+      Item item = produce(epoch, step);
       const bool failed = item.error != nullptr;
       {
         std::lock_guard lock(mutex);
         queue.push_back(std::move(item));
       }
       changed.notify_all();
-      if (failed) return;
+      if (failed) break;
       if (++step == steps) {
         step = 0;
         ++epoch;
       }
     }
+    finish_copies();
   }
 };
 
@@ -224,9 +321,10 @@ DataLoader::DataLoader(Context& ctx, const std::string& path, LoaderOptions opti
   TESSERA_CHECK(options.prefetch >= 1, "data loader: prefetch is ", options.prefetch, "; it must be at least 1");
   TESSERA_CHECK(options.start_epoch >= 0 && options.start_epoch < (int64_t(1) << 32), "data loader: start epoch ",
                 options.start_epoch, " is out of range");
-  if (options.device.is_cuda()) {
+  if (options.device.is_accelerator()) {
     ctx.compute_stream(options.device);  // throws, naming the device, when it does not exist here
-    s.pinned = std::shared_ptr<Allocator>(std::shared_ptr<void>(), &ctx.pinned_allocator());
+    s.pinned = std::shared_ptr<Allocator>(std::shared_ptr<void>(), &ctx.pinned_allocator(options.device));
+    s.copy_stream.emplace(Stream::create(options.device));
   }
 
   const int64_t global = s.global_batch();
@@ -284,10 +382,8 @@ Batch DataLoader::next() {
   }
   s.changed.notify_all();
   if (item.error) std::rethrow_exception(item.error);
-  if (s.options.device.is_cuda()) {
-    item.batch.inputs = item.batch.inputs.to(s.options.device);
-    item.batch.targets = item.batch.targets.to(s.options.device);
-  }
+  // The compute stream waits for the copy; the host does not.
+  if (item.copied) item.copied->wait(s.ctx.compute_stream(s.options.device));
   return std::move(item.batch);
 }
 

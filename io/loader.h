@@ -24,7 +24,11 @@
 // Batches: classification inputs [B, C, H, W] in input_dtype (pixel / 255),
 // targets [B] int32; tokens inputs and targets [B, T] int32, targets[b, t] =
 // inputs[b, t+1] within the window. They are assembled in host memory (pinned
-// when `device` is a GPU) and copied to `device` by next().
+// when `device` is an accelerator) and, for an accelerator, copied there by
+// the background thread on a copy stream of the loader's own, ordered after
+// the compute stream's queued work; next() makes the compute stream wait for
+// the copy (the host does not), so the copy of batch k+1 overlaps step k. The
+// thread binds to `device` before it touches it (core/device_runtime.h).
 //
 // A reader error ends the background thread and is rethrown by next() (and
 // every later call), naming the file. The destructor stops and joins the

@@ -87,6 +87,11 @@ class Backend {
 
 Backend& cpu_backend();
 Backend& cuda_backend();  // throws when the CUDA backend was not built
+// The backend that runs work on `device`: CUDA's for CUDA devices, the CPU's
+// for the CPU and for the emulated accelerator (whose memory is host memory).
 Backend& backend_for(Device device);
+// The same for `on`'s device, noting `op` there as the last operation
+// dispatched (named in reports of asynchronous device faults).
+Backend& backend_for(const Tensor& on, const char* op);
 
 }  // namespace tessera

@@ -366,7 +366,7 @@ constexpr size_t kRingMinBytes = size_t(16) << 10;
 Tensor host_buffer(const Tensor& like) {
   Context& ctx = like.context();
   if (like.device().is_cpu()) return ctx.empty(Shape{like.numel()}, like.dtype());
-  std::shared_ptr<Allocator> pinned(std::shared_ptr<void>(), &ctx.pinned_allocator());  // non-owning
+  std::shared_ptr<Allocator> pinned(std::shared_ptr<void>(), &ctx.pinned_allocator(like.device()));  // non-owning
   return Tensor(std::make_shared<Storage>(ctx, pinned, std::max<size_t>(like.nbytes(), 1), nullptr), 0,
                 Shape{like.numel()}, like.dtype());
 }
@@ -391,12 +391,12 @@ bool overlaps(const Tensor& a, const Tensor& b) {
 
 // ---------------------------------------------------------------------------
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name) : name_(std::move(name)) {
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, bool stall_inspector) : name_(std::move(name)) {
   TESSERA_CHECK(comm != MPI_COMM_NULL, "MpiCommunicator '", name_, "': MPI_COMM_NULL given");
   TESSERA_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
   init();
   // The root of a family of communicators: the stall inspector's window lives here.
-  if (size_ > 1) {
+  if (size_ > 1 && stall_inspector) {
     inspector_ = std::make_shared<StallInspector>(comm_);
     slot_ = inspector_->add_group();
   }
@@ -415,7 +415,6 @@ void MpiCommunicator::init() {
     MPI_Comm_free(&comm_);
     throw;
   }
-  if (size_ > 1) inspector_ = std::make_unique<StallInspector>(comm_);
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -740,8 +739,8 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, const s
   return made;
 }
 
-std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, const std::string& name) {
-  return std::make_unique<MpiCommunicator>(comm, name);
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, const std::string& name, bool stall_inspector) {
+  return std::make_unique<MpiCommunicator>(comm, name, stall_inspector);
 }
 
 }  // namespace tessera::parallel

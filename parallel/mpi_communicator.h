@@ -49,8 +49,11 @@ class MpiWork;
 class MpiCommunicator final : public Communicator {
  public:
   // Duplicates `comm` (collective over it); errors come back as exceptions
-  // (MPI_ERRORS_RETURN on the duplicate).
-  MpiCommunicator(MPI_Comm comm, std::string name);
+  // (MPI_ERRORS_RETURN on the duplicate). With `stall_inspector` the family
+  // of communicators split from this one shares an RMA window that names the
+  // stalled ranks when a wait passes its deadline (its free is collective);
+  // without it, no window (a channel whose deadlines another watchdog keeps).
+  MpiCommunicator(MPI_Comm comm, std::string name, bool stall_inspector = true);
   // Waits for outstanding operations, then frees the duplicate.
   ~MpiCommunicator() override;
   MpiCommunicator(const MpiCommunicator&) = delete;
@@ -105,6 +108,7 @@ class MpiCommunicator final : public Communicator {
 };
 
 // A communicator over a duplicate of `comm` (e.g. MPI_COMM_WORLD), named `name`.
-std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, const std::string& name);
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, const std::string& name,
+                                                    bool stall_inspector = true);
 
 }  // namespace tessera::parallel

@@ -19,11 +19,12 @@ std::string seconds_text(OperationWatchdog::Clock::duration duration) {
 }  // namespace
 
 OperationWatchdog::OperationWatchdog(std::string communicator, HealthProbe health, FailureHandler on_failure,
-                                     std::chrono::milliseconds poll_interval)
+                                     std::chrono::milliseconds poll_interval, std::function<void()> thread_setup)
     : communicator_(std::move(communicator)),
       health_(std::move(health)),
       on_failure_(std::move(on_failure)),
       poll_interval_(poll_interval),
+      thread_setup_(std::move(thread_setup)),
       thread_([this] { run(); }) {}
 
 OperationWatchdog::~OperationWatchdog() {
@@ -62,20 +63,34 @@ size_t OperationWatchdog::pending() const {
 
 void OperationWatchdog::run() {
   std::unique_lock lock(mutex_);
+  if (thread_setup_) {
+    try {
+      thread_setup_();
+    } catch (const std::exception& error) {
+      fail({Failure::Kind::communication,
+            "communicator '" + communicator_ + "': the watchdog thread could not start: " + error.what()},
+           lock);
+      return;
+    }
+  }
   while (!stop_) {
     wake_.wait_for(lock, poll_interval_, [this] { return stop_; });
     if (stop_) return;
-    std::string failure = inspect();
-    if (failure.empty()) continue;
-    report_ = failure;
-    operations_.clear();
-    lock.unlock();
-    on_failure_(failure);
+    std::optional<Failure> failure = inspect();
+    if (!failure) continue;
+    fail(std::move(*failure), lock);
     return;
   }
 }
 
-std::string OperationWatchdog::inspect() {
+void OperationWatchdog::fail(Failure failure, std::unique_lock<std::mutex>& lock) {
+  report_ = failure.report;
+  operations_.clear();
+  lock.unlock();
+  on_failure_(failure);
+}
+
+std::optional<OperationWatchdog::Failure> OperationWatchdog::inspect() {
   // A probe that throws (a CUDA error on the event query) is a failure too.
   for (auto op = operations_.begin(); op != operations_.end();) {
     try {
@@ -85,8 +100,10 @@ std::string OperationWatchdog::inspect() {
       } else {
         ++op;
       }
+    } catch (const DeviceFault& fault) {
+      return Failure{Failure::Kind::device, describe_failure(fault.what(), &*op, "the device failed: ")};
     } catch (const std::exception& error) {
-      return describe_failure(error.what(), &*op);
+      return Failure{Failure::Kind::communication, describe_failure(error.what(), &*op)};
     }
   }
   const Operation* oldest = operations_.empty() ? nullptr : &operations_.front();
@@ -97,19 +114,20 @@ std::string OperationWatchdog::inspect() {
     } catch (const std::exception& failure) {
       error = failure.what();
     }
-    if (!error.empty()) return describe_failure(error, oldest);
+    if (!error.empty()) return Failure{Failure::Kind::communication, describe_failure(error, oldest)};
   }
   const Clock::time_point now = Clock::now();
   for (const Operation& op : operations_)
-    if (now >= op.deadline) return describe_failure("", &op);
-  return "";
+    if (now >= op.deadline) return Failure{Failure::Kind::late, describe_failure("", &op)};
+  return std::nullopt;
 }
 
-std::string OperationWatchdog::describe_failure(const std::string& cause, const Operation* late) const {
+std::string OperationWatchdog::describe_failure(const std::string& cause, const Operation* late,
+                                                const char* cause_label) const {
   const Clock::time_point now = Clock::now();
   std::string text = "communicator '" + communicator_ + "': ";
   if (!cause.empty()) {
-    text += "asynchronous error: " + cause;
+    text += cause_label + cause;
     if (late)
       text += "; pending on this rank: operation " + std::to_string(late->sequence) + " (" + late->what +
               "), enqueued " + seconds_text(now - late->enqueued) + " s ago";

@@ -1,5 +1,6 @@
 // Choosing a communicator's backend, and the communicator that routes each
-// call to NCCL or MPI by the tensor's device (CommBackend::automatic on a GPU).
+// call to the device channel (NCCL; the emulated channel on emu:N) or MPI by
+// the tensor's device (CommBackend::automatic on an accelerator).
 #include "parallel/process_group.h"
 
 #include "core/error.h"
@@ -8,12 +9,16 @@
 namespace tessera::parallel {
 namespace {
 
-// CUDA tensors through NCCL, host tensors through MPI; both communicators span
-// the same ranks in the same order. Host-side operations (barrier, poll) are MPI's.
+// Device tensors through the device channel, host tensors through MPI; both
+// communicators span the same ranks in the same order and never match each
+// other's traffic, so the two sides of every transfer must agree on where the
+// tensor lives (a device tensor sent to a host buffer waits forever). The
+// emulated accelerator routes the same way, which is how the CPU tests catch
+// a mismatch. Host-side operations (barrier, poll) are MPI's.
 class DeviceRoutedCommunicator final : public Communicator {
  public:
-  DeviceRoutedCommunicator(std::unique_ptr<Communicator> mpi, std::unique_ptr<Communicator> nccl)
-      : mpi_(std::move(mpi)), nccl_(std::move(nccl)) {}
+  DeviceRoutedCommunicator(std::unique_ptr<Communicator> mpi, std::unique_ptr<Communicator> device)
+      : mpi_(std::move(mpi)), device_(std::move(device)) {}
 
   const std::string& name() const override { return mpi_->name(); }
   int rank() const override { return mpi_->rank(); }
@@ -56,7 +61,7 @@ class DeviceRoutedCommunicator final : public Communicator {
     Communicator& backend = route(ops.front().tensor);
     for (const P2POp& op : ops)
       TESSERA_CHECK(&route(op.tensor) == &backend, "send_recv on communicator '", name(), "' (rank ", rank(),
-                    "): one group mixes host and CUDA tensors; issue one send_recv per device kind");
+                    "): one group mixes host and device tensors; issue one send_recv per device kind");
     return backend.send_recv(ops);
   }
   void barrier() override {
@@ -67,22 +72,24 @@ class DeviceRoutedCommunicator final : public Communicator {
   void set_timeout(double seconds) override {
     Communicator::set_timeout(seconds);
     mpi_->set_timeout(seconds);
-    nccl_->set_timeout(seconds);
+    device_->set_timeout(seconds);
   }
   uint64_t sequence() const override { return sequence_; }
   std::unique_ptr<Communicator> split(int color, int key, const std::string& child_name) override {
     ++sequence_;
     auto mpi = mpi_->split(color, key, child_name);
-    auto nccl = nccl_->split(color, key, child_name);
-    auto child = std::make_unique<DeviceRoutedCommunicator>(std::move(mpi), std::move(nccl));
+    auto device = device_->split(color, key, child_name);
+    auto child = std::make_unique<DeviceRoutedCommunicator>(std::move(mpi), std::move(device));
     child->set_timeout(timeout());
     return child;
   }
 
  private:
-  Communicator& route(const Tensor& tensor) { return tensor.defined() && tensor.device().is_cuda() ? *nccl_ : *mpi_; }
+  Communicator& route(const Tensor& tensor) {
+    return tensor.defined() && tensor.device().is_accelerator() ? *device_ : *mpi_;
+  }
 
-  std::unique_ptr<Communicator> mpi_, nccl_;
+  std::unique_ptr<Communicator> mpi_, device_;
   uint64_t sequence_ = 0;
 };
 
@@ -107,24 +114,30 @@ std::string_view comm_backend_name(CommBackend backend) {
   return "?";
 }
 
+std::unique_ptr<Communicator> make_device_communicator(MPI_Comm comm, const std::string& name, Context& ctx,
+                                                       Device device) {
+  if (device.is_emulated()) return make_emulated_communicator(comm, name, ctx, device);
+  return make_nccl_communicator(comm, name, ctx, device);
+}
+
 std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, const std::string& name, Context& ctx, Device device,
                                                 CommBackend backend) {
   switch (backend) {
     case CommBackend::mpi:
       return make_mpi_communicator(comm, name);
     case CommBackend::nccl:
+      if (device.is_emulated()) break;
       TESSERA_CHECK(nccl_compiled(), "--comm-backend nccl: this Tessera was built without the CUDA backend, so ",
                     "without NCCL; use --comm-backend mpi (or auto), or rebuild with -DTESSERA_CUDA=ON");
       TESSERA_CHECK(device.is_cuda(), "--comm-backend nccl moves CUDA tensors, but communicator '", name, "' is for ",
                     device.to_string(), "; use --device cuda, or --comm-backend mpi");
-      return make_nccl_communicator(comm, name, ctx, device);
+      break;
     case CommBackend::automatic:
+      if (!device.is_emulated() && !(device.is_cuda() && nccl_compiled())) return make_mpi_communicator(comm, name);
       break;
   }
-  if (!device.is_cuda() || !nccl_compiled()) return make_mpi_communicator(comm, name);
-  auto mpi = make_mpi_communicator(comm, name);
-  auto nccl = make_nccl_communicator(comm, name, ctx, device);
-  return std::make_unique<DeviceRoutedCommunicator>(std::move(mpi), std::move(nccl));
+  return std::make_unique<DeviceRoutedCommunicator>(make_mpi_communicator(comm, name),
+                                                    make_device_communicator(comm, name, ctx, device));
 }
 
 }  // namespace tessera::parallel

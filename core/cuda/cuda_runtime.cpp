@@ -1,12 +1,11 @@
-// core/cuda_runtime.h on the real CUDA runtime, plus the device and pinned
-// memory sources of the caching allocators.
+// core/cuda_runtime.h on the real CUDA runtime (core/device_runtime.cpp adapts
+// it to the DeviceRuntime interface).
 #include "core/cuda_runtime.h"
 
 #include <cuda_runtime_api.h>
 
 #include <sstream>
 
-#include "core/allocator.h"
 #include "core/cuda/cuda_check.h"
 
 namespace tessera {
@@ -143,34 +142,4 @@ void memcpy_async(void* dst, const void* src, size_t bytes, void* stream) {
 }
 
 }  // namespace cuda_runtime
-
-namespace {
-
-class CudaDeviceMemory final : public MemorySource {
- public:
-  explicit CudaDeviceMemory(int device) : device_(device) {}
-  void* allocate(size_t bytes) override { return cuda_runtime::device_malloc(device_, bytes); }
-  void release(void* ptr, size_t) noexcept override { cuda_runtime::device_free(device_, ptr); }
-  std::string describe() const override { return "cudaMalloc on cuda:" + std::to_string(device_); }
-
- private:
-  int device_;
-};
-
-class PinnedHostMemory final : public MemorySource {
- public:
-  void* allocate(size_t bytes) override { return cuda_runtime::pinned_malloc(bytes); }
-  void release(void* ptr, size_t) noexcept override { cuda_runtime::pinned_free(ptr); }
-  std::string describe() const override { return "pinned host memory (cudaHostAlloc)"; }
-};
-
-}  // namespace
-
-std::unique_ptr<MemorySource> make_cuda_device_memory(int device) {
-  return std::make_unique<CudaDeviceMemory>(device);
-}
-std::unique_ptr<MemorySource> make_pinned_host_memory() {
-  return std::make_unique<PinnedHostMemory>();
-}
-
 }  // namespace tessera

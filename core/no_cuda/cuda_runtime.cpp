@@ -7,6 +7,7 @@
 
 #include "core/allocator.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/tensor_fill.h"
 
 namespace tessera {
@@ -72,13 +73,6 @@ void memcpy_async(void*, const void*, size_t, void*) {
 
 }  // namespace cuda_runtime
 
-std::unique_ptr<MemorySource> make_cuda_device_memory(int) {
-  no_cuda("device memory");
-}
-std::unique_ptr<MemorySource> make_pinned_host_memory() {
-  no_cuda("pinned host memory");
-}
-
 class Context;
 class CudaLibraries;
 
@@ -90,6 +84,10 @@ CudaLibraries* create_cuda_libraries(Context&, int) {
 void destroy_cuda_libraries(CudaLibraries*) noexcept {}
 std::string describe_cuda_libraries() {
   return {};
+}
+
+void cuda_provoke_illegal_address(int) {
+  no_cuda("TESSERA_FAULT=device_fault");
 }
 
 void cuda_fill_constant(void*, DType, int64_t, double, int, void*) {

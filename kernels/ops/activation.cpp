@@ -26,22 +26,22 @@ void check_unary_backward(std::string_view op, const Tensor& x, const Tensor& gr
 
 void relu_forward(const Tensor& x, Tensor& y) {
   check_unary("relu_forward", x, y);
-  backend_for(x.device()).relu_forward(x, y);
+  backend_for(x, "relu_forward").relu_forward(x, y);
 }
 
 void relu_backward(const Tensor& x, const Tensor& grad_y, Tensor& grad_x) {
   check_unary_backward("relu_backward", x, grad_y, grad_x);
-  backend_for(x.device()).relu_backward(x, grad_y, grad_x);
+  backend_for(x, "relu_backward").relu_backward(x, grad_y, grad_x);
 }
 
 void gelu_forward(const Tensor& x, Tensor& y) {
   check_unary("gelu_forward", x, y);
-  backend_for(x.device()).gelu_forward(x, y);
+  backend_for(x, "gelu_forward").gelu_forward(x, y);
 }
 
 void gelu_backward(const Tensor& x, const Tensor& grad_y, Tensor& grad_x) {
   check_unary_backward("gelu_backward", x, grad_y, grad_x);
-  backend_for(x.device()).gelu_backward(x, grad_y, grad_x);
+  backend_for(x, "gelu_backward").gelu_backward(x, grad_y, grad_x);
 }
 
 }  // namespace tessera::ops

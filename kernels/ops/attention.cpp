@@ -51,7 +51,7 @@ void attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float 
   detail::check_dtype(op, {"logsumexp", logsumexp}, DType::f32);
   detail::check_shape(op, {"logsumexp", logsumexp}, dims.logsumexp());
   detail::check_same_device(op, {{"qkv", qkv}, {"out", out}, {"logsumexp", logsumexp}});
-  backend_for(qkv.device()).attention_forward(qkv, out, logsumexp, scale);
+  backend_for(qkv, "attention_forward").attention_forward(qkv, out, logsumexp, scale);
 }
 
 void attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out, const Tensor& logsumexp,
@@ -71,7 +71,7 @@ void attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor&
     TESSERA_CHECK(!overlaps(grad_qkv, *input), op, ": 'grad_qkv' must not overlap an input in memory");
   detail::check_same_device(
       op, {{"grad_out", grad_out}, {"qkv", qkv}, {"out", out}, {"logsumexp", logsumexp}, {"grad_qkv", grad_qkv}});
-  backend_for(qkv.device()).attention_backward(grad_out, qkv, out, logsumexp, grad_qkv, scale);
+  backend_for(qkv, "attention_backward").attention_backward(grad_out, qkv, out, logsumexp, grad_qkv, scale);
 }
 
 }  // namespace tessera::ops

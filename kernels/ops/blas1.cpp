@@ -36,12 +36,12 @@ void cast(const Tensor& x, Tensor& y) {
   detail::check_numel(op, {"y", y}, x.numel());
   detail::check_same_device(op, {{"x", x}, {"y", y}});
   check_alias(op, {"y", y}, {"x", x});
-  backend_for(x.device()).cast(x, y);
+  backend_for(x, "cast").cast(x, y);
 }
 
 void scale_(Tensor& x, float alpha) {
   detail::check_floating("scale_", {"x", x});
-  backend_for(x.device()).scale_(x, alpha);
+  backend_for(x, "scale_").scale_(x, alpha);
 }
 
 void axpy(float alpha, const Tensor& x, Tensor& y) {
@@ -53,7 +53,7 @@ void axpy(float alpha, const Tensor& x, Tensor& y) {
   detail::check_numel(op, {"y", y}, x.numel());
   detail::check_same_device(op, {{"x", x}, {"y", y}});
   check_alias(op, {"y", y}, {"x", x});
-  backend_for(x.device()).axpy(alpha, x, y);
+  backend_for(x, "axpy").axpy(alpha, x, y);
 }
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
@@ -63,7 +63,7 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
   detail::check_same_device(op, {{"a", a}, {"b", b}, {"out", out}});
   check_alias(op, {"out", out}, {"a", a});
   check_alias(op, {"out", out}, {"b", b});
-  backend_for(a.device()).add(a, b, out);
+  backend_for(a, "add").add(a, b, out);
 }
 
 }  // namespace tessera::ops

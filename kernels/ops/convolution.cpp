@@ -80,7 +80,7 @@ void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, T
   check_like(op, {"y", y}, x, out);
   detail::check_same_device(op, {{"x", x}, {"weight", weight}, {"bias", bias}, {"y", y}});
   if (y.numel() == 0) return;
-  backend_for(x.device()).conv2d_forward(x, weight, bias, y, params);
+  backend_for(x, "conv2d_forward").conv2d_forward(x, weight, bias, y, params);
 }
 
 void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, Tensor* grad_x, Tensor* grad_weight,
@@ -104,7 +104,8 @@ void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight
     if (!accumulate && grad_bias) grad_bias->fill_(0.0);
     return;
   }
-  backend_for(x.device()).conv2d_backward(grad_y, x, weight, grad_x, grad_weight, grad_bias, params, accumulate);
+  backend_for(x, "conv2d_backward")
+      .conv2d_backward(grad_y, x, weight, grad_x, grad_weight, grad_bias, params, accumulate);
 }
 
 Shape maxpool2d_output_shape(const Shape& x, const Pool2dParams& params) {
@@ -119,7 +120,7 @@ void maxpool2d_forward(const Tensor& x, Tensor& y, Tensor& indices, const Pool2d
   detail::check_dtype(op, {"indices", indices}, DType::i32);
   detail::check_shape(op, {"indices", indices}, out);
   detail::check_same_device(op, {{"x", x}, {"y", y}, {"indices", indices}});
-  backend_for(x.device()).maxpool2d_forward(x, y, indices, params);
+  backend_for(x, "maxpool2d_forward").maxpool2d_forward(x, y, indices, params);
 }
 
 void maxpool2d_backward(const Tensor& grad_y, const Tensor& indices, Tensor& grad_x, const Pool2dParams& params) {
@@ -132,7 +133,7 @@ void maxpool2d_backward(const Tensor& grad_y, const Tensor& indices, Tensor& gra
   detail::check_dtype(op, {"indices", indices}, DType::i32);
   detail::check_shape(op, {"indices", indices}, out);
   detail::check_same_device(op, {{"grad_y", grad_y}, {"indices", indices}, {"grad_x", grad_x}});
-  backend_for(grad_x.device()).maxpool2d_backward(grad_y, indices, grad_x, params);
+  backend_for(grad_x, "maxpool2d_backward").maxpool2d_backward(grad_y, indices, grad_x, params);
 }
 
 }  // namespace tessera::ops

@@ -26,12 +26,12 @@ void check_dropout(std::string_view op, std::string_view in_name, const Tensor& 
 
 void dropout_forward(const Tensor& x, Tensor& y, float p, uint64_t seed, uint64_t offset) {
   check_dropout("dropout_forward", "x", x, "y", y, p);
-  backend_for(x.device()).dropout_forward(x, y, p, seed, offset);
+  backend_for(x, "dropout_forward").dropout_forward(x, y, p, seed, offset);
 }
 
 void dropout_backward(const Tensor& grad_y, Tensor& grad_x, float p, uint64_t seed, uint64_t offset) {
   check_dropout("dropout_backward", "grad_y", grad_y, "grad_x", grad_x, p);
-  backend_for(grad_y.device()).dropout_backward(grad_y, grad_x, p, seed, offset);
+  backend_for(grad_y, "dropout_backward").dropout_backward(grad_y, grad_x, p, seed, offset);
 }
 
 }  // namespace tessera::ops

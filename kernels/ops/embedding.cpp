@@ -43,7 +43,7 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, int6
   detail::check_same_dtype(op, {"table", table}, {"out", out});
   detail::check_same_device(op, {{"ids", ids}, {"table", table}, {"out", out}});
   const int64_t total = whole_vocabulary(op, table, vocab_begin, vocab_size);
-  backend_for(ids.device()).embedding_forward(ids, table, out, vocab_begin, total);
+  backend_for(ids, "embedding_forward").embedding_forward(ids, table, out, vocab_begin, total);
 }
 
 void embedding_backward(const Tensor& ids, const Tensor& grad_out, Tensor& grad_table, int64_t vocab_begin,
@@ -56,7 +56,7 @@ void embedding_backward(const Tensor& ids, const Tensor& grad_out, Tensor& grad_
   detail::check_same_device(op, {{"ids", ids}, {"grad_out", grad_out}, {"grad_table", grad_table}});
   TESSERA_CHECK(!grad_out.shares_storage_with(grad_table), op, ": 'grad_out' and 'grad_table' must not share memory");
   const int64_t total = whole_vocabulary(op, grad_table, vocab_begin, vocab_size);
-  backend_for(ids.device()).embedding_backward(ids, grad_out, grad_table, vocab_begin, total);
+  backend_for(ids, "embedding_backward").embedding_backward(ids, grad_out, grad_table, vocab_begin, total);
 }
 
 }  // namespace tessera::ops

@@ -80,9 +80,8 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& c, const MatmulOptions& op
     check_no_overlap(op, {"pre_activation", pre}, {"a", a});
     check_no_overlap(op, {"pre_activation", pre}, {"b", b});
   }
-  const Device device =
-      detail::check_same_device(op, {{"a", a}, {"b", b}, {"c", c}, {"bias", bias}, {"pre_activation", pre}});
-  backend_for(device).matmul(a, b, c, options);
+  detail::check_same_device(op, {{"a", a}, {"b", b}, {"c", c}, {"bias", bias}, {"pre_activation", pre}});
+  backend_for(a, "matmul").matmul(a, b, c, options);
 }
 
 void matmul_backward(const Tensor& grad_c, const Tensor& a, const Tensor& b, Tensor* grad_a, Tensor* grad_b,
@@ -107,10 +106,10 @@ void matmul_backward(const Tensor& grad_c, const Tensor& a, const Tensor& b, Ten
          {detail::Arg{"grad_c", grad_c}, detail::Arg{"a", a}, detail::Arg{"b", b}, detail::Arg{"grad_a", ga}})
       check_no_overlap(op, {"grad_b", gb}, in);
   }
-  const Device device =
-      detail::check_same_device(op, {{"grad_c", grad_c}, {"a", a}, {"b", b}, {"grad_a", ga}, {"grad_b", gb}});
+  detail::check_same_device(op, {{"grad_c", grad_c}, {"a", a}, {"b", b}, {"grad_a", ga}, {"grad_b", gb}});
   if (!grad_a && !grad_b) return;
-  backend_for(device).matmul_backward(grad_c, a, b, grad_a, grad_b, transpose_a, transpose_b, accumulate);
+  backend_for(grad_c, "matmul_backward")
+      .matmul_backward(grad_c, a, b, grad_a, grad_b, transpose_a, transpose_b, accumulate);
 }
 
 void bias_add(const Tensor& x, const Tensor& bias, Tensor& y) {
@@ -124,8 +123,8 @@ void bias_add(const Tensor& x, const Tensor& bias, Tensor& y) {
   check_no_overlap(op, {"y", y}, {"bias", bias});
   TESSERA_CHECK(!overlaps(y, x) || y.data_ptr() == x.data_ptr(), op,
                 ": 'y' partly overlaps 'x'; pass x itself (in place) or a separate tensor");
-  const Device device = detail::check_same_device(op, {{"x", x}, {"bias", bias}, {"y", y}});
-  backend_for(device).bias_add(x, bias, y);
+  detail::check_same_device(op, {{"x", x}, {"bias", bias}, {"y", y}});
+  backend_for(x, "bias_add").bias_add(x, bias, y);
 }
 
 void bias_add_backward(const Tensor& grad_y, Tensor& grad_bias, bool accumulate) {
@@ -135,8 +134,8 @@ void bias_add_backward(const Tensor& grad_y, Tensor& grad_bias, bool accumulate)
   check_output_dtype(op, {"grad_bias", grad_bias}, grad_y.dtype());
   detail::check_shape(op, {"grad_bias", grad_bias}, Shape{detail::last_dim(grad_y)});
   check_no_overlap(op, {"grad_bias", grad_bias}, {"grad_y", grad_y});
-  const Device device = detail::check_same_device(op, {{"grad_y", grad_y}, {"grad_bias", grad_bias}});
-  backend_for(device).bias_add_backward(grad_y, grad_bias, accumulate);
+  detail::check_same_device(op, {{"grad_y", grad_y}, {"grad_bias", grad_bias}});
+  backend_for(grad_y, "bias_add_backward").bias_add_backward(grad_y, grad_bias, accumulate);
 }
 
 }  // namespace tessera::ops

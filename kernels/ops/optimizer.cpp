@@ -46,7 +46,7 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
                     finite(params.grad_scale),
                 op, ": lr, eps (≥ 0), weight_decay and grad_scale must be finite, got lr = ", params.lr,
                 ", eps = ", params.eps, ", weight_decay = ", params.weight_decay, ", grad_scale = ", params.grad_scale);
-  backend_for(param.device()).adamw_step(param, grad, m, v, params, param_copy);
+  backend_for(param, "adamw_step").adamw_step(param, grad, m, v, params, param_copy);
 }
 
 void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdParams& params, Tensor* param_copy) {
@@ -65,7 +65,7 @@ void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const 
   TESSERA_CHECK(!params.nesterov || (params.momentum > 0.0f && params.dampening == 0.0f), op,
                 ": nesterov momentum requires momentum > 0 and dampening = 0 (got momentum = ", params.momentum,
                 ", dampening = ", params.dampening, ")");
-  backend_for(param.device()).sgd_step(param, grad, momentum_buffer, params, param_copy);
+  backend_for(param, "sgd_step").sgd_step(param, grad, momentum_buffer, params, param_copy);
 }
 
 }  // namespace tessera::ops

@@ -20,7 +20,7 @@ void run_reduce(std::string_view op, ReduceKind kind, const Tensor& x, Tensor& o
   if (kind == ReduceKind::max)
     TESSERA_CHECK(x.numel() > 0, op, ": 'x' is empty; the maximum of no elements is undefined");
   TESSERA_CHECK(!x.shares_storage_with(out), op, ": 'out' must not share memory with 'x'");
-  backend_for(x.device()).reduce(kind, x, out);
+  backend_for(x, "reduce").reduce(kind, x, out);
 }
 
 // x is undefined for sum and mean (their gradient needs only grad_x's shape).
@@ -36,7 +36,7 @@ void run_backward(std::string_view op, ReduceKind kind, const Tensor& x, const T
   }
   detail::check_same_device(op, {{"x", x}, {"grad_out", grad_out}, {"grad_x", grad_x}});
   TESSERA_CHECK(!grad_out.shares_storage_with(grad_x), op, ": 'grad_x' must not share memory with 'grad_out'");
-  backend_for(grad_x.device()).reduce_backward(kind, x, grad_out, grad_x);
+  backend_for(grad_x, "reduce_backward").reduce_backward(kind, x, grad_out, grad_x);
 }
 
 }  // namespace

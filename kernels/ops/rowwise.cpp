@@ -62,7 +62,7 @@ void softmax_forward(const Tensor& x, Tensor& y) {
   check_rows_input(op, {"x", x});
   check_like(op, {"y", y}, {"x", x});
   detail::check_same_device(op, {{"x", x}, {"y", y}});
-  backend_for(x.device()).softmax_forward(x, y);
+  backend_for(x, "softmax_forward").softmax_forward(x, y);
 }
 
 void softmax_backward(const Tensor& y, const Tensor& grad_y, Tensor& grad_x) {
@@ -71,7 +71,7 @@ void softmax_backward(const Tensor& y, const Tensor& grad_y, Tensor& grad_x) {
   check_like(op, {"grad_y", grad_y}, {"y", y});
   check_like(op, {"grad_x", grad_x}, {"y", y});
   detail::check_same_device(op, {{"y", y}, {"grad_y", grad_y}, {"grad_x", grad_x}});
-  backend_for(y.device()).softmax_backward(y, grad_y, grad_x);
+  backend_for(y, "softmax_backward").softmax_backward(y, grad_y, grad_x);
 }
 
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& logsumexp,
@@ -85,7 +85,7 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& 
   check_per_row(op, {"logsumexp", logsumexp}, n);
   detail::check_same_device(op,
                             {{"logits", logits}, {"targets", targets}, {"losses", losses}, {"logsumexp", logsumexp}});
-  backend_for(logits.device()).cross_entropy_forward(logits, targets, losses, logsumexp, ignore_index);
+  backend_for(logits, "cross_entropy_forward").cross_entropy_forward(logits, targets, losses, logsumexp, ignore_index);
 }
 
 void cross_entropy_backward(const Tensor& logits, const Tensor& logsumexp, const Tensor& targets,
@@ -105,7 +105,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& logsumexp, const
                                  {"targets", targets},
                                  {"grad_losses", grad_losses},
                                  {"grad_logits", grad_logits}});
-  backend_for(logits.device())
+  backend_for(logits, "cross_entropy_backward")
       .cross_entropy_backward(logits, logsumexp, targets, grad_losses, grad_logits, ignore_index, vocab_begin,
                               vocab_size == 0 ? width : vocab_size);
 }
@@ -115,7 +115,7 @@ void cross_entropy_shard_max(const Tensor& logits, Tensor& row_max) {
   check_rows_input(op, {"logits", logits});
   check_per_row(op, {"row_max", row_max}, detail::rows(logits));
   detail::check_same_device(op, {{"logits", logits}, {"row_max", row_max}});
-  backend_for(logits.device()).cross_entropy_shard_max(logits, row_max);
+  backend_for(logits, "cross_entropy_shard_max").cross_entropy_shard_max(logits, row_max);
 }
 
 void cross_entropy_shard_sums(const Tensor& logits, const Tensor& targets, const Tensor& row_max, int64_t vocab_begin,
@@ -131,7 +131,8 @@ void cross_entropy_shard_sums(const Tensor& logits, const Tensor& targets, const
   TESSERA_CHECK(vocab_begin >= 0, op, ": vocab_begin must be >= 0 (the shard's first vocabulary column), got ",
                 vocab_begin);
   detail::check_same_device(op, {{"logits", logits}, {"targets", targets}, {"row_max", row_max}, {"sums", sums}});
-  backend_for(logits.device()).cross_entropy_shard_sums(logits, targets, row_max, vocab_begin, sums, ignore_index);
+  backend_for(logits, "cross_entropy_shard_sums")
+      .cross_entropy_shard_sums(logits, targets, row_max, vocab_begin, sums, ignore_index);
 }
 
 void cross_entropy_shard_finish(const Tensor& row_max, const Tensor& sums, const Tensor& targets, int64_t vocab_size,
@@ -147,7 +148,7 @@ void cross_entropy_shard_finish(const Tensor& row_max, const Tensor& sums, const
   TESSERA_CHECK(vocab_size >= 1, op, ": vocab_size must be >= 1 (the whole vocabulary, every shard), got ", vocab_size);
   detail::check_same_device(
       op, {{"row_max", row_max}, {"sums", sums}, {"targets", targets}, {"losses", losses}, {"logsumexp", logsumexp}});
-  backend_for(targets.device())
+  backend_for(targets, "cross_entropy_shard_finish")
       .cross_entropy_shard_finish(row_max, sums, targets, vocab_size, losses, logsumexp, ignore_index);
 }
 
@@ -164,7 +165,7 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
   check_eps(op, eps);
   detail::check_same_device(op,
                             {{"x", x}, {"weight", weight}, {"bias", bias}, {"y", y}, {"mean", mean}, {"rstd", rstd}});
-  backend_for(x.device()).layernorm_forward(x, weight, bias, y, mean, rstd, eps);
+  backend_for(x, "layernorm_forward").layernorm_forward(x, weight, bias, y, mean, rstd, eps);
 }
 
 void layernorm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& mean,
@@ -189,7 +190,8 @@ void layernorm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& wei
                                  {"grad_x", grad_x},
                                  {"grad_weight", grad_weight},
                                  {"grad_bias", grad_bias_arg}});
-  backend_for(x.device()).layernorm_backward(grad_y, x, weight, mean, rstd, grad_x, grad_weight, grad_bias, accumulate);
+  backend_for(x, "layernorm_backward")
+      .layernorm_backward(grad_y, x, weight, mean, rstd, grad_x, grad_weight, grad_bias, accumulate);
 }
 
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps) {
@@ -201,7 +203,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& r
   check_per_row(op, {"rstd", rstd}, rows);
   check_eps(op, eps);
   detail::check_same_device(op, {{"x", x}, {"weight", weight}, {"y", y}, {"rstd", rstd}});
-  backend_for(x.device()).rmsnorm_forward(x, weight, y, rstd, eps);
+  backend_for(x, "rmsnorm_forward").rmsnorm_forward(x, weight, y, rstd, eps);
 }
 
 void rmsnorm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& grad_x,
@@ -220,7 +222,7 @@ void rmsnorm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weigh
                                  {"rstd", rstd},
                                  {"grad_x", grad_x},
                                  {"grad_weight", grad_weight}});
-  backend_for(x.device()).rmsnorm_backward(grad_y, x, weight, rstd, grad_x, grad_weight, accumulate);
+  backend_for(x, "rmsnorm_backward").rmsnorm_backward(grad_y, x, weight, rstd, grad_x, grad_weight, accumulate);
 }
 
 }  // namespace tessera::ops

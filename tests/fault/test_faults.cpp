@@ -105,20 +105,35 @@ TEST(Faults, HangOfAPipelineStageIsNamedInTheTransfer) {
 // never waits for an NCCL collective, so the watchdog's thread must notice
 // it is late, report, abort the communicator and end the process. Needs two
 // GPUs (NCCL refuses two ranks on one device); skipped here, where no GPU exists.
-TEST(Faults, NcclHangIsReportedByTheWatchdogAndEndsTheJob) {
-  Context ctx;
-  if (ctx.cuda_device_count() < 2)
-    GTEST_SKIP() << "needs 2 CUDA devices, this machine has " << ctx.cuda_device_count() << " (" << no_gpu_reason()
-                 << ")";
-  ScratchDirectory dir("tessera_faults_");
+// A hang with device tensors: the host only queues the collectives, so the
+// device communicator's watchdog thread must report it and end the job. With
+// NCCL where two GPUs exist; on the emulated device (the same stream
+// communicator and watchdog, MPI requests in place of NCCL calls) everywhere.
+void expect_device_hang_reported(const std::string& device, const std::string& library, const ScratchDirectory& dir) {
+  SCOPED_TRACE(device);
   const FaultEnvironment fault("hang@3:1");
   const Outcome out = run_job(
       2,
-      joined(gpt_args(), {"--device", "cuda", "--comm-backend", "nccl", "--train-steps", "6", "--comm-timeout", "4"}),
-      dir / "nccl_hang.log", seconds(60));
-  expect_ended_by_fault(out, 4.0,
-                        {"TESSERA_FAULT: hang at step 3 on rank 1", "[rank 0] NCCL watchdog: communicator '",
-                         "did not complete within 4.0 s (--comm-timeout)", "rank 0 aborts NCCL communicator"});
+      joined(gpt_args(), {"--device", device, "--comm-backend", "nccl", "--train-steps", "6", "--comm-timeout", "4"}),
+      dir / (device + "_hang.log"), seconds(60));
+  expect_ended_by_fault(
+      out, 4.0,
+      {"TESSERA_FAULT: hang at step 3 on rank 1", "[rank 0] " + library + " watchdog: communicator '",
+       "did not complete within 4.0 s (--comm-timeout)", "rank 0 aborts " + library + " communicator"});
+}
+
+TEST(Faults, ADeviceCollectiveHangIsReportedByTheWatchdogOnTheEmulatedDevice) {
+  ScratchDirectory dir("tessera_faults_");
+  expect_device_hang_reported("emu", "emulated device channel (MPI)", dir);
+}
+
+TEST(Faults, NcclHangIsReportedByTheWatchdogAndEndsTheJob) {
+  Context ctx;
+  if (ctx.cuda_device_count() < 2)
+    GTEST_SKIP() << "needs 2 CUDA devices (NCCL puts one rank on each), this machine has " << ctx.cuda_device_count()
+                 << " (" << no_gpu_reason() << "); the emulated-device test runs the same watchdog here";
+  ScratchDirectory dir("tessera_faults_");
+  expect_device_hang_reported("cuda", "NCCL", dir);
 }
 
 TEST(Faults, CrashOfOneRankEndsTheJobAndTheLastCheckpointResumes) {

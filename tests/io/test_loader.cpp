@@ -3,7 +3,9 @@
 // and epochs differ; data-parallel shards are disjoint and together form the
 // single-rank global batch; evaluation covers every sample once, in order;
 // token windows are valid and targets are the inputs shifted by one; the
-// thread stops cleanly mid-epoch; a reader failure reaches next().
+// thread stops cleanly mid-epoch; a reader failure reaches next(); delivery
+// to a device (emulated here) binds the worker thread to the device and keeps
+// every batch intact through the copy stream.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +15,8 @@
 #include <random>
 #include <set>
 
+#include "core/device_runtime.h"
+#include "core/emulated_runtime.h"
 #include "core/error.h"
 #include "io/loader.h"
 #include "tests/io/io_test_files.h"
@@ -463,6 +467,59 @@ TEST(Loader, GpuDeliversToTheDevice) {
     EXPECT_EQ(batch.targets.device(), Device::cuda(0));
     expect_classification_batch(batch, data, loader.batch_indices(0, step), DType::bf16);
   }
+}
+
+// The worker thread allocates pinned memory and copies on the device, so it
+// binds to the rank's device first. In a process that uses emu:1 only (rank 1
+// of a node), a worker that did not would run on device 0: on a GPU that
+// creates a context on GPU 0 for every rank; the emulated runtime refuses it,
+// so this test fails without the binding. Batches arrive whole through the
+// copy stream, in every input dtype, over more steps than the prefetch depth
+// (pinned buffers are reused only after their copies finish).
+TEST(Loader, DeliveryToADeviceBindsTheWorkerThreadAndKeepsTheBatches) {
+  TESSERA_SEED_TRACE();
+  emulated::reset_for_tests();
+  const Device device = Device::emulated(1);
+  bind_thread_to_device(device);
+  {
+    Context ctx;
+    auto rng = make_rng();
+    TempDir dir;
+    const std::string images = dir.file("images.h5"), tokens = dir.file("tokens.h5");
+    const ClassificationFile data = random_classification(rng, 64, 1, 5, 5, 3);
+    write_classification(images, data);
+    for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)));
+      LoaderOptions options;
+      options.batch_size = 8;
+      options.seed = rng();
+      options.input_dtype = dtype;
+      options.device = device;
+      options.prefetch = 2;
+      DataLoader loader(ctx, images, options);
+      for (int64_t step = 0; step < 6; ++step) {
+        const io::Batch batch = loader.next();
+        EXPECT_EQ(batch.inputs.device(), device);
+        EXPECT_EQ(batch.targets.device(), device);
+        expect_classification_batch(batch, data, loader.batch_indices(0, step), dtype);
+      }
+    }
+    write_tokens(tokens, random_tokens(rng, 500, 50), H5T_STD_I32LE, 50);
+    LoaderOptions options;
+    options.batch_size = 3;
+    options.seq_length = 9;
+    options.seed = rng();
+    LoaderOptions on_device = options;
+    on_device.device = device;
+    DataLoader host(ctx, tokens, options), delivered(ctx, tokens, on_device);
+    for (int step = 0; step < 5; ++step) {
+      const io::Batch a = host.next(), b = delivered.next();
+      EXPECT_EQ(b.inputs.device(), device);
+      EXPECT_EQ(a.inputs.to_vector<int32_t>(), b.inputs.to_vector<int32_t>());
+      EXPECT_EQ(a.targets.to_vector<int32_t>(), b.targets.to_vector<int32_t>());
+    }
+  }
+  emulated::reset_for_tests();
 }
 
 }  // namespace

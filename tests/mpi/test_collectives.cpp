@@ -17,11 +17,16 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <stdexcept>
 #include <thread>
 
 #include "core/context.h"
+#include "core/device_runtime.h"
+#include "core/emulated_runtime.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/process_group.h"
+#include "parallel/stream_communicator.h"
 #include "tests/kernels/dtype_params.h"
 #include "tests/mpi/mpi_test.h"
 #include "tests/support/test_support.h"
@@ -472,23 +477,30 @@ TEST_F(MpiCommunicatorTest, DroppedHandleAndDestroyedCommunicatorStillComplete) 
   EXPECT_EQ(kept.to_vector<int32_t>(), std::vector<int32_t>(1000, ranks_));
 }
 
+// Device tensors through MPI alone (--comm-backend mpi, or no NCCL): staged
+// through pinned host memory. On the emulated device always, on a GPU where
+// there is one.
 TEST_F(MpiCommunicatorTest, DeviceTensorsAreStagedThroughTheHost) {
-  TESSERA_REQUIRE_GPU(ctx_);
   TESSERA_SEED_TRACE();
   auto rng = make_rng();
-  const Device gpu = Device::cuda(mpi_env().local_rank() % ctx_.cuda_device_count());
-  for (DType dtype : {DType::f32, DType::bf16}) {
-    const auto inputs = every_ranks_values(dtype, 333, ranks_, rng);
-    Tensor tensor = ctx_.from_doubles(Shape{333}, dtype, inputs[size_t(me_)], gpu);
-    world_->all_reduce(tensor, ReduceOp::avg)->wait();
-    std::vector<double> expected(333);
-    for (size_t i = 0; i < expected.size(); ++i) expected[i] = reduce_reference(dtype, ReduceOp::avg, inputs, i);
-    EXPECT_TRUE(all_close(tensor, expected, exact_for(ranks_)));
-    Tensor gathered = poisoned(ctx_, Shape{333 * ranks_}, dtype, gpu);
-    world_->all_gather(ctx_.from_doubles(Shape{333}, dtype, inputs[size_t(me_)], gpu), gathered)->wait();
-    std::vector<double> all;
-    for (const auto& in : inputs) all.insert(all.end(), in.begin(), in.end());
-    EXPECT_TRUE(all_close(gathered, all, {0, 0}));
+  std::vector<Device> devices = {Device::emulated(mpi_env().local_rank() % emulated::kDeviceCount)};
+  if (gpu_available(ctx_)) devices.push_back(Device::cuda(mpi_env().local_rank() % ctx_.cuda_device_count()));
+  for (const Device gpu : devices) {
+    SCOPED_TRACE(gpu.to_string());
+    bind_thread_to_device(gpu);
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      const auto inputs = every_ranks_values(dtype, 333, ranks_, rng);
+      Tensor tensor = ctx_.from_doubles(Shape{333}, dtype, inputs[size_t(me_)], gpu);
+      world_->all_reduce(tensor, ReduceOp::avg)->wait();
+      std::vector<double> expected(333);
+      for (size_t i = 0; i < expected.size(); ++i) expected[i] = reduce_reference(dtype, ReduceOp::avg, inputs, i);
+      EXPECT_TRUE(all_close(tensor, expected, exact_for(ranks_)));
+      Tensor gathered = poisoned(ctx_, Shape{333 * ranks_}, dtype, gpu);
+      world_->all_gather(ctx_.from_doubles(Shape{333}, dtype, inputs[size_t(me_)], gpu), gathered)->wait();
+      std::vector<double> all;
+      for (const auto& in : inputs) all.insert(all.end(), in.begin(), in.end());
+      EXPECT_TRUE(all_close(gathered, all, {0, 0}));
+    }
   }
 }
 
@@ -528,6 +540,38 @@ TEST(CommBackend, HostDevicesGetMpiAndNcclNeedsACudaDevice) {
   }
 }
 
+// The device channels: NCCL on CUDA devices, the emulated channel on emu:N,
+// both behind the same stream communicator (parallel/stream_communicator.h).
+// Each rank takes its node-local rank's device. NCCL does not support two
+// ranks on one GPU, so the CUDA case runs only where every rank of the node
+// has a GPU of its own and says why it is skipped otherwise; the emulated case
+// runs everywhere.
+class DeviceChannel : public ::testing::TestWithParam<DeviceType> {
+ protected:
+  void SetUp() override {
+    const int local = mpi_env().local_rank(), ranks_here = mpi_env().local_size();
+    if (GetParam() == DeviceType::emulated) {
+      device_ = Device::emulated(local % emulated::kDeviceCount);
+    } else if (!gpu_available(ctx_)) {
+      GTEST_SKIP() << no_gpu_reason();
+    } else if (ctx_.cuda_device_count() < ranks_here) {
+      GTEST_SKIP() << "skipped: NCCL needs one GPU per rank, and this node runs " << ranks_here << " ranks on "
+                   << ctx_.cuda_device_count() << " GPU(s); run with at most " << ctx_.cuda_device_count()
+                   << " ranks per node";
+    } else {
+      device_ = Device::cuda(local);
+    }
+    bind_thread_to_device(device_);
+  }
+
+  Context ctx_;
+  Device device_;  // this rank's: its node-local rank's device
+};
+
+std::string device_type_name(const ::testing::TestParamInfo<DeviceType>& info) {
+  return info.param == DeviceType::cuda ? "Nccl" : "Emulated";
+}
+
 // NCCL reduces in the element type (bf16/f16 partial sums are rounded) and
 // its avg may pre-scale: tolerances, not exact references, for floats.
 Tolerance nccl_tolerance(DType dtype) {
@@ -543,62 +587,79 @@ Tolerance nccl_tolerance(DType dtype) {
   }
 }
 
-TEST(Nccl, EveryCollectiveOnTheDevice) {
-  Context ctx;
-  TESSERA_REQUIRE_GPU(ctx);
+TEST_P(DeviceChannel, EveryCollectiveOnTheDevice) {
+  Context& ctx = ctx_;
   TESSERA_SEED_TRACE();
   auto rng = make_rng();
-  const Device gpu = Device::cuda(mpi_env().local_rank() % ctx.cuda_device_count());
-  auto comm = parallel::make_communicator(MPI_COMM_WORLD, "nccl", ctx, gpu, parallel::CommBackend::nccl);
+  auto comm = parallel::make_device_communicator(MPI_COMM_WORLD, "nccl", ctx, device_);
+  EXPECT_NE(dynamic_cast<parallel::StreamCommunicator*>(comm.get()), nullptr);
   const int ranks = comm->size(), me = comm->rank();
   for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8}) {
     SCOPED_TRACE(std::string(dtype_name(dtype)));
     for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
       if (dtype == DType::u8 && op == ReduceOp::avg) continue;  // NCCL divides the wrapped u8 sum
       const auto inputs = every_ranks_values(dtype, 1001, ranks, rng);
-      Tensor t = ctx.from_doubles(Shape{1001}, dtype, inputs[size_t(me)], gpu);
+      Tensor t = ctx.from_doubles(Shape{1001}, dtype, inputs[size_t(me)], device_);
       comm->all_reduce(t, op)->wait();
       std::vector<double> expected(1001);
       for (size_t i = 0; i < expected.size(); ++i) expected[i] = reduce_reference(dtype, op, inputs, i);
       EXPECT_TRUE(all_close(t, expected, nccl_tolerance(dtype))) << op_name(op);
       const auto blocks = every_ranks_values(dtype, 37 * ranks, ranks, rng);
-      Tensor out = poisoned(ctx, Shape{37}, dtype, gpu);
-      comm->reduce_scatter(ctx.from_doubles(Shape{37 * ranks}, dtype, blocks[size_t(me)], gpu), out, op)->wait();
+      Tensor out = poisoned(ctx, Shape{37}, dtype, device_);
+      comm->reduce_scatter(ctx.from_doubles(Shape{37 * ranks}, dtype, blocks[size_t(me)], device_), out, op)->wait();
       std::vector<double> block(37);
       for (size_t i = 0; i < block.size(); ++i) block[i] = reduce_reference(dtype, op, blocks, size_t(me * 37) + i);
       EXPECT_TRUE(all_close(out, block, nccl_tolerance(dtype))) << "reduce_scatter " << op_name(op);
     }
     const auto inputs = every_ranks_values(dtype, 53, ranks, rng);
-    Tensor gathered = poisoned(ctx, Shape{53 * ranks}, dtype, gpu);
-    comm->all_gather(ctx.from_doubles(Shape{53}, dtype, inputs[size_t(me)], gpu), gathered)->wait();
+    Tensor gathered = poisoned(ctx, Shape{53 * ranks}, dtype, device_);
+    comm->all_gather(ctx.from_doubles(Shape{53}, dtype, inputs[size_t(me)], device_), gathered)->wait();
     std::vector<double> all;
     for (const auto& in : inputs) all.insert(all.end(), in.begin(), in.end());
     EXPECT_TRUE(all_close(gathered, all, {0, 0}));
-    Tensor b = me == ranks - 1 ? ctx.from_doubles(Shape{53}, dtype, inputs[size_t(me)], gpu)
-                               : poisoned(ctx, Shape{53}, dtype, gpu);
+    Tensor b = me == ranks - 1 ? ctx.from_doubles(Shape{53}, dtype, inputs[size_t(me)], device_)
+                               : poisoned(ctx, Shape{53}, dtype, device_);
     comm->broadcast(b, ranks - 1)->wait();
     EXPECT_TRUE(all_close(b, inputs[size_t(ranks - 1)], {0, 0}));
     const int next = (me + 1) % ranks, previous = (me + ranks - 1) % ranks;
-    Tensor incoming = poisoned(ctx, Shape{53}, dtype, gpu);
-    comm->send_recv({{P2POp::Kind::send, ctx.from_doubles(Shape{53}, dtype, inputs[size_t(me)], gpu), next},
+    Tensor incoming = poisoned(ctx, Shape{53}, dtype, device_);
+    comm->send_recv({{P2POp::Kind::send, ctx.from_doubles(Shape{53}, dtype, inputs[size_t(me)], device_), next},
                      {P2POp::Kind::recv, incoming, previous}})
         ->wait();
     EXPECT_TRUE(all_close(incoming, inputs[size_t(previous)], {0, 0}));
   }
   comm->barrier();
   auto halves = comm->split(me % 2, me, "nccl-half");
-  Tensor one = ctx.full(Shape{5}, DType::i32, 1.0, gpu);
+  Tensor one = ctx.full(Shape{5}, DType::i32, 1.0, device_);
   halves->all_reduce(one, ReduceOp::sum)->wait();
   EXPECT_EQ(one.to_vector<int32_t>(), std::vector<int32_t>(5, halves->size()));
 }
 
-TEST(Nccl, AutomaticRoutesByTheTensorsDevice) {
-  Context ctx;
-  TESSERA_REQUIRE_GPU(ctx);
-  const Device gpu = Device::cuda(mpi_env().local_rank() % ctx.cuda_device_count());
-  auto comm = parallel::make_communicator(MPI_COMM_WORLD, "auto", ctx, gpu);
+// Several operations in flight at once, tested and waited out of order: the
+// handles, events and the watchdog's bookkeeping of a stream communicator.
+TEST_P(DeviceChannel, OperationsInFlightCompleteInAnyOrder) {
+  Context& ctx = ctx_;
+  auto comm = parallel::make_device_communicator(MPI_COMM_WORLD, "inflight", ctx, device_);
+  comm->set_timeout(120);
   const int ranks = comm->size();
-  Tensor on_device = ctx.full(Shape{7}, DType::f32, 2.0, gpu);
+  std::vector<Tensor> tensors;
+  std::vector<CommHandle> handles;
+  for (int i = 0; i < 6; ++i) {
+    tensors.push_back(ctx.full(Shape{1000 + i * 4096}, DType::f32, double(i + 1), device_));
+    handles.push_back(comm->all_reduce(tensors.back(), ReduceOp::sum));
+  }
+  while (!handles[5]->test()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  for (int i = 5; i >= 0; --i) handles[size_t(i)]->wait();
+  for (int i = 0; i < 6; ++i)
+    EXPECT_EQ(tensors[size_t(i)].to_vector<float>(),
+              std::vector<float>(size_t(1000 + i * 4096), float((i + 1) * ranks)));
+}
+
+TEST_P(DeviceChannel, AutomaticRoutesByTheTensorsDevice) {
+  Context& ctx = ctx_;
+  auto comm = parallel::make_communicator(MPI_COMM_WORLD, "auto", ctx, device_);
+  const int ranks = comm->size();
+  Tensor on_device = ctx.full(Shape{7}, DType::f32, 2.0, device_);
   Tensor on_host = ctx.full(Shape{7}, DType::f32, 3.0);
   comm->all_reduce(on_device, ReduceOp::sum)->wait();
   comm->all_reduce(on_host, ReduceOp::sum)->wait();
@@ -606,6 +667,38 @@ TEST(Nccl, AutomaticRoutesByTheTensorsDevice) {
   EXPECT_EQ(on_host.to_vector<float>(), std::vector<float>(7, 3.0f * float(ranks)));
   EXPECT_EQ(comm->sequence(), 2u);
 }
+
+// A rank that throws with an operation in flight (its peer never joins it)
+// tears its communicator down at once: abort, not finalize, which would wait
+// for the peer. Rank 0 enqueues an all-reduce that rank 1 never enqueues and
+// throws; then both pass a host barrier, which rank 0 reaches only if its
+// teardown returned.
+TEST_P(DeviceChannel, ARankThatThrowsWithAnOperationInFlightTearsDownWithoutWaiting) {
+  Context& ctx = ctx_;
+  std::unique_ptr<Communicator> host = parallel::make_mpi_communicator(MPI_COMM_WORLD, "host");
+  host->set_timeout(120);
+  const int me = host->rank();
+  bool threw = false;
+  try {
+    auto comm = parallel::make_device_communicator(MPI_COMM_WORLD, "doomed", ctx, device_);
+    comm->set_timeout(600);  // the watchdog must not be what ends it
+    Tensor t = ctx.full(Shape{1 << 16}, DType::f32, 1.0, device_);
+    CommHandle pending;
+    if (me == 0) pending = comm->all_reduce(t, ReduceOp::sum);
+    host->barrier();
+    if (me == 0) {
+      (void)pending.release();  // an operation that will never finish, left in flight
+      throw std::runtime_error("rank 0 failed mid-step");
+    }
+  } catch (const std::runtime_error&) {
+    threw = true;
+  }
+  EXPECT_EQ(threw, me == 0);
+  host->barrier();
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, DeviceChannel, ::testing::Values(DeviceType::cuda, DeviceType::emulated),
+                         device_type_name);
 
 // ---------------------------------------------------------------------------
 

@@ -4,8 +4,9 @@
 // forgotten, a late one is reported once after (never before) its deadline
 // with the communicator, sequence number, operation and timeout, a health
 // error (or a probe that throws) is reported at once naming what was
-// pending, operations without a deadline are never late, and the destructor
-// stops the thread quietly.
+// pending, a device fault is reported as the device's, operations without a
+// deadline are never late, the destructor stops the thread quietly, and the
+// thread binds to the device before its probes touch it (emulated events).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -15,6 +16,9 @@
 #include <string>
 #include <thread>
 
+#include "core/device_runtime.h"
+#include "core/emulated_runtime.h"
+#include "core/stream.h"
 #include "parallel/operation_watchdog.h"
 
 namespace tessera::parallel {
@@ -23,23 +27,31 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-// What on_failure saw: how often it ran and the report.
+// What on_failure saw: how often it ran, the kind of failure and the report.
 struct Failures {
   std::mutex mutex;
   int calls = 0;
+  OperationWatchdog::Failure::Kind kind{};
   std::string report;
   OperationWatchdog::FailureHandler handler() {
-    return [this](const std::string& text) {
+    return [this](const OperationWatchdog::Failure& failure) {
       std::lock_guard lock(mutex);
       ++calls;
-      report = text;
+      kind = failure.kind;
+      report = failure.report;
     };
   }
   int count() {
     std::lock_guard lock(mutex);
     return calls;
   }
+  OperationWatchdog::Failure::Kind last_kind() {
+    std::lock_guard lock(mutex);
+    return kind;
+  }
 };
+
+using Kind = OperationWatchdog::Failure::Kind;
 
 // Waits up to `limit` for `condition`.
 template <typename Condition>
@@ -81,6 +93,7 @@ TEST(OperationWatchdog, ALateOperationIsReportedOnceAfterItsDeadline) {
   const double waited = std::chrono::duration<double>(Clock::now() - start).count();
   EXPECT_GE(waited, 0.3);
   EXPECT_TRUE(watchdog.failed());
+  EXPECT_EQ(failures.last_kind(), Kind::late);
   const std::string report = watchdog.report();
   EXPECT_EQ(report, failures.report);
   EXPECT_NE(report.find("communicator 'tp': operation 7 (all_reduce sum of 4096 bytes) did not complete within 0.3 s "
@@ -108,6 +121,7 @@ TEST(OperationWatchdog, AnAsynchronousErrorIsReportedAtOnceNamingWhatWasPending)
   EXPECT_FALSE(watchdog.failed());
   broken = true;
   ASSERT_TRUE(eventually([&] { return failures.count() > 0; }));
+  EXPECT_EQ(failures.last_kind(), Kind::communication);
   const std::string report = watchdog.report();
   EXPECT_NE(report.find("communicator 'pp': asynchronous error: remote process exited or there was a network error"),
             std::string::npos)
@@ -123,10 +137,67 @@ TEST(OperationWatchdog, AProbeThatThrowsIsAFailure) {
     throw std::runtime_error("cudaEventQuery: an illegal memory access was encountered");
   });
   ASSERT_TRUE(eventually([&] { return failures.count() > 0; }));
+  EXPECT_EQ(failures.last_kind(), Kind::communication);
   EXPECT_NE(watchdog.report().find("asynchronous error: cudaEventQuery: an illegal memory access was encountered; "
                                    "pending on this rank: operation 11"),
             std::string::npos)
       << watchdog.report();
+}
+
+// A probe that finds the device itself failed (DeviceFault) is reported as
+// the device's failure, not the communication's.
+TEST(OperationWatchdog, ADeviceFaultIsReportedAsTheDevicesFailure) {
+  Failures failures;
+  OperationWatchdog watchdog("tp", nullptr, failures.handler(), 5ms);
+  watchdog.watch("all_reduce sum of 8 bytes", 4, 600.0,
+                 []() -> bool { throw OperationWatchdog::DeviceFault("an illegal memory access was encountered"); });
+  ASSERT_TRUE(eventually([&] { return failures.count() > 0; }));
+  EXPECT_EQ(failures.last_kind(), Kind::device);
+  EXPECT_NE(watchdog.report().find("communicator 'tp': the device failed: an illegal memory access was encountered; "
+                                   "pending on this rank: operation 4"),
+            std::string::npos)
+      << watchdog.report();
+  EXPECT_EQ(watchdog.report().find("asynchronous error"), std::string::npos) << watchdog.report();
+}
+
+// The probes query device events from the watchdog's own thread, so the
+// thread binds to the device first (thread_setup). On the emulated device a
+// thread that does not is refused, as it would create a context on device 0 of
+// a GPU node; a process using emu:1 only shows both sides.
+TEST(OperationWatchdog, ItsThreadBindsToTheDeviceBeforeTheProbesTouchIt) {
+  emulated::reset_for_tests();
+  const Device device = Device::emulated(1);
+  bind_thread_to_device(device);
+  Stream stream = Stream::create(device);
+  Event done(device);
+  done.record(stream);
+  {
+    Failures failures;
+    OperationWatchdog watchdog("dp", nullptr, failures.handler(), 5ms, [device] { bind_thread_to_device(device); });
+    watchdog.watch("all_reduce sum of 8 bytes", 1, 600.0, [&] { return done.ready(); });
+    EXPECT_TRUE(eventually([&] { return watchdog.pending() == 0; }));
+    EXPECT_EQ(failures.count(), 0) << failures.report;
+  }
+  {
+    Failures failures;
+    OperationWatchdog unbound("dp", nullptr, failures.handler(), 5ms);
+    unbound.watch("all_reduce sum of 8 bytes", 1, 600.0, [&] { return done.ready(); });
+    ASSERT_TRUE(eventually([&] { return failures.count() > 0; }));
+    EXPECT_NE(unbound.report().find("event_query (about emu:1) ran on a thread whose current device is emu:0, a "
+                                    "device this process does not use"),
+              std::string::npos)
+        << unbound.report();
+  }
+  emulated::reset_for_tests();
+}
+
+TEST(OperationWatchdog, AThreadSetupThatThrowsIsReported) {
+  Failures failures;
+  OperationWatchdog watchdog("pp", nullptr, failures.handler(), 5ms,
+                             [] { throw std::runtime_error("no such device emu:9"); });
+  ASSERT_TRUE(eventually([&] { return failures.count() > 0; }));
+  EXPECT_NE(failures.report.find("the watchdog thread could not start: no such device emu:9"), std::string::npos)
+      << failures.report;
 }
 
 TEST(OperationWatchdog, StopsQuietlyWithOperationsPending) {

@@ -1,4 +1,4 @@
-// Built instead of parallel/cuda/nccl_communicator.cpp when the CUDA backend
+// Built instead of parallel/cuda/nccl_channel.cpp when the CUDA backend
 // is not: there is no NCCL, and asking for it says how to get it.
 #include "core/error.h"
 #include "parallel/process_group.h"
