@@ -91,17 +91,23 @@ int inspect(const std::string& given) {
                 tensor.shape.to_string().c_str(), std::string(dtype_name(tensor.dtype)).c_str(),
                 human_bytes(bytes).c_str(), tensor.crc32, ok ? "ok" : "MISMATCH");
   }
+  for (const auto& [name, complaint] : reader.damaged())
+    std::printf("  %-*s  DAMAGED: HDF5 cannot read its header (%s)\n", int(name_width), name.c_str(),
+                complaint.c_str());
   if (bad.empty()) {
     std::printf("checksums: all %zu tensors verified\n", reader.tensors().size());
     return 0;
   }
   std::string names;
   for (const std::string& name : bad) names += (names.empty() ? "" : ", ") + name;
-  std::printf("checksums: %zu of %zu tensors do not match\n", bad.size(), reader.tensors().size());
+  const size_t damaged = reader.damaged().size();
+  std::printf("checksums: %zu of %zu tensors do not match%s\n", bad.size() - damaged, reader.tensors().size(),
+              damaged ? (", " + std::to_string(damaged) + " damaged").c_str() : "");
   std::fprintf(stderr,
-               "tessera checkpoint inspect: checksum mismatch in %zu tensor%s of %s: %s; the checkpoint is corrupt, "
+               "tessera checkpoint inspect: checksum mismatch%s in %zu tensor%s of %s: %s; the checkpoint is corrupt, "
                "use an earlier one\n",
-               bad.size(), bad.size() == 1 ? "" : "s", reader.path().c_str(), names.c_str());
+               damaged ? " or a damaged header" : "", bad.size(), bad.size() == 1 ? "" : "s", reader.path().c_str(),
+               names.c_str());
   return 1;
 }
 

@@ -7,6 +7,8 @@
 //   tessera info        this build's backends, devices and libraries
 //   tessera selfcheck   every operator checked on this machine's CPU (and GPU)
 //   tessera --version   the build: version, CUDA, cuDNN, NCCL, MPI, HDF5, BLAS
+// A bad command line is reported as such, with the flag or command a typo or
+// another trainer's name meant (--learning-rate: --lr; trian: train).
 // Only main() catches errors: it prints them (with rank and call site) and exits non-zero;
 // under several MPI ranks it then calls MPI_Abort, so a rank that fails never
 // leaves the others waiting in a collective.
@@ -15,6 +17,7 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "apps/checkpoint_command.h"
 #include "apps/plot_command.h"
@@ -45,9 +48,63 @@ std::string build_description() {
   return text;
 }
 
+// What was wrong with the command line, one line each. Arguments CLI11 did
+// not expect (an ExtrasError) get a suggestion: the flag a typo or another
+// trainer's name meant (--learning-rate: --lr), the command a typo meant
+// (trian: train), or the command a flag belongs to (tessera --lr 3).
+std::vector<std::string> bad_command_line(const CLI::App& app, const CLI::ParseError& error) {
+  if (dynamic_cast<const CLI::ExtrasError*>(&error) == nullptr) return {error.what()};
+  std::vector<std::string> lines;
+  const auto all = [](const CLI::App& command) {
+    return command.get_subcommands([](const CLI::App*) { return true; });
+  };
+  // The arguments `command` (called `path`) did not expect.
+  const auto explain = [&](const CLI::App& command, const std::string& path) {
+    const std::vector<std::string> args = command.remaining();
+    for (size_t i = 0; i < args.size(); ++i) {
+      const std::string& arg = args[i];
+      const bool number = arg.find_first_not_of("0123456789.eE+-") == std::string::npos;
+      if (arg.size() > 1 && arg[0] == '-' && !number) {
+        const std::string name = arg.substr(0, arg.find('='));
+        std::string hint = tessera::app::suggestion_text(tessera::app::suggest_flag(command, arg));
+        for (const CLI::App* sub : all(command))
+          if (hint.empty() && sub->get_option_no_throw(name) != nullptr)
+            hint = "it is a flag of `" + path + " " + sub->get_name() + "`: write it after the command (" + path + " " +
+                   sub->get_name() + " " + name + " ...)";
+        lines.push_back("unknown flag " + name + " for `" + path + "`" + (hint.empty() ? "" : "; " + hint));
+        // The value given to it is an extra of its own: not worth a line.
+        const bool valued = arg.find('=') != std::string::npos;
+        if (!valued && i + 1 < args.size() && (args[i + 1].empty() || args[i + 1][0] != '-')) ++i;
+        continue;
+      }
+      std::vector<std::string> commands;
+      for (const CLI::App* sub : all(command)) commands.push_back(sub->get_name());
+      if (commands.empty()) {
+        lines.push_back("unexpected argument '" + arg + "' for `" + path + "` (its flags start with --)");
+        continue;
+      }
+      const std::string near = tessera::app::closest_name(arg, commands);
+      std::string names;
+      for (const std::string& name : commands) names += (names.empty() ? "" : ", ") + name;
+      lines.push_back("'" + arg + "' is not a command of `" + path + "`; " +
+                      (near.empty() ? "its commands are " + names : "did you mean `" + path + " " + near + "`?"));
+      if (!near.empty()) return;  // what follows was meant for that command
+    }
+  };
+  explain(app, "tessera");
+  for (const CLI::App* command : app.get_subcommands()) {
+    explain(*command, "tessera " + command->get_name());
+    for (const CLI::App* sub : command->get_subcommands())
+      explain(*sub, "tessera " + command->get_name() + " " + sub->get_name());
+  }
+  if (lines.empty()) lines.push_back(error.what());
+  return lines;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  tessera::skip_hdf5_shutdown_at_exit();  // no "infinite loop closing library" after a damaged file
   CLI::App app{"Tessera: data-, tensor- and pipeline-parallel training on MPI ranks"};
   app.require_subcommand(0, 1);
   int exit_code = 0;
@@ -62,7 +119,8 @@ int main(int argc, char** argv) {
   tessera::app::add_train_options(*train, train_config);
   train->callback([&] {
     mpi.emplace();
-    tessera::app::apply_config_file(*train, train_config);
+    const tessera::app::ConfigFileLines from_file = tessera::app::apply_config_file(*train, train_config);
+    tessera::app::refuse_unused_settings(*train, train_config, from_file);
     // 0, or 128 + signal when SIGTERM/SIGUSR1 stopped a run with no --save.
     exit_code = tessera::app::train(train_config).exit_code();
   });
@@ -91,10 +149,17 @@ int main(int argc, char** argv) {
       return 2;
     }
   } catch (const CLI::ParseError& error) {
+    if (error.get_exit_code() == 0) return app.exit(error);  // --help
     // Under a launcher every rank parses the same bad command line: say which rank speaks.
     const int rank = tessera::launcher_rank();
-    if (rank >= 0 && error.get_exit_code() != 0) std::fprintf(stderr, "tessera: [rank %d] bad command line:\n", rank);
-    return app.exit(error);
+    const std::string prefix = rank >= 0 ? "tessera: [rank " + std::to_string(rank) + "] " : "tessera: ";
+    for (const std::string& line : bad_command_line(app, error))
+      std::fprintf(stderr, "%sbad command line: %s\n", prefix.c_str(), line.c_str());
+    const std::vector<CLI::App*> commands = app.get_subcommands();
+    const std::string command = commands.empty() ? "tessera" : "tessera " + commands.front()->get_name();
+    std::fprintf(stderr, "%srun `%s --help` for the %s\n", prefix.c_str(), command.c_str(),
+                 commands.empty() ? "commands" : "flags");
+    return error.get_exit_code();
   } catch (const std::exception& error) {
     if (mpi && mpi->world_size() > 1) {
       std::fprintf(stderr, "tessera: %s\ntessera: rank %d failed; aborting all %d ranks\n", error.what(),

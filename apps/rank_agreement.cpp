@@ -24,8 +24,11 @@ Settings settings_to_agree(const TrainConfig& c, const std::optional<io::Dataset
   Settings out;
   for (auto& [key, value] : settings(c))
     if (!may_differ.count(key)) out.emplace_back("--" + key, value);
-  if (data) out.emplace_back("the --data file's contents", data->describe());
-  if (eval) out.emplace_back("the --eval-data file's contents", eval->describe());
+  // What the files hold, and a digest of their values: two copies of the data
+  // of the same size that differ are not the same data.
+  if (data) out.emplace_back("the --data file's contents", data->describe() + ", " + io::dataset_digest(data->path));
+  if (eval)
+    out.emplace_back("the --eval-data file's contents", eval->describe() + ", " + io::dataset_digest(eval->path));
   out.emplace_back("the tessera build", TESSERA_VERSION);
   // One line per key and per value on the wire: a line break inside a value (a path) travels as "\n".
   for (auto& [key, value] : out) {

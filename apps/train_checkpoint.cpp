@@ -185,6 +185,7 @@ std::string save_training_checkpoint(const TrainState& s, const Counters& k) {
 
   io::SaveOptions options;
   options.keep = c.keep_checkpoints;
+  options.timeout_s = c.save_timeout;
   const std::string rng = "seed=" + std::to_string(c.seed) + " next_step=" + std::to_string(k.step) +
                           " dp_rank=" + std::to_string(s.dp_rank) + " dp_size=" + std::to_string(s.dp);
   options.rank_state["rng"] = std::vector<uint8_t>(rng.begin(), rng.end());

@@ -1,13 +1,72 @@
-// TrainConfig: flags, the TOML file, validation and the start-up echo.
+// TrainConfig: flags (with range messages in words), the reader of the TOML
+// file, the refusal of settings a run would not use, suggestions for unknown
+// flags and keys, validation and the start-up echo.
 #include "apps/train_config.h"
 
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <optional>
 #include <sstream>
+#include <string_view>
 
 #include "core/error.h"
 
 namespace tessera::app {
+namespace {
+
+// Validators whose messages say the allowed range in words: CLI11's
+// PositiveNumber and NonNegativeNumber print it as "0.000000 to 1797693...
+// (309 digits).000000" (the largest double).
+CLI::Validator whole_number_at_least(int64_t least) {
+  return CLI::Validator(
+      [least](std::string& text) -> std::string {
+        int64_t value = 0;
+        if (CLI::detail::lexical_cast(text, value) && value >= least) return "";
+        return "must be a whole number >= " + std::to_string(least) + ", got '" + text + "'";
+      },
+      least == 1 ? "POSITIVE" : ">= " + std::to_string(least));
+}
+
+// Seconds for a deadline, 0 meaning none. A year at most: the watchdogs turn
+// the seconds into a clock duration in integer nanoseconds, which a value
+// past 292 years would overflow (undefined behaviour, in practice a deadline
+// in the past).
+constexpr double kMaxTimeoutSeconds = 365.0 * 24 * 3600;
+
+CLI::Validator timeout_seconds() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        double value = 0;
+        if (CLI::detail::lexical_cast(text, value) && value >= 0 && value <= kMaxTimeoutSeconds) return "";
+        return "must be a number of seconds from 0 (no limit) to 31536000 (a year), got '" + text + "'";
+      },
+      "[0, 31536000]");
+}
+
+// Every numeric option: CLI11 turns an empty value (--seed "", seed = "")
+// into 0 without a word, and takes nan and inf.
+CLI::Validator a_finite_number() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (text.empty()) return "needs a number, got an empty value";
+        double value = 0;
+        if (CLI::detail::lexical_cast(text, value) && !std::isfinite(value))
+          return "must be a finite number, got '" + text + "'";
+        return "";
+      },
+      "");
+}
+
+}  // namespace
 
 void add_train_options(CLI::App& command, TrainConfig& c) {
   // A flag given twice keeps its last value, as with argparse (Megatron,
@@ -85,13 +144,13 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
   command
       .add_option("--tensor-parallel,--tp", c.tensor_parallel,
                   "Split every GPT layer over K ranks (column/row-parallel, vocab-parallel embedding and loss)")
-      ->check(CLI::PositiveNumber)
+      ->check(whole_number_at_least(1))
       ->group(parallel);
   command
       .add_option("--pipeline-parallel,--pp", c.pipeline_parallel,
                   "Split the model's layers into P pipeline stages (gpt, mlp); micro-batches = global batch / "
                   "(micro-batch x dp)")
-      ->check(CLI::PositiveNumber)
+      ->check(whole_number_at_least(1))
       ->group(parallel);
   command.add_option("--pipeline-schedule", c.pipeline_schedule, "gpipe or 1f1b (at most P micro-batches in flight)")
       ->check(CLI::IsMember({"gpipe", "1f1b"}))
@@ -116,7 +175,7 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
       .add_option("--comm-timeout", c.comm_timeout,
                   "Seconds a collective or transfer may take before the job stops, naming the stalled ranks "
                   "(0: no limit)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(timeout_seconds())
       ->group(parallel);
   command
       .add_option("--comm-backend", c.comm_backend,
@@ -146,6 +205,12 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
   command.add_option("--keep-checkpoints", c.keep_checkpoints, "Keep only the newest K checkpoints (0: keep all)")
       ->group(checkpoints);
   command
+      .add_option("--save-timeout", c.save_timeout,
+                  "Seconds a checkpoint save may take (every rank waits for rank 0's writes) before the job stops, in "
+                  "place of --comm-timeout during saves (0: no limit)")
+      ->check(timeout_seconds())
+      ->group(checkpoints);
+  command
       .add_option("--resume", c.resume,
                   "auto (the newest complete checkpoint in --save DIR, or a fresh start if there is none), or the "
                   "path of a checkpoint (DIR/step_XXXXXXXX) or of a --save directory")
@@ -154,35 +219,481 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
       .add_option("--exit-interval", c.exit_interval,
                   "Stop (after saving, with --save) once the step is a multiple of N; --resume goes on from there")
       ->group(checkpoints);
+
+  for (CLI::Option* option : command.get_options()) {
+    const std::string type = option->get_type_name();
+    if (type == "INT" || type == "UINT" || type == "FLOAT") option->check(a_finite_number());
+  }
 }
 
-void apply_config_file(CLI::App& command, TrainConfig& config) {
-  if (config.config_file.empty()) return;
-  std::vector<CLI::ConfigItem> items;
-  try {
-    items = CLI::ConfigTOML().from_file(config.config_file);
-  } catch (const CLI::Error& error) {
-    TESSERA_THROW("--config ", config.config_file, ": cannot read it as TOML: ", error.what());
+namespace {
+
+// One `key = value` of a --config file, its value as the text a flag takes.
+struct ConfigEntry {
+  std::string key;                  // as written
+  std::vector<std::string> values;  // the value, or an array's elements
+  bool array = false;
+  int line = 0;  // where the key is
+};
+
+// A TOML scalar as a flag's text: strings as they are, integers and booleans
+// as written, floats in the shortest form that reads back to the same double;
+// nothing for dates and times, which no flag takes.
+std::optional<std::string> flag_text(const toml::node& node) {
+  if (const auto* text = node.as_string()) return text->get();
+  if (const auto* integer = node.as_integer()) return std::to_string(integer->get());
+  if (const auto* flag = node.as_boolean()) return std::string(flag->get() ? "true" : "false");
+  if (const auto* number = node.as_floating_point()) {
+    char digits[64];
+    const auto end = std::to_chars(digits, digits + sizeof digits, number->get()).ptr;
+    return std::string(digits, end);
   }
-  for (const CLI::ConfigItem& item : items) {
-    if (item.name == "++" || item.name == "--") continue;  // CLI11's section markers
-    std::string name = item.name;
-    for (char& ch : name)
-      if (ch == '_') ch = '-';
-    CLI::Option* option = command.get_option_no_throw("--" + name);
-    TESSERA_CHECK(option != nullptr && name != "config", "--config ", config.config_file, ": unknown setting '",
-                  item.fullname(), "'; keys are the flags of `tessera train --help` without the dashes");
-    if (option->count() > 0) continue;  // given on the command line: the flag wins
-    try {
-      option->add_result(item.inputs);
-      option->run_callback();
-    } catch (const CLI::Error& error) {
-      TESSERA_THROW("--config ", config.config_file, ": bad value for '", item.name, "': ", error.what());
+  return std::nullopt;
+}
+
+// The settings of `table` and of the tables inside it ([train] headers and
+// dotted keys apply like top-level keys; inline tables are refused), appended
+// to `entries`.
+void collect_settings(const toml::table& table, const std::string& file, std::vector<ConfigEntry>& entries) {
+  for (const auto& [key, node] : table) {
+    ConfigEntry entry{std::string(key.str()), {}, false, int(key.source().begin.line)};
+    const std::string where = "--config " + file + " line " + std::to_string(entry.line) + ": '" + entry.key + "' ";
+    if (const toml::table* inner = node.as_table()) {
+      TESSERA_CHECK(!inner->is_inline(), where, "is an inline table ({...}); write one key = value per line");
+      collect_settings(*inner, file, entries);
+      continue;
+    }
+    if (const toml::array* array = node.as_array()) {
+      entry.array = true;
+      for (const toml::node& element : *array) {
+        const std::optional<std::string> text = flag_text(element);
+        TESSERA_CHECK(text.has_value(), where,
+                      "holds an array of arrays, tables or dates; a flag takes numbers, text or true/false");
+        entry.values.push_back(*text);
+      }
+    } else {
+      const std::optional<std::string> text = flag_text(node);
+      TESSERA_CHECK(text.has_value(), where, "is a date or time; a flag takes numbers, text or true/false");
+      entry.values.push_back(*text);
+    }
+    entries.push_back(std::move(entry));
+  }
+}
+
+// The settings of a --config file in the order of their lines, read by
+// toml++ (full TOML 1.0). A file that is not valid TOML (an unterminated
+// string or array, a key set twice, a bare word as a value) is refused with
+// the line and toml++'s description.
+std::vector<ConfigEntry> read_config_settings(const std::string& file, std::string_view text) {
+  toml::table root;
+  try {
+    root = toml::parse(text, file);
+  } catch (const toml::parse_error& error) {
+    // toml++'s words for a bare word as a value (model = gpt), which CLI11's reader took.
+    const bool bare_word = error.description().find("could not determine value type") != std::string_view::npos;
+    TESSERA_THROW("--config ", file, " line ", error.source().begin.line, ": not valid TOML: ", error.description(),
+                  bare_word ? " (text values need quotes: model = \"gpt\")" : "");
+  }
+  std::vector<ConfigEntry> entries;
+  collect_settings(root, file, entries);
+  std::stable_sort(entries.begin(), entries.end(),
+                   [](const ConfigEntry& a, const ConfigEntry& b) { return a.line < b.line; });
+  return entries;
+}
+
+// A name as the flag it would be: no leading dashes, nothing from '=' on,
+// lower case, '_' as '-' ("--Learning_Rate=0.1" -> "learning-rate").
+std::string normalized(std::string_view text) {
+  while (!text.empty() && text.front() == '-') text.remove_prefix(1);
+  text = text.substr(0, text.find('='));
+  std::string name(text);
+  for (char& ch : name) {
+    if (ch == '_') ch = '-';
+    if (ch >= 'A' && ch <= 'Z') ch = char(ch - 'A' + 'a');
+  }
+  return name;
+}
+
+// Optimal string alignment distance: insertions, deletions, substitutions
+// and swaps of neighbours ("trian" is one from "train").
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+// Names of other trainers (Megatron-LM, PyTorch/torchrun, DeepSpeed, nanoGPT,
+// Hugging Face Trainer and Accelerate) and common guesses, as Tessera's flag
+// (and value); or only a note where Tessera has no flag for it.
+struct Alias {
+  const char* name;  // normalized
+  const char* flag;
+  const char* value;
+  const char* note;
+};
+
+constexpr Alias kAliases[] = {
+    {"learning-rate", "--lr", "", ""},
+    {"min-learning-rate", "--min-lr", "", ""},
+    {"batch-size", "--micro-batch-size", "", "samples per rank per forward/backward pass"},
+    {"per-device-train-batch-size", "--micro-batch-size", "", ""},
+    {"train-micro-batch-size-per-gpu", "--micro-batch-size", "", ""},
+    {"train-batch-size", "--global-batch-size", "", "samples per optimizer step over all ranks"},
+    {"gradient-accumulation-steps", "--global-batch-size", "",
+     "the samples of one optimizer step: micro-batch x data-parallel ranks x accumulation steps"},
+    {"train-iters", "--train-steps", "", ""},
+    {"max-steps", "--train-steps", "", ""},
+    {"max-iters", "--train-steps", "", ""},
+    {"num-steps", "--train-steps", "", ""},
+    {"steps", "--train-steps", "", ""},
+    {"iterations", "--train-steps", "", ""},
+    {"num-train-epochs", "--epochs", "", ""},
+    {"lr-warmup-iters", "--warmup-steps", "", ""},
+    {"lr-warmup-steps", "--warmup-steps", "", ""},
+    {"warmup-iters", "--warmup-steps", "", ""},
+    {"warmup", "--warmup-steps", "", ""},
+    {"lr-decay-iters", "", "", "the cosine decay always spans --train-steps"},
+    {"lr-scheduler-type", "--lr-decay-style", "", ""},
+    {"lr-scheduler", "--lr-decay-style", "", ""},
+    {"lr-schedule", "--lr-decay-style", "", ""},
+    {"max-grad-norm", "--clip-grad", "", ""},
+    {"grad-clip", "--clip-grad", "", ""},
+    {"gradient-clipping", "--clip-grad", "", ""},
+    {"clip-grad-norm", "--clip-grad", "", ""},
+    {"adam-epsilon", "--adam-eps", "", ""},
+    {"beta1", "--adam-beta1", "", ""},
+    {"beta2", "--adam-beta2", "", ""},
+    {"momentum", "--sgd-momentum", "", ""},
+    {"optim", "--optimizer", "", ""},
+    {"wd", "--weight-decay", "", ""},
+    {"num-attention-heads", "--num-heads", "", ""},
+    {"n-head", "--num-heads", "", ""},
+    {"n-heads", "--num-heads", "", ""},
+    {"heads", "--num-heads", "", ""},
+    {"num-hidden-layers", "--num-layers", "", ""},
+    {"n-layer", "--num-layers", "", ""},
+    {"n-layers", "--num-layers", "", ""},
+    {"layers", "--num-layers", "", ""},
+    {"n-embd", "--hidden-size", "", ""},
+    {"d-model", "--hidden-size", "", ""},
+    {"embed-dim", "--hidden-size", "", ""},
+    {"hidden-dim", "--hidden-size", "", ""},
+    {"intermediate-size", "--ffn-hidden-size", "", ""},
+    {"ffn-dim", "--ffn-hidden-size", "", ""},
+    {"d-ff", "--ffn-hidden-size", "", ""},
+    {"max-position-embeddings", "--seq-length", "", ""},
+    {"block-size", "--seq-length", "", ""},
+    {"n-ctx", "--seq-length", "", ""},
+    {"context-length", "--seq-length", "", ""},
+    {"seq-len", "--seq-length", "", ""},
+    {"max-seq-length", "--seq-length", "", ""},
+    {"max-seq-len", "--seq-length", "", ""},
+    {"sequence-length", "--seq-length", "", ""},
+    {"padded-vocab-size", "--vocab-size", "", ""},
+    {"dropout", "--hidden-dropout", "", ""},
+    {"hidden-dropout-prob", "--hidden-dropout", "", ""},
+    {"resid-pdrop", "--hidden-dropout", "", ""},
+    {"recompute-activations", "--recompute", "", ""},
+    {"recompute-granularity", "--recompute", "", "Tessera recomputes whole Transformer blocks"},
+    {"checkpoint-activations", "--recompute", "", ""},
+    {"gradient-checkpointing", "--recompute", "", ""},
+    {"activation-checkpointing", "--recompute", "", ""},
+    {"tensor-model-parallel-size", "--tensor-parallel", "", ""},
+    {"tensor-parallel-size", "--tensor-parallel", "", ""},
+    {"tp-size", "--tensor-parallel", "", ""},
+    {"pipeline-model-parallel-size", "--pipeline-parallel", "", ""},
+    {"pipeline-parallel-size", "--pipeline-parallel", "", ""},
+    {"pp-size", "--pipeline-parallel", "", ""},
+    {"sequence-parallelism", "--sequence-parallel", "", ""},
+    {"use-distributed-optimizer", "--zero", "1", "the optimizer state sharded over the data-parallel ranks"},
+    {"zero-stage", "--zero", "", ""},
+    {"bf16", "--precision", "bf16", ""},
+    {"fp16", "--precision", "fp16", ""},
+    {"fp32", "--precision", "fp32", ""},
+    {"mixed-precision", "--precision", "", ""},
+    {"dtype", "--precision", "", ""},
+    {"random-seed", "--seed", "", ""},
+    {"save-dir", "--save", "", ""},
+    {"output-dir", "--save", "", ""},
+    {"checkpoint-dir", "--save", "", ""},
+    {"load", "--resume", "", "a checkpoint or --save directory, or auto"},
+    {"resume-from-checkpoint", "--resume", "", ""},
+    {"save-steps", "--save-interval", "", ""},
+    {"checkpoint-interval", "--save-interval", "", ""},
+    {"save-total-limit", "--keep-checkpoints", "", ""},
+    {"eval-steps", "--eval-interval", "", ""},
+    {"logging-steps", "--log-interval", "", ""},
+    {"data-path", "--data", "", "a file made by `tessera prepare`"},
+    {"train-data-path", "--data", "", ""},
+    {"train-file", "--data", "", ""},
+    {"train-data", "--data", "", ""},
+    {"dataset", "--data", "", ""},
+    {"valid-data-path", "--eval-data", "", ""},
+    {"validation-file", "--eval-data", "", ""},
+    {"valid-data", "--eval-data", "", ""},
+    {"val-data", "--eval-data", "", ""},
+    {"distributed-timeout-minutes", "--comm-timeout", "", "in seconds"},
+    {"timeout", "--comm-timeout", "", ""},
+    {"num-threads", "--threads", "", ""},
+    {"tensorboard-dir", "--metrics", "", "a JSON-lines file; `tessera plot` draws it"},
+    {"log-dir", "--metrics", "", ""},
+    {"profile", "--trace", "", "a Chrome-trace/Perfetto timeline file"},
+    {"config-file", "--config", "", ""},
+    {"model-type", "--model", "", ""},
+    {"arch", "--model", "", ""},
+    {"hidden-sizes", "--hidden", "", ""},
+    {"layer-sizes", "--hidden", "", ""},
+    {"gpu", "--device", "cuda", ""},
+    {"cuda", "--device", "cuda", ""},
+    {"nproc-per-node", "", "", "the launcher starts the ranks: mpirun -np N or srun -n N, one rank per GPU"},
+    {"nnodes", "", "", "the launcher starts the ranks: mpirun -np N or srun -N NODES -n N"},
+    {"world-size", "", "", "the launcher starts the ranks: mpirun -np N or srun -n N"},
+    {"gpus", "", "", "the launcher starts the ranks: mpirun -np N or srun -n N, one rank per GPU"},
+    {"num-gpus", "", "", "the launcher starts the ranks: mpirun -np N or srun -n N, one rank per GPU"},
+};
+
+// Flags of `command` (long names without dashes, --help aside), in the order they were added.
+std::vector<std::string> flag_names(const CLI::App& command) {
+  std::vector<std::string> names;
+  for (const CLI::Option* option : command.get_options())
+    if (option != command.get_help_ptr())
+      for (const std::string& name : option->get_lnames()) names.push_back(name);
+  return names;
+}
+
+std::string join(const std::vector<std::string>& parts, const std::string& separator) {
+  std::string text;
+  for (size_t i = 0; i < parts.size(); ++i) text += (i ? separator : "") + parts[i];
+  return text;
+}
+
+}  // namespace
+
+std::string closest_name(const std::string& typo, const std::vector<std::string>& names) {
+  if (typo.size() > 64) return "";  // not a typo of a name, and the distances would cost time and memory
+  // A typo of a short name is one edit; of a longer one, two or three.
+  const size_t allowed = typo.size() <= 3 ? 1 : typo.size() <= 7 ? 2 : 3;
+  std::string best;
+  size_t best_distance = allowed + 1;
+  for (const std::string& name : names) {
+    const size_t distance = edit_distance(typo, name);
+    if (distance < best_distance && distance < name.size()) {
+      best = name;
+      best_distance = distance;
     }
   }
+  return best;
+}
+
+FlagSuggestion suggest_flag(const CLI::App& command, const std::string& unknown) {
+  const std::string name = normalized(unknown);
+  if (name.empty() || name.size() > 64) return {};
+  const std::vector<std::string> flags = flag_names(command);
+  const auto is_flag = [&](const std::string& flag) {
+    return std::find(flags.begin(), flags.end(), flag) != flags.end();
+  };
+  // --micro_batch_size, -lr: the flag itself, spelled otherwise.
+  if (is_flag(name)) return {"--" + name, "", ""};
+  for (const Alias& alias : kAliases)
+    if (name == alias.name && (*alias.flag == '\0' || is_flag(alias.flag + 2)))
+      return {alias.flag, alias.value, alias.note};
+  // --micro-batch: the only flag it begins.
+  if (name.size() >= 4) {
+    std::vector<std::string> extended;
+    for (const std::string& flag : flags)
+      if (flag.compare(0, name.size(), name) == 0) extended.push_back(flag);
+    if (extended.size() == 1) return {"--" + extended.front(), "", ""};
+  }
+  // A typo of a flag, or of another trainer's name for one.
+  std::vector<std::string> candidates = flags;
+  for (const Alias& alias : kAliases)
+    if (*alias.flag == '\0' || is_flag(alias.flag + 2)) candidates.push_back(alias.name);
+  const std::string near = closest_name(name, candidates);
+  if (near.empty()) return {};
+  if (is_flag(near)) return {"--" + near, "", ""};
+  for (const Alias& alias : kAliases)
+    if (near == alias.name) return {alias.flag, alias.value, alias.note};
+  return {};
+}
+
+std::string suggestion_text(const FlagSuggestion& suggestion, bool as_key) {
+  if (suggestion.empty()) return "";
+  if (suggestion.flag.empty()) return suggestion.note;
+  std::string text = "did you mean `";
+  if (as_key) {
+    text += suggestion.flag.substr(2);
+    if (!suggestion.value.empty()) {
+      const bool number = suggestion.value.find_first_not_of("0123456789") == std::string::npos;
+      text += " = " + (number ? suggestion.value : "\"" + suggestion.value + "\"");
+    }
+  } else {
+    text += suggestion.flag + (suggestion.value.empty() ? "" : " " + suggestion.value);
+  }
+  text += "`?";
+  if (!suggestion.note.empty()) text += " (" + suggestion.note + ")";
+  return text;
+}
+
+ConfigFileLines apply_config_file(CLI::App& command, TrainConfig& config) {
+  ConfigFileLines applied;
+  if (config.config_file.empty()) return applied;
+  const std::string file = config.config_file;
+  std::ifstream in(file, std::ios::binary);
+  TESSERA_CHECK(in.is_open(), "--config ", file, ": cannot open it: ", std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  TESSERA_CHECK(!in.bad(), "--config ", file, ": cannot read it: ", std::strerror(errno));
+
+  std::map<std::string, int> seen;  // flag -> line, of every key of the file
+  for (const ConfigEntry& entry : read_config_settings(file, text.str())) {
+    const std::string where = "--config " + file + " line " + std::to_string(entry.line) + ": ";
+    std::string name = entry.key;
+    std::replace(name.begin(), name.end(), '_', '-');
+    TESSERA_CHECK(name != "config", where, "a --config file cannot name another; give one --config");
+    CLI::Option* option = command.get_option_no_throw("--" + name);
+    if (option == nullptr || option == command.get_help_ptr()) {
+      const std::string hint = suggestion_text(suggest_flag(command, entry.key), /*as_key=*/true);
+      TESSERA_THROW(where, "unknown setting '", entry.key, "'", hint.empty() ? "" : "; " + hint,
+                    " (keys are the flags of `tessera train --help` without the dashes)");
+    }
+    const auto [first, fresh] = seen.emplace(option->get_name(), entry.line);
+    TESSERA_CHECK(fresh, where, "'", entry.key, "' is set twice (first on line ", first->second, "); keep one");
+    if (option->count() > 0) continue;  // given on the command line: the flag wins
+
+    const bool is_flag = option->get_items_expected_max() == 0;  // true/false
+    const bool takes_list = option->get_items_expected_max() > 1;
+    TESSERA_CHECK(!entry.array || takes_list, where, "'", entry.key, "' takes one value, but is given an array ([",
+                  join(entry.values, ", "), "]); write ", entry.key, " = ", is_flag ? "true" : "VALUE");
+    TESSERA_CHECK(!entry.array || !entry.values.empty(), where, "'", entry.key,
+                  "' is given an empty array; list at least one value (", entry.key, " = [1024, 1024])");
+    TESSERA_CHECK(!is_flag || entry.values.front() == "true" || entry.values.front() == "false", where, "'", entry.key,
+                  "' is true or false, not '", entry.values.front(), "'");
+    try {
+      option->add_result(entry.values);
+      option->run_callback();
+    } catch (const CLI::Error& error) {
+      TESSERA_THROW(where, "bad value for '", entry.key, "': ", error.what());
+    }
+    applied[option->get_name()] = entry.line;
+  }
+  return applied;
+}
+
+void refuse_unused_settings(const CLI::App& command, const TrainConfig& c, const ConfigFileLines& from_file) {
+  std::vector<std::string> problems;
+  const auto given = [&](const std::string& flag) {
+    const CLI::Option* option = command.get_option_no_throw(flag);
+    return option != nullptr && option->count() > 0;
+  };
+  // `unused`: what the run would do without the flag is what it does with it.
+  // Boolean flags count only when true (--recompute=false asks for nothing).
+  const auto refuse_if = [&](const std::string& flag, bool unused, const std::string& why) {
+    const CLI::Option* option = command.get_option_no_throw(flag);
+    if (option == nullptr || option->count() == 0 || !unused) return;
+    std::string text = option->get_name();
+    if (option->get_items_expected_max() > 0) text += " " + join(option->results(), ",");
+    if (const auto line = from_file.find(option->get_name()); line != from_file.end())
+      text += " (" + c.config_file + " line " + std::to_string(line->second) + ")";
+    problems.push_back(text + ": " + why);
+  };
+  const auto setting = [&](const std::string& flag, const std::string& value) {
+    return flag + " " + value + (given(flag) ? "" : " (the default)");
+  };
+
+  if (c.model != "gpt") {
+    const std::string model = setting("--model", c.model);
+    const bool mlp = c.model == "mlp";
+    const std::string widths = mlp ? "; the MLP's layer widths are --hidden" : "; the CNN's layers are fixed";
+    std::string deep = "--hidden";  // the MLP with --num-layers hidden layers of its first width
+    if (c.num_layers >= 1 && c.num_layers <= 8) {
+      deep += " ";
+      for (int64_t i = 0; i < c.num_layers; ++i)
+        deep += (i ? "," : "") + std::to_string(c.hidden.empty() ? 1024 : c.hidden.front());
+    }
+    refuse_if("--hidden-size", true,
+              "the GPT's width, and " + model + " does not use it" +
+                  (mlp ? widths + " (e.g. --hidden " + std::to_string(c.hidden_size) + "," +
+                             std::to_string(c.hidden_size) + ")"
+                       : widths));
+    refuse_if("--num-layers", true,
+              "the GPT's number of Transformer blocks, and " + model + " does not use it" +
+                  (mlp ? "; the MLP has one hidden layer per width of --hidden (e.g. " + deep + ")" : widths));
+    refuse_if("--num-heads", true, "the GPT's attention heads, and " + model + " does not use it" + widths);
+    refuse_if("--ffn-hidden-size", true,
+              "the width of the GPT's feed-forward blocks, and " + model + " does not use it" + widths);
+    refuse_if("--seq-length", true, "the GPT's context length, and " + model + " does not use it");
+    refuse_if("--vocab-size", true, "the GPT's vocabulary, and " + model + " does not use it");
+    refuse_if("--hidden-dropout", true,
+              "dropout in the GPT's blocks, and " + model + " does not use it (it has no dropout)");
+    refuse_if("--recompute", c.recompute,
+              "recomputes the GPT's Transformer blocks in backward, and " + model + " has none");
+  }
+  if (c.model != "mlp")
+    refuse_if("--hidden", true,
+              "the MLP's layer widths, and " + setting("--model", c.model) + " does not use it" +
+                  (c.model == "gpt" ? "; the GPT's width is --hidden-size and its depth --num-layers"
+                                    : "; the CNN's layers are fixed"));
+  if (c.optimizer != "sgd") {
+    const std::string optimizer = setting("--optimizer", c.optimizer);
+    refuse_if("--nesterov", c.nesterov,
+              "Nesterov momentum is SGD's, and " + optimizer + " does not use it; add --optimizer sgd, or drop it");
+    refuse_if("--sgd-momentum", true,
+              "SGD's momentum, and " + optimizer +
+                  " does not use it (AdamW's are --adam-beta1 and --adam-beta2); add --optimizer sgd, or drop it");
+  }
+  if (c.optimizer != "adamw")
+    for (const char* flag : {"--adam-beta1", "--adam-beta2", "--adam-eps"})
+      refuse_if(flag, true,
+                "an AdamW setting, and --optimizer " + c.optimizer +
+                    " does not use it (SGD's momentum is --sgd-momentum); drop it, or use --optimizer adamw");
+  refuse_if("--sequence-parallel", c.sequence_parallel && c.tensor_parallel == 1,
+            "shards activations over the tensor-parallel ranks, and " +
+                setting("--tensor-parallel", std::to_string(c.tensor_parallel)) +
+                " has none to shard over; add --tensor-parallel K (K > 1, --model gpt), or drop it");
+  refuse_if("--pipeline-schedule", c.pipeline_parallel == 1,
+            "orders the micro-batches of pipeline stages, and " +
+                setting("--pipeline-parallel", std::to_string(c.pipeline_parallel)) +
+                " has none; add --pipeline-parallel P (P > 1), or drop it");
+  refuse_if("--min-lr", c.lr_decay_style == "constant",
+            "where the cosine decay ends, and --lr-decay-style constant keeps --lr after the warm-up; use "
+            "--lr-decay-style cosine, or drop it");
+  for (const char* flag : {"--eval-interval", "--eval-iters"})
+    refuse_if(flag, c.eval_data.empty(),
+              "evaluation needs held-out data, and no --eval-data is given; add --eval-data FILE, or drop it");
+
+  if (problems.empty()) return;
+  std::string text = problems.size() == 1 ? "this setting was given, but this run would not use it:"
+                                          : "these settings were given, but this run would not use them:";
+  for (const std::string& problem : problems) text += "\n  " + problem;
+  TESSERA_THROW(text);
 }
 
 void validate(const TrainConfig& c) {
+  // A number too large for a float (lr = 1e39) reads as inf; set in code, anything may be.
+  for (const auto& [flag, value] :
+       std::initializer_list<std::pair<const char*, double>>{{"--lr", c.lr},
+                                                             {"--min-lr", c.min_lr},
+                                                             {"--weight-decay", c.weight_decay},
+                                                             {"--adam-beta1", c.adam_beta1},
+                                                             {"--adam-beta2", c.adam_beta2},
+                                                             {"--adam-eps", c.adam_eps},
+                                                             {"--sgd-momentum", c.sgd_momentum},
+                                                             {"--clip-grad", c.clip_grad},
+                                                             {"--hidden-dropout", c.hidden_dropout},
+                                                             {"--epochs", c.epochs},
+                                                             {"--bucket-size-mb", c.bucket_size_mb},
+                                                             {"--comm-timeout", c.comm_timeout}})
+    TESSERA_CHECK(std::isfinite(value), flag, " must be a finite number, got ", value);
+  TESSERA_CHECK(c.comm_timeout >= 0 && c.comm_timeout <= kMaxTimeoutSeconds,
+                "--comm-timeout must be a number of seconds from 0 (no limit) to 31536000 (a year), got ",
+                c.comm_timeout);
   TESSERA_CHECK(c.synthetic || !c.data.empty(),
                 "no training data: give --data FILE (made by `tessera prepare`) or --synthetic");
   TESSERA_CHECK(!(c.synthetic && !c.data.empty()), "--synthetic and --data exclude each other; pick one");
@@ -264,8 +775,8 @@ std::string describe(const TrainConfig& c) {
       << "\neval_interval=" << c.eval_interval << " eval_iters=" << c.eval_iters << " metrics=" << c.metrics
       << " trace=" << c.trace;
   if (!c.save.empty() || !c.resume.empty())
-    out << "\nsave=" << c.save << " save_interval=" << c.save_interval << " keep_checkpoints=" << c.keep_checkpoints
-        << " resume=" << c.resume << " exit_interval=" << c.exit_interval;
+    out << "\nsave=" << c.save << " save_interval=" << c.save_interval << " save_timeout=" << c.save_timeout
+        << " keep_checkpoints=" << c.keep_checkpoints << " resume=" << c.resume << " exit_interval=" << c.exit_interval;
   return out.str();
 }
 
@@ -343,6 +854,7 @@ std::vector<std::pair<std::string, std::string>> settings(const TrainConfig& c) 
       {"save", c.save},
       {"save-interval", std::to_string(c.save_interval)},
       {"keep-checkpoints", std::to_string(c.keep_checkpoints)},
+      {"save-timeout", exact(c.save_timeout)},
       {"resume", c.resume},
       {"exit-interval", std::to_string(c.exit_interval)},
   };

@@ -3,11 +3,13 @@
 // Megatron-LM where it has one (--micro-batch-size, --global-batch-size, --lr,
 // --min-lr, --weight-decay, --clip-grad, --eval-interval, --seed, --num-layers,
 // --hidden-size, ...). Parsed in one place, validated with messages that name
-// the flag, and echoed by rank 0.
+// the flag (a setting given but unused is refused too; an unknown flag gets
+// the one meant), and echoed by rank 0.
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -67,6 +69,7 @@ struct TrainConfig {
   double bucket_size_mb = 25.0;            // --bucket-size-mb: gradient all-reduce bucket size (MiB of f32)
   std::string comm_backend = "auto";  // --comm-backend auto|mpi|nccl (auto: NCCL for CUDA devices when built, else MPI)
   double comm_timeout = 300.0;        // --comm-timeout: seconds any collective or transfer may take (0: no limit)
+  double save_timeout = 3600.0;       // --save-timeout: seconds a checkpoint save may take (0: no limit)
 
   // Evaluation and output.
   int64_t eval_interval = 0;  // steps between evaluations; 0: at the end of every epoch and at the end
@@ -87,9 +90,49 @@ struct TrainConfig {
 // Adds every flag to the `train` subcommand, bound to `config`.
 void add_train_options(CLI::App& command, TrainConfig& config);
 
+// Where the settings of a --config file came from: flag name ("--lr") -> line.
+using ConfigFileLines = std::map<std::string, int>;
+
 // Applies the TOML file named by --config (if any) to the options the command
-// line did not set; an unknown key or a bad value names the file and the key.
-void apply_config_file(CLI::App& command, TrainConfig& config);
+// line did not set, and returns the line of each setting it applied. The file
+// is TOML, read by toml++; the keys of [table]s apply like top-level ones.
+// Invalid TOML (an unterminated string or array, a key set twice), an unknown
+// key (with the flag it probably meant), an array for a one-value flag or a
+// bad value is a tessera::Error naming the file, the line and the key.
+ConfigFileLines apply_config_file(CLI::App& command, TrainConfig& config);
+
+// Refuses settings that were given (on the command line or in the --config
+// file) but that this run would not use, each with the reason and the fix:
+// GPT flags for the MLP or CNN (--hidden-size: the MLP's widths are --hidden),
+// --hidden for the GPT or CNN, SGD flags with AdamW and AdamW flags with SGD,
+// --sequence-parallel with --tensor-parallel 1, --pipeline-schedule with
+// --pipeline-parallel 1, --min-lr with --lr-decay-style constant, and
+// --eval-interval/--eval-iters without --eval-data. Defaults never count: only
+// options CLI11 saw (a boolean flag only when true). `from_file` (what
+// apply_config_file returned) lets the message name the file's line.
+void refuse_unused_settings(const CLI::App& command, const TrainConfig& config, const ConfigFileLines& from_file = {});
+
+// What an argument `command` does not know ("--learning-rate", "-lr",
+// "--train-step=3", or a --config key such as "learning_rate") was probably
+// meant to be: a flag of `command` a typo away (edit distance, or a unique
+// prefix), or Tessera's flag for a name from Megatron-LM, PyTorch, DeepSpeed,
+// nanoGPT or Hugging Face (--learning-rate, --train-iters,
+// --num-attention-heads, --bf16, ...).
+struct FlagSuggestion {
+  std::string flag;   // "--lr"; empty when nothing is close (a note may still say what to do)
+  std::string value;  // the value that goes with it ("bf16" for --bf16: --precision bf16), or empty
+  std::string note;   // why, or what to do instead; may be empty
+  bool empty() const { return flag.empty() && note.empty(); }
+};
+FlagSuggestion suggest_flag(const CLI::App& command, const std::string& unknown);
+
+// The suggestion as text for a command line ("did you mean `--precision bf16`? (...)"),
+// or for a --config file when `as_key` ("did you mean `precision = bf16`? (...)"); "" when empty.
+std::string suggestion_text(const FlagSuggestion& suggestion, bool as_key = false);
+
+// The name among `names` closest to `typo` by edit distance (a swap of two
+// neighbours counts once), if close enough to be a typo of it; "" otherwise.
+std::string closest_name(const std::string& typo, const std::vector<std::string>& names);
 
 // Checks values that no single flag's validator can (combinations,
 // positivity); throws tessera::Error naming the flag and the fix.

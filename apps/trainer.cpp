@@ -44,6 +44,7 @@
 #include "io/loader.h"
 #include "io/metrics.h"
 #include "io/progress.h"
+#include "io/save_lock.h"
 #include "io/trace.h"
 #include "kernels/ops.h"
 #include "parallel/data_parallel.h"
@@ -450,7 +451,12 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
                   " holds another kind of data than --data ", c.data);
   }
   check_ranks_agree(*world, c, data_info, eval_info);
-  if (!c.save.empty() && world->rank() == 0) io::check_save_directory(c.save);  // rank 0 writes checkpoints
+  // Rank 0 writes checkpoints: the directory must take them, and be this job's alone for the run.
+  std::optional<io::SaveDirectoryLock> save_lock;
+  if (!c.save.empty() && world->rank() == 0) {
+    io::check_save_directory(c.save);
+    save_lock.emplace(c.save);
+  }
 
   parallel::GridSizes grid_sizes;
   grid_sizes.tp = c.tensor_parallel;

@@ -25,3 +25,5 @@ find_package(dnnl CONFIG REQUIRED)
 find_package(MPI REQUIRED COMPONENTS CXX)
 find_package(HDF5 REQUIRED COMPONENTS C)
 find_package(CLI11 CONFIG REQUIRED)
+# toml++: the --config files of `tessera train` (apps/train_config.cpp).
+find_package(tomlplusplus CONFIG REQUIRED)

@@ -37,8 +37,8 @@ std::string known_kinds() {
 }  // namespace
 
 const std::vector<std::string_view>& fault_kinds() {
-  static const std::vector<std::string_view> kinds = {"checkpoint_crash", "crash",          "hang",        "slow",
-                                                      "nan_grad",         "truncated_data", "device_fault"};
+  static const std::vector<std::string_view> kinds = {
+      "checkpoint_crash", "crash", "hang", "slow", "nan_grad", "truncated_data", "device_fault", "slow_checkpoint"};
   return kinds;
 }
 

@@ -12,6 +12,8 @@
 // A missing step matches every step, a missing rank every rank. Kinds:
 //   checkpoint_crash  the process raises SIGKILL in the middle of writing a
 //                     checkpoint (after some tensors, before the rename);
+//   slow_checkpoint   it sleeps 6 s in the middle of writing a checkpoint (a
+//                     save slower than --comm-timeout must not be a stall);
 //   crash             the process kills itself (SIGKILL) as the step begins;
 //   hang              it stops for good as the step begins (the others'
 //                     next collective times out: --comm-timeout);

@@ -37,6 +37,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -47,6 +48,7 @@
 #include <numeric>
 #include <sstream>
 #include <system_error>
+#include <thread>
 #include <utility>
 
 #include "core/context.h"
@@ -767,6 +769,12 @@ std::string message_of(const std::exception& error) {
 // The checkpoint_crash fault: this process dies here (tests prove the
 // previous checkpoint survives).
 void crash_if_due(int64_t step, int rank) {
+  if (fault_due("slow_checkpoint", step, rank)) {
+    std::fprintf(stderr, "tessera: TESSERA_FAULT: slow_checkpoint while writing the step-%lld checkpoint on rank %d\n",
+                 static_cast<long long>(step), rank);
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::seconds(6));
+  }
   if (fault_due("checkpoint_crash", step, rank)) {
     std::fprintf(stderr, "tessera: TESSERA_FAULT: checkpoint_crash while writing the step-%lld checkpoint on rank %d\n",
                  static_cast<long long>(step), rank);
@@ -774,6 +782,24 @@ void crash_if_due(int64_t step, int rank) {
     std::raise(SIGKILL);
   }
 }
+
+// Rank 0's "writing checkpoint step N" for the other ranks' deadline
+// reports, for the life of this object.
+class WritingActivity {
+ public:
+  WritingActivity(parallel::Communicator& world, bool writer, int64_t step) : world_(world), writer_(writer) {
+    if (writer_) world_.set_activity(parallel::RankActivity::writing_checkpoint, step);
+  }
+  ~WritingActivity() {
+    if (writer_) world_.set_activity(parallel::RankActivity::none, 0);
+  }
+  WritingActivity(const WritingActivity&) = delete;
+  WritingActivity& operator=(const WritingActivity&) = delete;
+
+ private:
+  parallel::Communicator& world_;
+  bool writer_;
+};
 
 std::vector<std::string> other_checkpoints(const fs::path& save_dir, const fs::path& except) {
   std::vector<std::string> names;
@@ -861,6 +887,11 @@ std::string save_checkpoint(parallel::Communicator& world, const std::string& di
   const fs::path final_path = save_dir / step_directory_name(step);
   const std::string what = "saving checkpoint " + final_path.string();
   Context scratch;  // host buffers of this save, released when it returns
+  // Every rank waits for rank 0's writes: the save has its own deadline, and
+  // rank 0 tells the others' deadline reports that it is writing, not stalled.
+  std::optional<parallel::ScopedTimeout> deadline;
+  if (options.timeout_s) deadline.emplace(world, *options.timeout_s, "--save-timeout");
+  const WritingActivity writing(world, rank == 0, step);
 
   // 1. This rank's descriptors (or its error).
   RankInfo mine;
@@ -1107,6 +1138,7 @@ struct CheckpointReader::State {
   CheckpointMetadata metadata;
   std::vector<StoredTensor> tensors;
   std::map<std::string, size_t> index;
+  std::vector<std::pair<std::string, std::string>> damaged;  // tensor name, HDF5's complaint
   // The last tensor read() read, checksum verified: pieces of one tensor are
   // read one after another, and each would otherwise read and check it whole.
   mutable std::string cached_name;
@@ -1186,71 +1218,113 @@ fs::path resolve_checkpoint_file(const std::string& path) {
 
 }  // namespace
 
+namespace {
+
+// The innermost entry of an HDF5 error message ("#5 H5B__cache_deserialize:
+// wrong B-tree signature (...)"): what is damaged, without the call chain.
+std::string innermost_hdf5_error(const std::string& message) {
+  const size_t last = message.rfind("; #");
+  return last == std::string::npos ? message : message.substr(last + 2);
+}
+
+// Runs `read` (part of opening a checkpoint); an HDF5 failure there means the
+// file's metadata is damaged: said as a corrupt checkpoint is, naming `part`.
+template <typename Read>
+void read_part(const std::string& path, const fs::path& directory, const std::string& part, Read&& read) {
+  try {
+    read();
+  } catch (const Error& error) {
+    if (error.library() != "HDF5") throw;
+    TESSERA_THROW("checkpoint ", path, " is damaged: HDF5 cannot read ", part, " (",
+                  innermost_hdf5_error(error.message()), "); ", corrupt_advice(directory));
+  }
+}
+
+// A tensor's stored description, from its dataset's header.
+StoredTensor read_stored_tensor(const std::string& p, const fs::path& directory, hid_t tensors_group,
+                                const std::string& name) {
+  Hdf5Handle dataset = dataset_handle(TESSERA_HDF5_CHECK_AT(p, H5Dopen2(tensors_group, name.c_str(), H5P_DEFAULT)));
+  StoredTensor stored;
+  stored.name = name;
+  TESSERA_CHECK(has_attribute(dataset.get(), kDtypeAttribute) && has_attribute(dataset.get(), kCrcAttribute), p,
+                ": tensor ", name, " lacks its '", kDtypeAttribute, "' or '", kCrcAttribute,
+                "' attribute: ", corrupt_advice(directory));
+  stored.dtype = parse_dtype(read_string_attribute(p, dataset.get(), kDtypeAttribute));
+  stored.crc32 = uint32_t(read_int64_attribute(p, dataset.get(), kCrcAttribute));
+  const std::vector<int64_t> dims = dataset_dims(p, dataset.get());
+  TESSERA_CHECK(dims.size() <= size_t(Shape::kMaxDims), p, ": tensor ", name, " has ", dims.size(),
+                " dimensions, more than ", Shape::kMaxDims);
+  const std::optional<int64_t> count = element_count(dims);
+  TESSERA_CHECK(count && *count <= std::numeric_limits<int64_t>::max() / 8, p, ": tensor ", name,
+                " claims more elements than a file can hold: ", corrupt_advice(directory));
+  TESSERA_CHECK(all_elements_stored(p, dataset.get()), p, ": tensor ", name,
+                " has no data stored for some or all of its elements (created but not completely written): ",
+                corrupt_advice(directory));
+  stored.shape = Shape(dims);
+  Hdf5Handle type = datatype_handle(TESSERA_HDF5_CHECK_AT(p, H5Dget_type(dataset.get())));
+  TESSERA_CHECK(
+      H5Tget_class(type.get()) == type_class_of(stored.dtype) && H5Tget_size(type.get()) == dtype_size(stored.dtype), p,
+      ": tensor ", name, " is tagged ", dtype_name(stored.dtype),
+      " but its HDF5 type does not match: ", corrupt_advice(directory));
+  return stored;
+}
+
+}  // namespace
+
 CheckpointReader::CheckpointReader(const std::string& path) : state_(new State) {
   std::unique_ptr<State> state(state_);
   const fs::path file = resolve_checkpoint_file(path);
   state->path = file.string();
   state->directory = file.parent_path();
-  {
-    Hdf5QuietErrors quiet;
-    const hid_t id = H5Fopen(state->path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  check_readable_file(state->path, "checkpoint", "check the path (--resume)");
+  const std::string& p = state->path;
+  const fs::path& directory = state->directory;
+  Hdf5QuietErrors quiet;
+  read_part(p, directory, "its superblock (the file's header: it cannot be opened as an HDF5 file)", [&] {
+    const hid_t id = H5Fopen(p.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
     if (id < 0)
       throw_error(ErrorSite{"HDF5", static_cast<long long>(id), {}, "H5Fopen", __FILE__, __LINE__, {}},
-                  state->path + " cannot be opened as an HDF5 file (truncated, corrupt, or not a checkpoint): " +
-                      corrupt_advice(state->directory) + ". HDF5 says: " + tessera::detail::hdf5_error_stack());
+                  tessera::detail::hdf5_error_stack());
     state->file = file_handle(id);
-  }
-  const std::string& p = state->path;
+  });
   const hid_t root = state->file.get();
-  TESSERA_CHECK(has_attribute(root, kFormatAttribute), p, " is not a Tessera checkpoint: its root has no '",
-                kFormatAttribute, "' attribute (a dataset file? checkpoints are step_* directories written by --save)");
-  const int64_t format = read_int64_attribute(p, root, kFormatAttribute);
-  TESSERA_CHECK(format <= kCheckpointFormat, p, " is checkpoint format ", format,
-                ", newer than this build reads (up to ", kCheckpointFormat, "); load it with a newer tessera");
-  TESSERA_CHECK(format >= 1, p, ": invalid checkpoint format ", format);
-  state->step = read_int64_attribute(p, root, "step");
-  state->ranks_saved = int(read_int64_attribute(p, root, "ranks_saved"));
-  TESSERA_CHECK(link_exists(root, "tensors"), p, ": it has no /tensors group: ", corrupt_advice(state->directory));
-
-  Hdf5QuietErrors quiet;
-  if (link_exists(root, "metadata")) {
+  read_part(p, directory, "its root attributes (format, step, ranks)", [&] {
+    const std::optional<bool> tagged = attribute_exists(root, kFormatAttribute);
+    if (!tagged) TESSERA_HDF5_CHECK_AT(p, H5Aexists(root, kFormatAttribute));  // damaged: HDF5's reason
+    TESSERA_CHECK(*tagged, p, " is not a Tessera checkpoint: its root has no '", kFormatAttribute,
+                  "' attribute (a dataset file? checkpoints are step_* directories written by --save); if it is one, ",
+                  corrupt_advice(directory));
+    const int64_t format = read_int64_attribute(p, root, kFormatAttribute);
+    TESSERA_CHECK(format <= kCheckpointFormat, p, " is checkpoint format ", format,
+                  ", newer than this build reads (up to ", kCheckpointFormat, "); load it with a newer tessera");
+    TESSERA_CHECK(format >= 1, p, ": invalid checkpoint format ", format, "; ", corrupt_advice(directory));
+    state->step = read_int64_attribute(p, root, "step");
+    state->ranks_saved = int(read_int64_attribute(p, root, "ranks_saved"));
+  });
+  TESSERA_CHECK(link_exists(root, "tensors"), p, ": it has no /tensors group: ", corrupt_advice(directory));
+  read_part(p, directory, "its metadata (/metadata)", [&] {
+    if (!link_exists(root, "metadata")) return;
     Hdf5Handle group = group_handle(TESSERA_HDF5_CHECK_AT(p, H5Gopen2(root, "metadata", H5P_DEFAULT)));
     std::vector<std::string> keys;
     TESSERA_HDF5_CHECK_AT(p,
                           H5Aiterate2(group.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_attribute_name, &keys));
     for (const std::string& key : keys) state->metadata[key] = read_string_attribute(p, group.get(), key.c_str());
-  }
-  state->tensors_group = group_handle(TESSERA_HDF5_CHECK_AT(p, H5Gopen2(root, "tensors", H5P_DEFAULT)));
+  });
   std::vector<std::string> names;
-  TESSERA_HDF5_CHECK_AT(
-      p, H5Literate(state->tensors_group.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_link_name, &names));
+  read_part(p, directory, "its list of tensors (/tensors)", [&] {
+    state->tensors_group = group_handle(TESSERA_HDF5_CHECK_AT(p, H5Gopen2(root, "tensors", H5P_DEFAULT)));
+    TESSERA_HDF5_CHECK_AT(
+        p, H5Literate(state->tensors_group.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_link_name, &names));
+  });
   for (const std::string& name : names) {
-    Hdf5Handle dataset =
-        dataset_handle(TESSERA_HDF5_CHECK_AT(p, H5Dopen2(state->tensors_group.get(), name.c_str(), H5P_DEFAULT)));
-    StoredTensor stored;
-    stored.name = name;
-    TESSERA_CHECK(has_attribute(dataset.get(), kDtypeAttribute) && has_attribute(dataset.get(), kCrcAttribute), p,
-                  ": tensor ", name, " lacks its '", kDtypeAttribute, "' or '", kCrcAttribute,
-                  "' attribute: ", corrupt_advice(state->directory));
-    stored.dtype = parse_dtype(read_string_attribute(p, dataset.get(), kDtypeAttribute));
-    stored.crc32 = uint32_t(read_int64_attribute(p, dataset.get(), kCrcAttribute));
-    const std::vector<int64_t> dims = dataset_dims(p, dataset.get());
-    TESSERA_CHECK(dims.size() <= size_t(Shape::kMaxDims), p, ": tensor ", name, " has ", dims.size(),
-                  " dimensions, more than ", Shape::kMaxDims);
-    const std::optional<int64_t> count = element_count(dims);
-    TESSERA_CHECK(count && *count <= std::numeric_limits<int64_t>::max() / 8, p, ": tensor ", name,
-                  " claims more elements than a file can hold: ", corrupt_advice(state->directory));
-    TESSERA_CHECK(all_elements_stored(p, dataset.get()), p, ": tensor ", name,
-                  " has no data stored for some or all of its elements (created but not completely written): ",
-                  corrupt_advice(state->directory));
-    stored.shape = Shape(dims);
-    Hdf5Handle type = datatype_handle(TESSERA_HDF5_CHECK_AT(p, H5Dget_type(dataset.get())));
-    TESSERA_CHECK(
-        H5Tget_class(type.get()) == type_class_of(stored.dtype) && H5Tget_size(type.get()) == dtype_size(stored.dtype),
-        p, ": tensor ", name, " is tagged ", dtype_name(stored.dtype),
-        " but its HDF5 type does not match: ", corrupt_advice(state->directory));
-    state->index[name] = state->tensors.size();
-    state->tensors.push_back(std::move(stored));
+    try {
+      StoredTensor stored = read_stored_tensor(p, directory, state->tensors_group.get(), name);
+      state->index[name] = state->tensors.size();
+      state->tensors.push_back(std::move(stored));
+    } catch (const Error& error) {
+      if (error.library() != "HDF5") throw;
+      state->damaged.emplace_back(name, innermost_hdf5_error(error.message()));
+    }
   }
   state.release();
 }
@@ -1276,6 +1350,9 @@ bool CheckpointReader::has_tensor(const std::string& name) const {
 }
 int CheckpointReader::ranks_saved() const {
   return state_->ranks_saved;
+}
+const std::vector<std::pair<std::string, std::string>>& CheckpointReader::damaged() const {
+  return state_->damaged;
 }
 
 std::optional<std::vector<uint8_t>> CheckpointReader::rank_state(int world_rank, const std::string& key) const {
@@ -1316,6 +1393,10 @@ void CheckpointReader::read(TensorPiece& piece) const {
   const std::string what = "loading " + state_->path;
   check_piece_local(piece, what);
   const auto found = state_->index.find(piece.name);
+  for (const auto& [name, complaint] : state_->damaged)
+    TESSERA_CHECK(name != piece.name, "checkpoint ", state_->path,
+                  " is damaged: HDF5 cannot read the header of tensor ", name, " (", complaint, "); ",
+                  corrupt_advice(state_->directory));
   if (found == state_->index.end()) {
     std::string names;
     for (size_t i = 0; i < state_->tensors.size() && i < 8; ++i) names += (i ? ", " : "") + state_->tensors[i].name;
@@ -1344,6 +1425,7 @@ void CheckpointReader::read(TensorPiece& piece) const {
 
 std::vector<std::string> CheckpointReader::verify() const {
   std::vector<std::string> bad;
+  for (const auto& [name, complaint] : state_->damaged) bad.push_back(name);
   for (const StoredTensor& tensor : state_->tensors) {
     try {
       const std::vector<std::byte> bytes = state_->read_raw(tensor);

@@ -145,6 +145,10 @@ struct SaveOptions {
   // Per-rank blobs (e.g. RNG states), gathered and stored as
   // /ranks/<world rank>/<key>; every rank passes its own.
   std::map<std::string, std::vector<uint8_t>> rank_state;
+  // The deadline of the save's communication (every rank waits for rank 0's
+  // writes) in seconds, in place of the communicator's own for the save's
+  // duration (--save-timeout; 0: none); unset keeps the communicator's.
+  std::optional<double> timeout_s;
 };
 
 // Collective over `world`: writes DIR/step_<step> atomically and updates
@@ -207,8 +211,15 @@ class CheckpointReader {
   // nothing. Not for concurrent use from several threads (nor is serial
   // HDF5).
   void read(TensorPiece& piece) const;
-  // Recomputes every tensor's checksum; returns the names that do not match.
+  // Recomputes every tensor's checksum; returns the names that do not match
+  // (and those whose HDF5 header is damaged, see damaged()).
   std::vector<std::string> verify() const;
+  // Tensors whose HDF5 header (dataset, attributes) cannot be read: name and
+  // HDF5's innermost complaint. They are not in tensors(); read() of one
+  // says it is damaged. Damage to the file's structure (root attributes, the
+  // metadata, the list of tensors) is an error of the constructor instead,
+  // naming the part and what to resume from.
+  const std::vector<std::pair<std::string, std::string>>& damaged() const;
 
  private:
   struct State;

@@ -1,8 +1,16 @@
 // Opening and validating Tessera's HDF5 datasets, and reading ranges of
-// images, labels and tokens from them.
+// images, labels and tokens from them; every read is checked against the
+// file as it was opened (a file truncated or rewritten under a running job
+// ends it).
 #include "io/dataset.h"
 
+#include <sys/stat.h>
+#include <zlib.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <sstream>
 
 #include "core/error.h"
@@ -10,9 +18,23 @@
 
 namespace tessera::io {
 
+// What a data file was when it was opened: the file (device, inode) the
+// path named, its size and modification time. A read is trusted only when
+// the file is still that, unchanged, after the read: HDF5 returns zeros for
+// bytes past the end of a truncated file, and the bytes of a file rewritten in
+// place, without an error.
+struct FileIdentity {
+  dev_t device = 0;
+  ino_t inode = 0;
+  off_t size = 0;
+  timespec modified{};
+};
+
 struct Hdf5Objects {
   Hdf5Handle file;
   Hdf5Handle data;  // /images or /tokens
+  int fd = -1;      // the open file's descriptor (HDF5's, through its sec2 driver), or -1
+  FileIdentity identity;
 };
 
 namespace {
@@ -193,17 +215,77 @@ void validate_tokens(const std::string& path, Hdf5Objects& objects, DatasetInfo&
   objects.data = std::move(tokens);
 }
 
+std::string size_text(off_t bytes) {
+  return std::to_string(static_cast<long long>(bytes)) + " bytes";
+}
+
+bool same_time(const timespec& a, const timespec& b) {
+  return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
+}
+
+// The open file's identity, from its descriptor (or the path when HDF5 does
+// not expose one).
+FileIdentity identity_now(const std::string& path, int fd) {
+  struct stat info {};
+  const int status = fd >= 0 ? ::fstat(fd, &info) : ::stat(path.c_str(), &info);
+  TESSERA_CHECK(status == 0, "data file ", path, ": cannot stat it: ", std::strerror(errno));
+  return {info.st_dev, info.st_ino, info.st_size, info.st_mtim};
+}
+
+// "" while `path` is still the file that was opened, with the same size and
+// modification time; else what changed.
+std::string what_changed(const std::string& path, const Hdf5Objects& objects) {
+  const FileIdentity& opened = objects.identity;
+  const FileIdentity now = identity_now(path, objects.fd);
+  if (now.size < opened.size)
+    return "it was " + size_text(opened.size) + " when opened and is now " + size_text(now.size) +
+           " (truncated): HDF5 reads zeros past its end";
+  if (now.size != opened.size)
+    return "it was " + size_text(opened.size) + " when opened and is now " + size_text(now.size) +
+           " (rewritten while open)";
+  if (!same_time(now.modified, opened.modified))
+    return "its contents were rewritten while open (its modification time changed)";
+  struct stat named {};
+  if (::stat(path.c_str(), &named) != 0) return "it was deleted (the path no longer exists)";
+  if (named.st_dev != opened.device || named.st_ino != opened.inode)
+    return "the path now names another file (it was replaced, e.g. by mv or cp --remove-destination)";
+  return "";
+}
+
+// Throws when the file changed since it was opened: whatever was just read
+// from it cannot be trusted.
+void check_unchanged(const std::string& path, const Hdf5Objects& objects) {
+  const std::string change = what_changed(path, objects);
+  TESSERA_CHECK(change.empty(), "data file ", path, " changed while this job was reading it: ", change,
+                ". Batches read from it can no longer be trusted, so training stops here (checkpoints already written "
+                "are untouched). Restore the file, or train from a copy that nothing rewrites, and resume with "
+                "--resume auto");
+}
+
+// The descriptor HDF5's default (sec2) driver reads through, or -1.
+int file_descriptor(hid_t file) {
+  void* handle = nullptr;
+  if (H5Fget_vfd_handle(file, H5P_DEFAULT, &handle) < 0 || handle == nullptr) {
+    H5Eclear2(H5E_DEFAULT);
+    return -1;
+  }
+  return *static_cast<int*>(handle);
+}
+
 // Opens and validates `path`; fills `objects` and (classification) `labels`.
 DatasetInfo open_dataset_file(const std::string& path, Hdf5Objects& objects, std::vector<int64_t>& labels) {
   Hdf5QuietErrors quiet;
   DatasetInfo info;
   info.path = path;
   objects.file = open_hdf5_read(path);
+  objects.fd = file_descriptor(objects.file.get());
+  objects.identity = identity_now(path, objects.fd);
   read_header(path, objects.file.get(), info);
   if (info.kind == DatasetKind::classification)
     validate_classification(path, objects, info, labels);
   else
     validate_tokens(path, objects, info);
+  check_unchanged(path, objects);  // validation read all labels and tokens: from the file that was opened
   return info;
 }
 
@@ -263,6 +345,7 @@ ClassificationData& ClassificationData::operator=(ClassificationData&&) noexcept
 void ClassificationData::read_images(int64_t begin, int64_t count, uint8_t* out) const {
   Hdf5QuietErrors quiet;
   read_rows(info_.path, objects_->data.get(), begin, count, H5T_NATIVE_UINT8, out);
+  check_unchanged(info_.path, *objects_);
 }
 
 void ClassificationData::read_images(std::span<const int64_t> indices, uint8_t* out) const {
@@ -278,6 +361,7 @@ void ClassificationData::read_images(std::span<const int64_t> indices, uint8_t* 
               out + int64_t(first) * sample_bytes);
     first = last;
   }
+  check_unchanged(info_.path, *objects_);
 }
 
 TokenData::TokenData(const std::string& path) : objects_(std::make_unique<Hdf5Objects>()) {
@@ -303,12 +387,83 @@ void TokenData::read(int64_t begin, int64_t count, int32_t* out) const {
   };
   switch (info_.token_type) {
     case TokenType::u8:
-      return read_as(uint8_t{}, H5T_NATIVE_UINT8);
+      read_as(uint8_t{}, H5T_NATIVE_UINT8);
+      break;
     case TokenType::u16:
-      return read_as(uint16_t{}, H5T_NATIVE_UINT16);
+      read_as(uint16_t{}, H5T_NATIVE_UINT16);
+      break;
     case TokenType::i32:
-      return read_rows(info_.path, objects_->data.get(), begin, count, H5T_NATIVE_INT32, out);
+      read_rows(info_.path, objects_->data.get(), begin, count, H5T_NATIVE_INT32, out);
+      break;
   }
+  check_unchanged(info_.path, *objects_);
+}
+
+namespace {
+
+// CRC-32 of `count` values at `data`, continuing `crc` (zlib takes 32-bit lengths).
+template <typename T>
+uLong crc_of(uLong crc, const T* data, int64_t count) {
+  const auto* bytes = reinterpret_cast<const Bytef*>(data);
+  size_t left = size_t(count) * sizeof(T);
+  while (left > 0) {
+    const auto part = uInt(std::min<size_t>(left, size_t(1) << 30));
+    crc = crc32(crc, bytes, part);
+    bytes += part;
+    left -= part;
+  }
+  return crc;
+}
+
+constexpr int64_t kDigestBlocks = 64;
+
+// The [begin, begin + count) row ranges the digest reads from `rows` rows of
+// `row_bytes` bytes each: all, or kDigestBlocks blocks evenly spread.
+std::vector<std::pair<int64_t, int64_t>> digest_ranges(int64_t rows, int64_t row_bytes, int64_t whole_below) {
+  if (rows * row_bytes <= whole_below) return {{0, rows}};
+  const int64_t block = std::max<int64_t>(1, (whole_below / kDigestBlocks) / row_bytes);
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (int64_t i = 0; i < kDigestBlocks; ++i) {
+    const int64_t begin = (rows - block) * i / (kDigestBlocks - 1);
+    ranges.emplace_back(begin, std::min(block, rows - begin));
+  }
+  return ranges;
+}
+
+std::string digest_text(uLong crc, bool whole, int64_t count, const char* unit) {
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "%08lx", static_cast<unsigned long>(crc));
+  return std::string("crc32 0x") + hex +
+         (whole ? " of all " : " of " + std::to_string(kDigestBlocks) + " blocks spread over ") +
+         std::to_string(count) + " " + unit;
+}
+
+}  // namespace
+
+std::string dataset_digest(const std::string& path, int64_t whole_below) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  if (peek_dataset_kind(path) == DatasetKind::tokens) {
+    const TokenData data(path);
+    const auto ranges = digest_ranges(data.size(), int64_t(sizeof(int32_t)), whole_below);
+    std::vector<int32_t> values;
+    for (const auto& [begin, count] : ranges) {
+      values.resize(size_t(count));
+      data.read(begin, count, values.data());
+      crc = crc_of(crc, values.data(), count);
+    }
+    return digest_text(crc, ranges.size() == 1, data.size(), "tokens");
+  }
+  const ClassificationData data(path);
+  crc = crc_of(crc, data.labels().data(), int64_t(data.labels().size()));
+  const int64_t sample = data.info().sample_bytes();
+  const auto ranges = digest_ranges(data.size(), sample, whole_below);
+  std::vector<uint8_t> images;
+  for (const auto& [begin, count] : ranges) {
+    images.resize(size_t(count * sample));
+    data.read_images(begin, count, images.data());
+    crc = crc_of(crc, images.data(), count * sample);
+  }
+  return digest_text(crc, ranges.size() == 1, data.size(), "samples");
 }
 
 }  // namespace tessera::io

@@ -4,6 +4,11 @@
 // schema; ClassificationData and TokenData open a file, validate it the same
 // way, and read ranges of samples or tokens into host buffers.
 //
+// A file that changes while it is open (truncated, rewritten in place, or
+// replaced at its path: size, modification time, device and inode compared
+// after every read with what they were at the open) makes the read throw,
+// naming the file and what changed: what was read cannot be trusted.
+//
 // Every open validates everything a training run would trip over later:
 // schema version, kind, datasets present with the right dtype and rank,
 // images and labels agreeing on N, labels in [0, num_classes), token ids in
@@ -97,5 +102,13 @@ class TokenData {
   DatasetInfo info_;
   std::unique_ptr<Hdf5Objects> objects_;
 };
+
+// A digest of what `path` holds, for checking that ranks read the same data
+// (apps/rank_agreement.h): a CRC-32 of the values (labels and image bytes, or
+// tokens as int32, so the storage type and chunking do not matter) of the
+// whole file when its data is at most `whole_below` bytes, else of 64 blocks
+// spread evenly over it, the first and last included, with the labels whole.
+// "crc32 0x1a2b3c4d of all 1245580 tokens" or "... of 64 sampled blocks".
+std::string dataset_digest(const std::string& path, int64_t whole_below = int64_t(64) << 20);
 
 }  // namespace tessera::io

@@ -1,8 +1,10 @@
-// The HDF5 error stack as text, for tessera::Error messages.
+// The HDF5 error stack as text, for tessera::Error messages; the library
+// version and the switch that keeps HDF5 quiet at exit (io/hdf5_version.h).
 #include "io/hdf5_check.h"
-#include "io/hdf5_version.h"
 
 #include <sstream>
+
+#include "io/hdf5_version.h"
 
 namespace tessera {
 
@@ -10,6 +12,10 @@ std::string hdf5_library_version() {
   unsigned major = 0, minor = 0, release = 0;
   H5get_libversion(&major, &minor, &release);
   return "HDF5 " + std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
+}
+
+void skip_hdf5_shutdown_at_exit() {
+  H5dont_atexit();
 }
 
 }  // namespace tessera

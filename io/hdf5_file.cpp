@@ -2,8 +2,16 @@
 // attributes, and row-range (hyperslab) reads and writes.
 #include "io/hdf5_file.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <sstream>
 #include <system_error>
 
 namespace tessera::io {
@@ -34,13 +42,57 @@ Hdf5Handle select_rows(const std::string& path, hid_t dataset, int64_t first_row
   return space;
 }
 
+std::string mode_text(mode_t mode) {
+  char text[8];
+  std::snprintf(text, sizeof text, "%04o", unsigned(mode & 07777));
+  return text;
+}
+
+// Who may read `path` and who this process is: the file's owner, group and
+// mode (or the first directory on the way that this process cannot search),
+// and this process's user and group, so "permission denied" says what to change.
+std::string describe_access_failure(const std::string& path) {
+  std::ostringstream out;
+  out << "this process runs as uid " << ::geteuid() << " gid " << ::getegid();
+  struct stat info {};
+  std::filesystem::path walked;
+  for (const auto& part : std::filesystem::absolute(path).parent_path()) {
+    walked /= part;
+    if (::access(walked.c_str(), X_OK) != 0) {
+      out << "; directory " << walked.string() << " cannot be searched by this user";
+      if (::stat(walked.c_str(), &info) == 0)
+        out << " (owner uid " << info.st_uid << ", mode " << mode_text(info.st_mode) << ")";
+      return out.str();
+    }
+  }
+  if (::stat(path.c_str(), &info) == 0)
+    out << "; the file is owned by uid " << info.st_uid << " gid " << info.st_gid << " with mode "
+        << mode_text(info.st_mode) << "; make it readable (chmod a+r) or run as a user who may read it";
+  return out.str();
+}
+
 }  // namespace
 
+void check_readable_file(const std::string& path, std::string_view what, std::string_view fix) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0) {
+    const int error = errno;
+    TESSERA_CHECK(error != ENOENT, what, " ", path, " does not exist; ", fix);
+    TESSERA_THROW(what, " ", path, " cannot be reached: ", std::strerror(error), " (", describe_access_failure(path),
+                  ")");
+  }
+  TESSERA_CHECK(S_ISREG(info.st_mode), what, " ", path, " is not a regular file");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int error = errno;
+    TESSERA_THROW(what, " ", path, " cannot be opened for reading: ", std::strerror(error), " (",
+                  describe_access_failure(path), ")");
+  }
+  ::close(fd);
+}
+
 Hdf5Handle open_hdf5_read(const std::string& path) {
-  std::error_code error;
-  TESSERA_CHECK(std::filesystem::exists(path, error), path, " does not exist; check the path (datasets are made by ",
-                "`tessera prepare idx|text`)");
-  TESSERA_CHECK(std::filesystem::is_regular_file(path, error), path, " is not a regular file");
+  check_readable_file(path, "file", "check the path (datasets are made by `tessera prepare idx|text`)");
   Hdf5QuietErrors quiet;
   // Readers fetch samples at random positions: HDF5's default 64 KiB sieve
   // buffer would read (and copy) 64 KiB around each one.
@@ -68,6 +120,13 @@ bool has_attribute(hid_t object, const char* name) {
   Hdf5QuietErrors quiet;
   const htri_t exists = H5Aexists(object, name);
   H5Eclear2(H5E_DEFAULT);
+  return exists > 0;
+}
+
+std::optional<bool> attribute_exists(hid_t object, const char* name) {
+  Hdf5QuietErrors quiet;
+  const htri_t exists = H5Aexists(object, name);
+  if (exists < 0) return std::nullopt;
   return exists > 0;
 }
 
@@ -169,7 +228,8 @@ bool all_elements_stored(const std::string& path, hid_t dataset) {
     std::vector<hsize_t> chunk(dims.size(), 0);
     TESSERA_HDF5_CHECK_AT(path, H5Pget_chunk(create.get(), int(chunk.size()), chunk.data()));
     hsize_t chunks = 1, stored = 0;
-    for (size_t i = 0; i < dims.size(); ++i) chunks *= (hsize_t(dims[i]) + chunk[i] - 1) / std::max<hsize_t>(chunk[i], 1);
+    for (size_t i = 0; i < dims.size(); ++i)
+      chunks *= (hsize_t(dims[i]) + chunk[i] - 1) / std::max<hsize_t>(chunk[i], 1);
     Hdf5Handle space = dataspace_handle(TESSERA_HDF5_CHECK_AT(path, H5Dget_space(dataset)));
     TESSERA_HDF5_CHECK_AT(path, H5Dget_num_chunks(dataset, space.get(), &stored));
     return stored == chunks;

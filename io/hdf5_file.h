@@ -116,10 +116,20 @@ T hdf5_checked_at(T status, std::string_view path, std::string_view statement, s
 // Opens an existing file read-only. A missing path is reported as such; a
 // file HDF5 cannot open (truncated, not HDF5) throws with HDF5's error stack.
 Hdf5Handle open_hdf5_read(const std::string& path);
+
+// Throws unless this process can open `path` for reading, with what the
+// operating system said (no such file, permission denied with the file's
+// owner and mode and this process's user, not a regular file, ...). `what`
+// names the file's role in the message ("data file", "checkpoint"), `fix` is
+// appended when the file does not exist.
+void check_readable_file(const std::string& path, std::string_view what, std::string_view fix);
 // Creates (or truncates) a file for writing.
 Hdf5Handle create_hdf5_file(const std::string& path);
 
 bool has_attribute(hid_t object, const char* name);
+// Whether `object` has attribute `name`; nothing when HDF5 cannot tell (the
+// object's header is damaged), with HDF5's error left on its stack.
+std::optional<bool> attribute_exists(hid_t object, const char* name);
 bool has_dataset(hid_t file, const char* name);  // a link that exists and is a dataset
 
 // Scalar attributes. The readers throw when the attribute is missing or of the

@@ -55,9 +55,7 @@ class PartialFile {
 };
 
 void check_input_file(const std::string& path, const char* what) {
-  std::error_code error;
-  TESSERA_CHECK(std::filesystem::exists(path, error), what, " ", path, " does not exist; check the path");
-  TESSERA_CHECK(std::filesystem::is_regular_file(path, error), what, " ", path, " is not a regular file");
+  check_readable_file(path, what, "check the path");
 }
 
 // Reads an IDX file, decompressing it when it is gzip (zlib detects the gzip
@@ -177,10 +175,10 @@ DatasetInfo prepare_idx(const std::string& images_idx, const std::string& labels
   TESSERA_CHECK(count > 0 && height > 0 && width > 0, "prepare idx: --images ", images_idx, " has shape [", count, ", ",
                 height, ", ", width, "]; every size must be at least 1");
   int64_t image_bytes = 0, total_bytes = 0;  // the sizes are 32-bit: their product can overflow
-  TESSERA_CHECK(!__builtin_mul_overflow(height, width, &image_bytes) &&
-                    !__builtin_mul_overflow(count, image_bytes, &total_bytes),
-                "prepare idx: --images ", images_idx, " claims ", count, " images of ", height, " x ", width,
-                " pixels, more bytes than a file can hold; its header is corrupt (download it again)");
+  TESSERA_CHECK(
+      !__builtin_mul_overflow(height, width, &image_bytes) && !__builtin_mul_overflow(count, image_bytes, &total_bytes),
+      "prepare idx: --images ", images_idx, " claims ", count, " images of ", height, " x ", width,
+      " pixels, more bytes than a file can hold; its header is corrupt (download it again)");
 
   // Labels first: they are small, and num_classes must be known before writing.
   report(progress, "labels", 0, count);

@@ -26,6 +26,10 @@ namespace tessera::parallel {
 
 enum class ReduceOp { sum, avg, max };
 
+// What a rank is busy with outside communication, so that ranks waiting on it
+// past their deadline can say so (a rank writing a checkpoint is not stalled).
+enum class RankActivity { none, writing_checkpoint };
+
 // A communication in flight. wait() blocks until it completes (rethrowing
 // its error); test() returns whether it has completed, making progress.
 // Destroying an unfinished handle waits for it.
@@ -75,8 +79,14 @@ class Communicator {
   // that passes it throws tessera::Error naming the operation (kind, group,
   // bytes, sequence number) and, where the backend can tell, which ranks of
   // the group had reached it and which had not (--comm-timeout).
-  virtual void set_timeout(double seconds) { timeout_s_ = seconds; }
+  // `flag` is the setting the deadline comes from, named in its report
+  // (--comm-timeout; --save-timeout while a checkpoint is written).
+  virtual void set_timeout(double seconds, const std::string& flag = "--comm-timeout") {
+    timeout_s_ = seconds;
+    timeout_flag_ = flag;
+  }
   double timeout() const { return timeout_s_; }
+  const std::string& timeout_flag() const { return timeout_flag_; }
 
   virtual const std::string& name() const = 0;  // "world", "dp", "tp", "pp", ...
   virtual int rank() const = 0;
@@ -96,6 +106,10 @@ class Communicator {
   virtual void barrier() = 0;
   // Makes progress on outstanding nonblocking operations (MPI); free otherwise.
   virtual void poll() {}
+  // Publishes what this rank is doing from now on (`step`: the checkpoint's),
+  // for the deadline reports of the ranks of every communicator of this
+  // family (MPI's stall inspector); nothing for backends without one.
+  virtual void set_activity(RankActivity /*activity*/, int64_t /*step*/) {}
 
   // Operations issued on this communicator so far.
   virtual uint64_t sequence() const = 0;
@@ -118,6 +132,25 @@ class Communicator {
  private:
   CommCounters counters_;
   double timeout_s_ = 0.0;
+  std::string timeout_flag_ = "--comm-timeout";
+};
+
+// Sets `group`'s deadline to `seconds` (named `flag`) for the life of this
+// object and gives the previous one back at its end (a save's own deadline).
+class ScopedTimeout {
+ public:
+  ScopedTimeout(Communicator& group, double seconds, const std::string& flag)
+      : group_(group), seconds_(group.timeout()), flag_(group.timeout_flag()) {
+    group_.set_timeout(seconds, flag);
+  }
+  ~ScopedTimeout() { group_.set_timeout(seconds_, flag_); }
+  ScopedTimeout(const ScopedTimeout&) = delete;
+  ScopedTimeout& operator=(const ScopedTimeout&) = delete;
+
+ private:
+  Communicator& group_;
+  double seconds_;
+  std::string flag_;
 };
 
 // Every rank's `mine` (any lengths), on every rank, in rank order: two

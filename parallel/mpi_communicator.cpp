@@ -454,6 +454,10 @@ std::string MpiCommunicator::where(const char* op, const Tensor& buffer) const {
                         ", ", buffer.nbytes(), " bytes)");
 }
 
+void MpiCommunicator::set_activity(RankActivity activity, int64_t step) {
+  if (inspector_) inspector_->set_activity(int64_t(activity), step);
+}
+
 void MpiCommunicator::begin(const char* kind) {
   ++sequence_;
   if (inspector_) inspector_->publish(slot_, sequence_, kind);
@@ -470,12 +474,13 @@ void MpiCommunicator::stalled(const MpiWork& work, double waited_s) {
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   std::ostringstream text;
   text << "rank " << world_rank << " on " << host << ": " << work.where() << " did not complete within " << timeout()
-       << " s (--comm-timeout; waited " << waited_s << " s). Where the ranks of '" << name_ << "' are:\n"
+       << " s (" << timeout_flag() << "; waited " << waited_s << " s). Where the ranks of '" << name_ << "' are:\n"
        << (inspector_ ? inspector_->report(slot_, comm_, work.sequence(), 2.0, 0.5 * waited_s)
                       : std::string("  (no stall inspector: a group of one, or split from one)\n"))
        << "A rank that has not reached the operation is stalled (hung, far slower, or dead) or is waiting in "
           "another operation; see its output above. The job is aborted so that no rank waits forever; raise "
-          "--comm-timeout if a step legitimately takes longer.";
+          "--comm-timeout if a step legitimately takes longer (--save-timeout if a rank marked WRITING A "
+          "CHECKPOINT is saving: its saves take longer than that).";
   std::fprintf(stderr, "tessera: error: %s\n", text.str().c_str());
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, 3);
@@ -731,7 +736,7 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, const s
   MPI_Comm child = MPI_COMM_NULL;
   TESSERA_MPI_CHECK_AT(at, MPI_Comm_split(comm_, color, key, &child));
   auto made = std::unique_ptr<MpiCommunicator>(new MpiCommunicator(Adopt{}, child, name));
-  made->set_timeout(timeout());
+  made->set_timeout(timeout(), timeout_flag());
   if (inspector_ && made->size_ > 1) {
     made->inspector_ = inspector_;
     made->slot_ = inspector_->add_group();  // split is collective over this communicator: the same order everywhere

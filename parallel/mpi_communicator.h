@@ -72,6 +72,7 @@ class MpiCommunicator final : public Communicator {
   CommHandle send_recv(const std::vector<P2POp>& ops) override;
   void barrier() override;
   void poll() override;
+  void set_activity(RankActivity activity, int64_t step) override;
   uint64_t sequence() const override { return sequence_; }
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
 

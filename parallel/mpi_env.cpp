@@ -7,9 +7,9 @@
 // progressed by the main thread's poll()/test()/wait() calls).
 #include "parallel/mpi_env.h"
 
-#include <cstdlib>
-
 #include <algorithm>
+#include <cstdlib>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <vector>
@@ -51,7 +51,69 @@ std::string thread_level_name(int level) {
   }
 }
 
+// A variable as text, "" when unset.
+std::string variable(const std::function<const char*(const char*)>& getenv, const char* name) {
+  const char* value = getenv(name);
+  return value != nullptr ? value : "";
+}
+
+// A positive count from a Slurm variable, 0 when unset or not a number.
+long slurm_count(const std::string& text) {
+  char* end = nullptr;
+  const long count = std::strtol(text.c_str(), &end, 10);
+  return end != text.c_str() && count > 0 ? count : 0;
+}
+
 }  // namespace
+
+std::string launch_problem(const std::function<const char*(const char*)>& getenv, bool open_mpi) {
+  if (variable(getenv, "TESSERA_LAUNCH_CHECK") == "0") return "";
+  // What launchers give each rank: Open MPI's mpirun (OMPI_*, PMIX_*), srun
+  // --mpi=pmix (PMIX_*) or --mpi=pmi2 (PMI_*), MPICH/Intel MPI's Hydra (PMI_*),
+  // MVAPICH (MV2_*).
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
+                           "PMI_FD", "MV2_COMM_WORLD_RANK", "MPI_LOCALRANKID"})
+    if (!variable(getenv, name).empty()) return "";
+  std::string job = variable(getenv, "SLURM_JOB_ID");
+  if (job.empty()) job = variable(getenv, "SLURM_JOBID");
+  if (job.empty()) return "";  // not in Slurm: a plain start is a world of one
+  std::string step = variable(getenv, "SLURM_STEP_ID");
+  if (step.empty()) step = variable(getenv, "SLURM_STEPID");
+  if (!step.empty()) {
+    // srun started this process but gave it no MPI plugin's variables. Open MPI
+    // then takes it for a direct launch it cannot join, and MPI_Init fails;
+    // other MPIs may read Slurm's PMI-1 library directly, so they are let be.
+    if (!open_mpi) return "";
+    return "this process was started by srun (Slurm job " + job + ", step " + step +
+           ") without an MPI plugin (srun --mpi=none, or MpiDefault=none in slurm.conf), so Open MPI cannot connect "
+           "the ranks and MPI_Init would fail; launch with `srun --mpi=pmix tessera train ...` (`srun --mpi=list` "
+           "shows this cluster's plugins), or set TESSERA_LAUNCH_CHECK=0 if a launcher Tessera does not know started "
+           "it";
+  }
+  long tasks = slurm_count(variable(getenv, "SLURM_NTASKS"));
+  std::string tasks_variable = "SLURM_NTASKS";
+  if (tasks == 0) {
+    tasks = slurm_count(variable(getenv, "SLURM_NPROCS"));
+    tasks_variable = "SLURM_NPROCS";
+  }
+  long nodes = slurm_count(variable(getenv, "SLURM_JOB_NUM_NODES"));
+  if (nodes == 0) nodes = slurm_count(variable(getenv, "SLURM_NNODES"));
+  std::string allocation;
+  if (tasks > 1)
+    allocation = std::to_string(tasks) + " tasks (" + tasks_variable + "=" + std::to_string(tasks) + ")";
+  else if (tasks == 0 && nodes > 1)
+    allocation = std::to_string(nodes) + " nodes (SLURM_JOB_NUM_NODES=" + std::to_string(nodes) + ")";
+  else
+    return "";  // a one-task allocation: one rank is what it asked for
+  const std::string ranks = tasks > 1 ? std::to_string(tasks) : "N";
+  return "this process was started plainly (not by srun or mpirun) inside Slurm job " + job +
+         ", whose allocation has " + allocation +
+         ", so it would train alone as one rank while the rest of the allocation idles. Launch the ranks from the "
+         "batch script with `srun --mpi=pmix tessera train ...` (or `mpirun -np " +
+         ranks +
+         " tessera train ...`); to train on one rank on purpose, use `srun -n 1 --mpi=pmix tessera train ...` or set "
+         "TESSERA_LAUNCH_CHECK=0";
+}
 
 MpiEnv::MpiEnv() {
   int initialised = 0, finalised = 0;
@@ -60,6 +122,13 @@ MpiEnv::MpiEnv() {
   TESSERA_CHECK(!finalised, "MpiEnv: MPI was already finalised in this process and cannot be started again; ",
                 "create one MpiEnv for the whole life of the program");
   if (!initialised) {
+    // Before MPI_Init, which in these cases runs as one rank or fails with Open MPI's text.
+    char library[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+    int length = 0;
+    MPI_Get_library_version(library, &length);  // allowed before MPI_Init (MPI-3)
+    const std::string problem = launch_problem([](const char* name) { return std::getenv(name); },
+                                               std::string(library).find("Open MPI") != std::string::npos);
+    TESSERA_CHECK(problem.empty(), problem);
     int provided = MPI_THREAD_SINGLE;
     // Open MPI: the stall inspector's one-sided window (parallel/stall_inspector.h)
     // through osc/sm on a node, else osc/pt2pt; osc/rdma in Open MPI 4.1 races

@@ -6,16 +6,35 @@
 // size (MPI_Comm_split_type with MPI_COMM_TYPE_SHARED), the number of nodes
 // and this node's index, the same way under mpirun, srun --mpi=pmix and an
 // MPIJob launcher (mpirun --hostfile). A process started without a launcher is
-// a world of one (MPI singleton).
+// a world of one (MPI singleton); the constructor refuses one started in a way
+// that cannot work (see launch_problem) before MPI_Init.
 #pragma once
 
 #include <mpi.h>
 
+#include <functional>
 #include <string>
 
 #include "core/device.h"
 
 namespace tessera::parallel {
+
+// What is wrong with the way this process was started, judged from its
+// environment before MPI_Init, or "" when nothing is. `getenv` looks a
+// variable up (nullptr when unset); `open_mpi`: the MPI library is Open MPI.
+//  - Started plainly (no srun, mpirun or other launcher: no SLURM_STEP_ID,
+//    OMPI_*, PMIX_* or PMI_* variables) inside a Slurm allocation of several
+//    tasks (SLURM_NTASKS > 1, or several nodes), as `tessera train` run
+//    straight from an sbatch script or an salloc shell: it would train alone
+//    as a world of one while the allocation idles. (A batch script has
+//    SLURM_PROCID=0 but no SLURM_STEP_ID; srun's tasks have both.) A
+//    one-task allocation started plainly is fine.
+//  - Started by srun without an MPI plugin (srun --mpi=none, or a cluster
+//    whose MpiDefault is none; Open MPI only): MPI_Init would fail with Open
+//    MPI's text.
+// The message says how to launch (srun --mpi=pmix ..., or mpirun -np N ...).
+// TESSERA_LAUNCH_CHECK=0 turns the check off, for a launcher it does not know.
+std::string launch_problem(const std::function<const char*(const char*)>& getenv, bool open_mpi);
 
 class MpiEnv {
  public:

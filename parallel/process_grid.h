@@ -20,7 +20,7 @@ namespace tessera::parallel {
 struct GridSizes {
   int tp = 1;
   int pp = 1;
-  int dp = 0;                     // 0: world / (tp · pp)
+  int dp = 0;                      // 0: world / (tp · pp)
   std::string order = "tp-dp-pp";  // fastest-varying axis first
 };
 

@@ -69,10 +69,11 @@ class DeviceRoutedCommunicator final : public Communicator {
     mpi_->barrier();
   }
   void poll() override { mpi_->poll(); }
-  void set_timeout(double seconds) override {
-    Communicator::set_timeout(seconds);
-    mpi_->set_timeout(seconds);
-    device_->set_timeout(seconds);
+  void set_activity(RankActivity activity, int64_t step) override { mpi_->set_activity(activity, step); }
+  void set_timeout(double seconds, const std::string& flag = "--comm-timeout") override {
+    Communicator::set_timeout(seconds, flag);
+    mpi_->set_timeout(seconds, flag);
+    device_->set_timeout(seconds, flag);
   }
   uint64_t sequence() const override { return sequence_; }
   std::unique_ptr<Communicator> split(int color, int key, const std::string& child_name) override {
@@ -80,7 +81,7 @@ class DeviceRoutedCommunicator final : public Communicator {
     auto mpi = mpi_->split(color, key, child_name);
     auto device = device_->split(color, key, child_name);
     auto child = std::make_unique<DeviceRoutedCommunicator>(std::move(mpi), std::move(device));
-    child->set_timeout(timeout());
+    child->set_timeout(timeout(), timeout_flag());
     return child;
   }
 

@@ -17,7 +17,9 @@ namespace {
 // Operation kinds as small codes (the window holds integers).
 constexpr const char* kKinds[] = {"(none)", "all_reduce", "reduce_scatter", "all_gather", "broadcast",
                                   "send",   "recv",       "send_recv",      "barrier",    "split"};
-constexpr int kPartSize = 1 + 2 * StallInspector::kSlots;
+constexpr int kHeader = 4;  // heartbeat, activity, activity step, activity since
+constexpr int kPartSize = kHeader + 2 * StallInspector::kSlots;
+constexpr int64_t kWritingCheckpoint = 1;  // RankActivity::writing_checkpoint
 
 int64_t kind_code(const char* kind) {
   for (int64_t i = 1; i < int64_t(std::size(kKinds)); ++i)
@@ -44,8 +46,8 @@ StallInspector::StallInspector(MPI_Comm root) : root_(root) {
   MPI_Info info = MPI_INFO_NULL;
   MPI_Info_create(&info);
   MPI_Info_set(info, "alloc_shm", "false");
-  const int made = MPI_Win_allocate(MPI_Aint(kPartSize * sizeof(int64_t)), int(sizeof(int64_t)), info, root_, &base,
-                                    &window_);
+  const int made =
+      MPI_Win_allocate(MPI_Aint(kPartSize * sizeof(int64_t)), int(sizeof(int64_t)), info, root_, &base, &window_);
   MPI_Info_free(&info);
   if (made != MPI_SUCCESS) {
     window_ = MPI_WIN_NULL;  // no RMA: the inspector stays off
@@ -80,14 +82,23 @@ int StallInspector::add_group() {
 void StallInspector::publish(int slot, uint64_t sequence, const char* kind) {
   if (!part_ || slot < 0) return;
   part_[0] = now_ns();
-  part_[1 + 2 * slot] = int64_t(sequence);
-  part_[2 + 2 * slot] = kind_code(kind);
+  part_[kHeader + 2 * slot] = int64_t(sequence);
+  part_[kHeader + 1 + 2 * slot] = kind_code(kind);
   MPI_Win_sync(window_);
 }
 
 void StallInspector::heartbeat() {
   if (!part_) return;
   part_[0] = now_ns();
+  MPI_Win_sync(window_);
+}
+
+void StallInspector::set_activity(int64_t activity, int64_t step) {
+  if (!part_) return;
+  part_[0] = now_ns();
+  part_[1] = activity;
+  part_[2] = step;
+  part_[3] = part_[0];
   MPI_Win_sync(window_);
 }
 
@@ -120,12 +131,12 @@ std::string StallInspector::report(int slot, MPI_Comm comm, uint64_t sequence, d
   const int64_t now = now_ns();
   for (int r = 0; r < size; ++r) {
     out << "  rank " << r << " (world rank " << in_world[size_t(r)] << "): ";
-    int64_t heartbeat = 0, entry[2] = {0, 0};
+    int64_t header[kHeader] = {}, entry[2] = {0, 0};
     MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     bool answered = false;
     const int target = in_root[size_t(r)];
-    if (MPI_Rget(&heartbeat, 1, MPI_INT64_T, target, 0, 1, MPI_INT64_T, window_, &requests[0]) == MPI_SUCCESS &&
-        MPI_Rget(entry, 2, MPI_INT64_T, target, MPI_Aint(1 + 2 * slot), 2, MPI_INT64_T, window_, &requests[1]) ==
+    if (MPI_Rget(header, kHeader, MPI_INT64_T, target, 0, kHeader, MPI_INT64_T, window_, &requests[0]) == MPI_SUCCESS &&
+        MPI_Rget(entry, 2, MPI_INT64_T, target, MPI_Aint(kHeader + 2 * slot), 2, MPI_INT64_T, window_, &requests[1]) ==
             MPI_SUCCESS) {
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(patience_s);
       int done = 0;
@@ -143,9 +154,14 @@ std::string StallInspector::report(int slot, MPI_Comm comm, uint64_t sequence, d
       out << "reached it (last started operation " << entry[0] << ", " << kind_name(entry[1]) << ")";
     else
       out << "has NOT reached it: last started operation " << entry[0] << " (" << kind_name(entry[1]) << ")";
-    const double idle = double(now - heartbeat) * 1e-9;
-    out << "; last active in MPI " << std::fixed << std::setprecision(1) << idle << " s ago"
-        << (idle > stalled_after_s ? "  <- STALLED" : "") << (r == rank ? "  (this rank)" : "") << "\n";
+    const double idle = double(now - header[0]) * 1e-9;
+    out << "; last active in MPI " << std::fixed << std::setprecision(1) << idle << " s ago";
+    if (header[1] == kWritingCheckpoint)
+      out << "; writing checkpoint step " << header[2] << " for " << double(now - header[3]) * 1e-9
+          << " s  <- WRITING A CHECKPOINT (--save-timeout)";
+    else if (idle > stalled_after_s)
+      out << "  <- STALLED";
+    out << (r == rank ? "  (this rank)" : "") << "\n";
     out.unsetf(std::ios::fixed);
   }
   return out.str();

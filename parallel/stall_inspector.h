@@ -7,7 +7,8 @@
 // communicator split from it: each rank's part holds a heartbeat (when it was
 // last seen alive in MPI: starting an operation or waiting for one) and, per
 // communicator, the sequence number and kind of the operation it last
-// started. Communicators get their slot in creation order, which is the same
+// started, and what the rank is busy with outside MPI (writing a checkpoint,
+// since when). Communicators get their slot in creation order, which is the same
 // on every rank. Writes are local stores plus MPI_Win_sync (nothing
 // travels); report() reads the other ranks' parts with MPI_Rget under one
 // passive-target epoch (MPI_Win_lock_all for the window's life), waiting at
@@ -36,6 +37,9 @@ class StallInspector {
   int add_group();
   void publish(int slot, uint64_t sequence, const char* kind);
   void heartbeat();  // this rank is alive in MPI now
+  // What this rank is busy with (RankActivity as an integer, and its step),
+  // since now; reports show it next to the rank instead of calling it stalled.
+  void set_activity(int64_t activity, int64_t step);
   // One line per rank of `comm` (whose slot is `slot`): whether it has
   // reached operation `sequence`, and when it was last seen alive in MPI
   // (marked STALLED when longer ago than `stalled_after_s`).
@@ -45,7 +49,7 @@ class StallInspector {
  private:
   MPI_Comm root_;
   MPI_Win window_ = MPI_WIN_NULL;
-  int64_t* part_ = nullptr;  // [heartbeat ns, then kSlots × (sequence, kind code)]
+  int64_t* part_ = nullptr;  // [heartbeat ns, activity, its step, since ns, then kSlots × (sequence, kind code)]
   int next_slot_ = 0;
 };
 

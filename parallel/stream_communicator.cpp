@@ -275,7 +275,7 @@ std::unique_ptr<Communicator> StreamCommunicator::split(int color, int key, cons
   std::unique_ptr<CollectiveChannel> child = channel_->split(color, key, child_name, child_stream);
   auto made =
       std::make_unique<StreamCommunicator>(std::move(child), child_name, ctx_, device_, std::move(child_stream));
-  made->set_timeout(timeout());
+  made->set_timeout(timeout(), timeout_flag());
   return made;
 }
 

@@ -372,8 +372,8 @@ std::vector<int> parse_cpu_list(const std::string& text, const std::string& what
     // Linux numbers CPUs below CONFIG_NR_CPUS (at most 8192 today): anything
     // far beyond is a damaged file, not a machine.
     constexpr int kMaxCpu = 1 << 16;
-    TESSERA_CHECK(*last < kMaxCpu, "topology: ", what, ": '", text, "' names CPU ", *last, "; CPU numbers must be below ",
-                  kMaxCpu);
+    TESSERA_CHECK(*last < kMaxCpu, "topology: ", what, ": '", text, "' names CPU ", *last,
+                  "; CPU numbers must be below ", kMaxCpu);
     for (int cpu = *first; cpu <= *last; ++cpu) cpus.push_back(cpu);
   }
   std::sort(cpus.begin(), cpus.end());

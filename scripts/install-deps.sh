@@ -15,6 +15,7 @@ packages=(
   util-linux                          # taskset: CPU binding in scripts/tessera-rank
   libhdf5-dev                         # datasets and checkpoints
   libcli11-dev                        # the command line
+  libtomlplusplus-dev                 # the --config TOML files of `tessera train`
   libopenblas-openmp-dev              # f32 GEMM, sharing OpenMP with our kernels
   libdnnl-dev ocl-icd-opencl-dev      # oneDNN: bf16 GEMM (AMX), convolutions
   libgtest-dev                        # tests
@@ -22,6 +23,7 @@ packages=(
   dataset-fashion-mnist               # real-data test and demo (IDX files in /usr/share/datasets/fashion-mnist)
   fortunes                            # a text corpus for byte-level token preparation (/usr/share/games/fortunes)
   python3-yaml python3-jsonschema python3-venv  # the `k8s` tests: manifest validation; venv for k8s/install-tools.sh
+  patchelf xz-utils                   # the GPU bundle (scripts/gpu-bundle.sh): $ORIGIN RUNPATHs, compression
 )
 for arg in "$@"; do
   case "$arg" in

@@ -5,6 +5,7 @@
 // directory resolves to its latest checkpoint; list marks the latest and
 // leftovers of interrupted saves.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include "core/error.h"
 #include "io/checkpoint.h"
 #include "parallel/local_communicator.h"
+#include "tests/io/io_test_files.h"
 #include "tests/support/test_support.h"
 
 namespace tessera::testing {
@@ -158,6 +160,45 @@ TEST(CheckpointCommand, InspectPrintsTensorsAndVerifiesChecksums) {
     ADD_FAILURE() << "no error for a missing path";
   } catch (const Error& error) {
     EXPECT_CONTAINS(std::string(error.what()), "does not exist");
+  }
+}
+
+// `checkpoint inspect` on damaged HDF5 metadata says which part: a tensor's
+// header shows as DAMAGED in the table (the others are listed and verified);
+// damage to the structure fails naming the part and the earlier checkpoint.
+TEST(CheckpointCommand, InspectNamesTheDamagedPart) {
+  TESSERA_SEED_TRACE();
+  Context ctx;
+  auto world = parallel::make_local_communicator();
+  ScratchDir dir;
+  const std::string save_dir = (dir.path / "run").string();
+  std::mt19937_64 rng = make_rng();
+  const std::vector<io::TensorPiece> pieces = {whole("a", random_tensor(ctx, Shape{5, 3}, DType::f32, rng).tensor),
+                                               whole("b", random_tensor(ctx, Shape{7}, DType::f32, rng).tensor)};
+  io::save_checkpoint(*world, save_dir, 1, pieces, {{"model", "mlp"}});
+  std::string path = io::save_checkpoint(*world, save_dir, 2, pieces, {{"model", "mlp"}});
+  damage_object_header(path + "/checkpoint.h5", "/tensors/a");
+  const CliRun tensor = run_cli({"checkpoint", "inspect", path});
+  EXPECT_EQ(tensor.exit_code, 1);
+  const size_t a = tensor.out.find("\n  a ");
+  ASSERT_NE(a, std::string::npos) << tensor.out;
+  EXPECT_CONTAINS(tensor.out.substr(a, tensor.out.find('\n', a + 1) - a), "DAMAGED: HDF5 cannot read its header (");
+  EXPECT_CONTAINS(tensor.out, "checksums: 0 of 1 tensors do not match, 1 damaged");
+  EXPECT_CONTAINS(tensor.err, "checksum mismatch or a damaged header in 1 tensor of ");
+  const size_t b = tensor.out.find("  b ");
+  ASSERT_NE(b, std::string::npos) << tensor.out;
+  EXPECT_CONTAINS(tensor.out.substr(b, tensor.out.find('\n', b) - b), " ok");
+
+  fs::remove_all(path);
+  path = io::save_checkpoint(*world, save_dir, 2, pieces, {{"model", "mlp"}});
+  damage_object_header(path + "/checkpoint.h5", "/metadata");
+  try {
+    run_cli({"checkpoint", "inspect", path});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& error) {
+    const std::string what = error.what();
+    EXPECT_CONTAINS(what, "is damaged: HDF5 cannot read its metadata (/metadata)");
+    EXPECT_CONTAINS(what, "resume from an earlier one: --resume " + (fs::path(save_dir) / "step_00000001").string());
   }
 }
 

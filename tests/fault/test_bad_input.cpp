@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "io/checkpoint.h"
+#include "io/save_lock.h"
 #include "tests/io/io_test_files.h"
 #include "tests/support/process_job.h"
 #include "tests/support/resume_support.h"
@@ -37,10 +38,13 @@ const std::vector<std::string> kGpt = words(
     "--train-steps 6 --save-interval 2 --comm-timeout 20");
 
 // Every file under `dir` with its bytes: the "untouched" check.
+// Every file of `dir` and its bytes, but the save directory's lock file
+// (io/save_lock.h): each run that starts takes the lock and writes its name
+// there; the checkpoints and `latest` are what must not change.
 std::map<std::string, std::string> snapshot(const fs::path& dir) {
   std::map<std::string, std::string> files;
   for (const auto& entry : fs::recursive_directory_iterator(dir)) {
-    if (!entry.is_regular_file()) continue;
+    if (!entry.is_regular_file() || entry.path().filename() == io::kSaveLockFile) continue;
     std::ifstream in(entry.path(), std::ios::binary);
     std::stringstream bytes;
     bytes << in.rdbuf();
@@ -139,6 +143,14 @@ TEST_F(BadInput, RanksStartedWithDifferentFlagsOrData) {
   const std::string other_data = write_text_dataset(other, 6000, rng);
   expect_command_refused(mpmd(train_args({}), train_args({"--data", other_data})),
                          {"the --data file's contents: 'tokens: ", "' on rank 0; 'tokens: ", "' on rank 1"});
+  // A copy of the same size and vocabulary with other text: only the digest of
+  // the values tells them apart.
+  const fs::path twin = dir.path / "twin";
+  fs::create_directories(twin);
+  const std::string twin_data = write_text_dataset(twin, 4000, rng);
+  expect_command_refused(
+      mpmd(train_args({}), train_args({"--data", twin_data})),
+      {"the --data file's contents: 'tokens: ", ", crc32 0x", "' on rank 0; 'tokens: ", "' on rank 1"});
   // A different thread count is fine: the run goes on to its end.
   const auto fresh = joined(kGpt, {"--data", data, "--save", dir / "ok"});
   Job job(mpmd(fresh, joined(fresh, {"--threads", "2"})), dir / "ok.log");
@@ -189,9 +201,12 @@ TEST_F(BadInput, LabelsOutOfRange) {
   images.labels[bad_index] = 4;  // == num_classes
   const std::string file = dir / "images.h5";
   write_classification(file, images);
-  expect_refused({"--model", "mlp", "--hidden", "16", "--data", file, "--save", dir / "mlp_ckpt"},
-                 {file, "'/labels'[" + std::to_string(bad_index) + "] = 4 is outside [0, num_classes)",
-                  "fix the labels or the attribute, or prepare the file again"});
+  // The MLP's own flags only: the GPT's would be refused as unused (apps/train_config.h).
+  const std::vector<std::string> mlp = words(
+      "--model mlp --hidden 16 --micro-batch-size 2 --threads 1 --train-steps 6 --save-interval 2 --comm-timeout 20");
+  expect_command_refused(tessera_command(2, joined(mlp, {"--data", file, "--save", dir / "mlp_ckpt"})),
+                         {file, "'/labels'[" + std::to_string(bad_index) + "] = 4 is outside [0, num_classes)",
+                          "fix the labels or the attribute, or prepare the file again"});
 }
 
 // --- Checkpoints -----------------------------------------------------------
@@ -225,6 +240,26 @@ TEST_F(BadInput, CheckpointChecksumMismatch) {
   ASSERT_TRUE(flip_random_stored_bit(file, "/tensors/wte.weight", rng));  // what a bad disk or copy does
   expect_refused({}, {"checksum mismatch in tensor wte.weight of " + file,
                       "resume from an earlier one: --resume " + (fs::path(save) / "step_00000002").string()});
+}
+
+// Issue 21, case 3: bytes flipped in the HDF5 metadata, not in a tensor.
+// Before: HDF5's raw error stack, then "HDF5: infinite loop closing library"
+// and a line of FL,FL,... at exit, and no advice.
+TEST_F(BadInput, CheckpointMetadataDamaged) {
+  const std::string file = newest_checkpoint_file();
+  damage_object_header(file, "/metadata");
+  const std::vector<std::string> expected = {
+      "checkpoint " + file + " is damaged: HDF5 cannot read its metadata (/metadata)",
+      "resume from an earlier one: --resume " + (fs::path(save) / "step_00000002").string()};
+  // Under mpiexec MPI_Abort ends the ranks before HDF5's exit handler runs;
+  // started plainly, the process exits normally and the handler ran.
+  for (const std::string& output :
+       {expect_refused({}, expected),
+        expect_command_refused(joined({TESSERA_BINARY, "train"}, train_args({"--comm-timeout", "0"})), expected)}) {
+    EXPECT_FALSE(contains(output, "infinite loop closing library")) << output;
+    EXPECT_FALSE(contains(output, "FL,FL")) << output;
+    EXPECT_FALSE(contains(output, "HDF5-DIAG")) << output;
+  }
 }
 
 // Node-local --save directories: rank 1 runs in a mount namespace of its own

@@ -8,14 +8,18 @@
 // --max-skipped-steps; a slow rank waited for; a full disk (bytes, inodes)
 // named with what to do, the previous checkpoint kept.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/context.h"
@@ -183,6 +187,131 @@ TEST(Faults, ATruncatedDataFileInTheMiddleOfARunNamesTheRankAndTheFile) {
   expect_newest_checkpoint_resumes(dir / "ckpt", 4, 2, run_args, 6, dir / "resumed.log");
 }
 
+// The data file of a running 2-rank job changes under it, as a user's `cp`,
+// `truncate` or `mv` would do it (not through TESSERA_FAULT): the job must
+// end at its next read naming the file and what changed, not train on zeros
+// or on another file, leave no process behind, and keep its newest checkpoint
+// intact; the same command with the file restored resumes from it.
+struct DataChange {
+  const char* name;
+  const char* expected;  // what the message says changed
+  std::function<void(const std::string& live, const std::string& other)> apply;
+};
+
+class DataFileChanged : public ::testing::TestWithParam<DataChange> {};
+
+TEST_P(DataFileChanged, EndsTheJobNamingTheFileAndTheChange) {
+  const DataChange& change = GetParam();
+  ScratchDirectory dir("tessera_faults_");
+  std::mt19937_64 rng(std::random_device{}());
+  std::filesystem::create_directories(dir / "a");
+  std::filesystem::create_directories(dir / "b");
+  const std::string original = write_text_dataset(dir.path / "a", 60000, rng);
+  const std::string other = write_text_dataset(dir.path / "b", 60000, rng);
+  const std::string live = dir / "live.h5";
+  std::filesystem::copy_file(original, live);
+  const auto args = joined(words("--model gpt --seq-length 8 --num-layers 1 --num-heads 2 --hidden-size 16 "
+                                 "--micro-batch-size 2 --threads 1 --train-steps 100000 --save-interval 5 "
+                                 "--log-interval 1 --resume auto --comm-timeout 20"),
+                           {"--data", live, "--save", dir / "ckpt", "--metrics", dir / "metrics.jsonl"});
+  Job job(tessera_command(2, args), dir / "run.log");
+  ASSERT_TRUE(wait_for_steps(job, dir / "metrics.jsonl", 12, seconds(60))) << job.output();
+  change.apply(live, other);
+  const int status = job.wait(seconds(60));
+  const std::string output = job.output();
+  EXPECT_NE(status, 0) << output;
+  EXPECT_NE(status, -1) << "the job did not end:\n" << output;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(job.anything_left()) << "processes left after the job ended";
+  for (const std::string& part : std::vector<std::string>{
+           "[rank ", "data file " + live + " changed while this job was reading it", change.expected, "--resume auto"})
+    EXPECT_TRUE(contains(output, part)) << "no '" << part << "' in:\n" << output;
+  const std::optional<std::string> latest = io::find_latest_checkpoint(dir / "ckpt");
+  ASSERT_TRUE(latest.has_value()) << output;
+  const io::CheckpointReader reader(*latest);
+  EXPECT_EQ(reader.verify(), std::vector<std::string>{});
+  const int64_t saved = reader.step();
+  std::filesystem::remove(live);
+  std::filesystem::copy_file(original, live);
+  const Outcome resumed =
+      run_job(2, joined(args, {"--exit-interval", std::to_string(saved + 2)}), dir / "resumed.log", seconds(60));
+  EXPECT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_TRUE(contains(resumed.output, "resumed from " + *latest)) << resumed.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Changes, DataFileChanged,
+    ::testing::Values(DataChange{"Truncated", "(truncated): HDF5 reads zeros past its end",
+                                 [](const std::string& live, const std::string&) {
+                                   std::filesystem::resize_file(live, std::filesystem::file_size(live) / 2);
+                                 }},
+                      DataChange{"RewrittenInPlace", "rewritten while open",
+                                 [](const std::string& live, const std::string& other) {
+                                   std::filesystem::copy_file(other, live,
+                                                              std::filesystem::copy_options::overwrite_existing);
+                                 }},
+                      DataChange{"Replaced", "the path now names another file",
+                                 [](const std::string& live, const std::string& other) {
+                                   std::filesystem::copy_file(other, live + ".new");
+                                   std::filesystem::rename(live + ".new", live);
+                                 }}),
+    [](const ::testing::TestParamInfo<DataChange>& param) { return std::string(param.param.name); });
+
+// A checkpoint that takes longer to write than --comm-timeout (rank 0 sleeps
+// 6 s in the middle of the step-2 write; the timeout is 3 s) is not a stall:
+// the save has its own deadline (--save-timeout), and the run ends normally.
+// With a save deadline shorter than the write, the others' report says rank
+// 0 is writing checkpoint step 2, and names --save-timeout, not a stall.
+TEST(Faults, ASaveSlowerThanTheCommTimeoutIsNotAStall) {
+  ScratchDirectory dir("tessera_faults_");
+  const auto args = joined(gpt_args(), {"--train-steps", "4", "--save-interval", "2", "--comm-timeout", "3"});
+  const FaultEnvironment fault("slow_checkpoint@2:0");
+  const Outcome ok = run_job(2, joined(args, {"--save", dir / "ok"}), dir / "ok.log", seconds(90));
+  EXPECT_EQ(ok.status, 0) << ok.output;
+  EXPECT_TRUE(contains(ok.output, "TESSERA_FAULT: slow_checkpoint while writing the step-2 checkpoint on rank 0"))
+      << ok.output;
+  EXPECT_FALSE(contains(ok.output, "STALLED")) << ok.output;
+  ASSERT_TRUE(io::find_latest_checkpoint(dir / "ok").has_value());
+  EXPECT_EQ(io::CheckpointReader(*io::find_latest_checkpoint(dir / "ok")).step(), 4);
+
+  const Outcome late =
+      run_job(2, joined(args, {"--save", dir / "late", "--save-timeout", "2"}), dir / "late.log", seconds(90));
+  expect_ended_by_fault(late, 2.0,
+                        {"did not complete within 2 s (--save-timeout", "(world rank 0): ",
+                         "writing checkpoint step 2 for ", "<- WRITING A CHECKPOINT (--save-timeout)"});
+  EXPECT_FALSE(contains(late.output, "STALLED")) << late.output;
+}
+
+// Two jobs given one --save directory: the second is refused at its start,
+// told which job holds the directory (host, pid), and writes nothing; the
+// first goes on undisturbed (a SIGUSR1 then makes it checkpoint and exit 0),
+// and its checkpoints verify. Once it has ended the directory is free again.
+TEST(Faults, ASecondJobWritingTheSameSaveDirectoryIsRefusedNamingTheFirst) {
+  ScratchDirectory dir("tessera_faults_");
+  const auto args = joined(gpt_args(), {"--train-steps", "100000", "--save", dir / "ckpt", "--save-interval", "20",
+                                        "--log-interval", "1", "--resume", "auto"});
+  Job first(tessera_command(2, joined(args, {"--metrics", dir / "first.jsonl"})), dir / "first.log");
+  ASSERT_TRUE(wait_for_steps(first, dir / "first.jsonl", 25, seconds(60))) << first.output();
+  const Outcome second = run_job(2, args, dir / "second.log", seconds(60));
+  EXPECT_NE(second.status, 0) << second.output;
+  EXPECT_FALSE(second.left) << "processes of the second job left";
+  for (const std::string& part :
+       std::vector<std::string>{"[rank 0]", "--save " + (dir / "ckpt") + " is in use: another job is writing", "host ",
+                                ", pid ", "give this job its own --save"})
+    EXPECT_TRUE(contains(second.output, part)) << "no '" << part << "' in:\n" << second.output;
+  EXPECT_FALSE(contains(second.output, "resumed from")) << second.output;
+  EXPECT_TRUE(first.running()) << "the first job was disturbed:\n" << first.output();
+  ::kill(first.pid(), SIGUSR1);  // mpirun forwards it to the ranks: a checkpoint, then exit 0
+  EXPECT_EQ(first.wait(seconds(60)), 0) << first.output();
+  const std::optional<std::string> latest = io::find_latest_checkpoint(dir / "ckpt");
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(io::CheckpointReader(*latest).verify(), std::vector<std::string>{});
+  // Free again: the same command now resumes (and stops at once).
+  const Outcome third = run_job(2, joined(args, {"--exit-interval", "1"}), dir / "third.log", seconds(60));
+  EXPECT_EQ(third.status, 0) << third.output;
+  EXPECT_TRUE(contains(third.output, "resumed from " + *latest)) << third.output;
+}
+
 // A run whose --save directory sits on a small tmpfs (`mount_options`),
 // mounted in a private mount namespace (unshare) so nothing outlives the
 // test; the save directory is copied out to `copy` afterwards for the checks.
@@ -202,13 +331,14 @@ TEST(Faults, AFullDiskStopsTheSaveSayingSoAndKeepsThePreviousCheckpoint) {
   if (::geteuid() != 0 || !std::filesystem::exists("/usr/bin/unshare"))
     GTEST_SKIP() << "needs root and util-linux's unshare to mount a small tmpfs in a private mount namespace";
   // Each checkpoint of this model is about 123 KiB: 300 KiB hold two, the
-  // third (step 6) does not fit; 8 inodes are used up by then as well.
+  // third (step 6) does not fit; 9 inodes (the save directory's lock file
+  // takes one) are used up by then as well.
   struct Case {
     std::string mount_options, message;
   };
   const std::vector<Case> cases = {
       {"size=300k", "the checkpoint needs about"},
-      {"size=10m,nr_inodes=8", "no room for more files (inodes)"},
+      {"size=10m,nr_inodes=9", "no room for more files (inodes)"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.mount_options);

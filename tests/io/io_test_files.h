@@ -31,6 +31,7 @@ class TempDir {
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
   std::string file(const std::string& name) const { return (path_ / name).string(); }
+  const std::filesystem::path& path() const { return path_; }
 
  private:
   std::filesystem::path path_;
@@ -167,6 +168,24 @@ inline bool flip_random_stored_bit(const std::string& path, const std::string& n
   if (stored == 0) return false;
   return flip_stored_bit(path, name, std::uniform_int_distribution<hsize_t>(0, stored - 1)(rng),
                          std::uniform_int_distribution<int>(0, 7)(rng));
+}
+
+// Inverts 8 bytes starting `offset` bytes into the header of HDF5 object
+// `name` of `path` (inside its checksummed prefix and messages), as a bad disk
+// would: damage to the file's metadata rather than its data.
+inline void damage_object_header(const std::string& path, const std::string& name, int offset = 12) {
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  H5O_info_t info{};  // HDF5 1.10: the header's address is H5O_info_t::addr
+  H5Oget_info_by_name2(file, name.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT);
+  H5Fclose(file);
+  std::fstream stream(path, std::ios::in | std::ios::out | std::ios::binary);
+  const auto at = std::streamoff(info.addr + haddr_t(offset));
+  char bytes[8];
+  stream.seekg(at);
+  stream.read(bytes, sizeof bytes);
+  for (char& b : bytes) b = char(~b);
+  stream.seekp(at);
+  stream.write(bytes, sizeof bytes);
 }
 
 // A whole 1-D or N-D dataset read back with the C API, converted to `memory_type`.

@@ -473,6 +473,54 @@ TEST_F(Checkpoint, AFlippedByteIsDetected) {
   EXPECT_EQ(bytes_of(fine.local), bytes_of(good));
 }
 
+// Damage to a checkpoint's HDF5 metadata (not its tensors' data) is reported
+// as a corrupt checkpoint is: which part HDF5 cannot read, HDF5's innermost
+// complaint, and the earlier checkpoint to resume from. The structure (root
+// attributes, /metadata, /tensors) fails the open; a tensor's header fails
+// only that tensor: verify() lists it and read() names it, and the others
+// still read. HDF5 prints nothing itself.
+TEST_F(Checkpoint, DamagedMetadataIsACorruptCheckpointNamingThePart) {
+  TESSERA_SEED_TRACE();
+  const Tensor weight = random_bytes_tensor(ctx, Shape{9, 4}, DType::f32, rng);
+  const Tensor bias = random_bytes_tensor(ctx, Shape{9}, DType::f32, rng);
+  const auto pieces = std::vector<TensorPiece>{whole_piece("w", weight), whole_piece("b", bias)};
+  io::save_checkpoint(*world, save_dir, 1, pieces, {{"model", "mlp"}});
+  const std::string earlier = "--resume " + (fs::path(save_dir) / "step_00000001").string();
+  struct Case {
+    const char* object;
+    const char* part;
+  };
+  for (const Case& c : {Case{"/", "its root attributes"}, Case{"/metadata", "its metadata (/metadata)"},
+                        Case{"/tensors", "its list of tensors (/tensors)"}}) {
+    SCOPED_TRACE(c.object);
+    const std::string path = io::save_checkpoint(*world, save_dir, 2, pieces, {{"model", "mlp"}});
+    const std::string file = (fs::path(path) / "checkpoint.h5").string();
+    damage_object_header(file, c.object);
+    ::testing::internal::CaptureStderr();
+    const std::string message = error_of([&] { io::CheckpointReader reader(path); });
+    const std::string printed = ::testing::internal::GetCapturedStderr();
+    EXPECT_CONTAINS(message, "checkpoint " + file + " is damaged: HDF5 cannot read " + c.part);
+    EXPECT_CONTAINS(message, "corrupt; resume from an earlier one: " + earlier);
+    EXPECT_EQ(message.find("; #1 "), std::string::npos) << "HDF5's whole stack: " << message;
+    EXPECT_EQ(printed, "") << "HDF5 printed its own stack";
+    fs::remove_all(path);
+  }
+  const std::string path = io::save_checkpoint(*world, save_dir, 2, pieces, {{"model", "mlp"}});
+  const std::string file = (fs::path(path) / "checkpoint.h5").string();
+  damage_object_header(file, "/tensors/w");
+  io::CheckpointReader reader(path);
+  ASSERT_EQ(reader.damaged().size(), 1u);
+  EXPECT_EQ(reader.damaged()[0].first, "w");
+  EXPECT_EQ(reader.verify(), std::vector<std::string>{"w"});
+  TensorPiece load = whole_piece("w", poisoned(ctx, weight.shape(), DType::f32));
+  const std::string message = error_of([&] { reader.read(load); });
+  EXPECT_CONTAINS(message, "is damaged: HDF5 cannot read the header of tensor w");
+  EXPECT_CONTAINS(message, earlier);
+  TensorPiece fine = whole_piece("b", poisoned(ctx, bias.shape(), DType::f32));
+  reader.read(fine);
+  EXPECT_EQ(bytes_of(fine.local), bytes_of(bias));
+}
+
 TEST_F(Checkpoint, RefusesFilesThatAreNotCheckpoints) {
   const std::string tokens = dir.file("tokens.h5");
   write_tokens(tokens, {1, 2, 3, 4}, H5T_STD_U8LE, 256);

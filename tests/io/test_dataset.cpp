@@ -326,5 +326,50 @@ TEST(Dataset, ReaderOfTheWrongKindSaysWhichToUse) {
   EXPECT_EQ(io::peek_dataset_kind(tokens), DatasetKind::tokens);
 }
 
+// The digest ranks compare (apps/rank_agreement.h): two files of the same
+// shape and vocabulary that differ in one value differ; the same values
+// stored as another type (or chunked otherwise) agree; past `whole_below`
+// bytes it samples blocks, the first and last included.
+TEST(Dataset, DigestTellsContentsApartButNotStorage) {
+  TESSERA_SEED_TRACE();
+  auto rng = make_rng();
+  TempDir dir;
+  std::uniform_int_distribution<int32_t> id(0, 199);
+  std::vector<int32_t> tokens(5000);
+  for (auto& t : tokens) t = id(rng);
+  write_tokens(dir.file("a.h5"), tokens, H5T_STD_U8LE, 200);
+  write_tokens(dir.file("a32.h5"), tokens, H5T_STD_I32LE, 200);
+  std::vector<int32_t> changed = tokens;
+  const size_t at = std::uniform_int_distribution<size_t>(0, tokens.size() - 1)(rng);
+  changed[at] = (changed[at] + 1) % 200;
+  write_tokens(dir.file("b.h5"), changed, H5T_STD_U8LE, 200);
+  const std::string a = io::dataset_digest(dir.file("a.h5"));
+  EXPECT_NE(a.find("of all 5000 tokens"), std::string::npos) << a;
+  EXPECT_EQ(io::dataset_digest(dir.file("a32.h5")), a);
+  EXPECT_NE(io::dataset_digest(dir.file("b.h5")), a) << "one token differs at " << at;
+  // Sampled: 5000 int32 tokens = 20000 bytes over 2048 → 64 blocks of 8 tokens; the last token is always in.
+  const std::string sampled = io::dataset_digest(dir.file("a.h5"), 2048);
+  EXPECT_NE(sampled.find("of 64 blocks spread over 5000 tokens"), std::string::npos) << sampled;
+  std::vector<int32_t> last_changed = tokens;
+  last_changed.back() = (last_changed.back() + 1) % 200;
+  write_tokens(dir.file("c.h5"), last_changed, H5T_STD_U8LE, 200);
+  EXPECT_NE(io::dataset_digest(dir.file("c.h5"), 2048), sampled);
+
+  ClassificationFile images = random_classification(rng, 40, 1, 4, 4, 5);
+  write_classification(dir.file("i.h5"), images);
+  write_classification(dir.file("i_chunked.h5"), images, 7);
+  const std::string digest = io::dataset_digest(dir.file("i.h5"));
+  EXPECT_NE(digest.find("of all 40 samples"), std::string::npos) << digest;
+  EXPECT_EQ(io::dataset_digest(dir.file("i_chunked.h5")), digest);
+  ClassificationFile relabelled = images;
+  relabelled.labels[3] = (relabelled.labels[3] + 1) % 5;
+  write_classification(dir.file("j.h5"), relabelled);
+  EXPECT_NE(io::dataset_digest(dir.file("j.h5")), digest);
+  ClassificationFile repainted = images;
+  repainted.images[100] ^= 1;
+  write_classification(dir.file("k.h5"), repainted);
+  EXPECT_NE(io::dataset_digest(dir.file("k.h5")), digest);
+}
+
 }  // namespace
 }  // namespace tessera::testing

@@ -240,19 +240,6 @@ pid_t find_rank(pid_t root, int rank) {
   return -1;
 }
 
-// Waits until `metrics` holds `count` step records, while `job` runs.
-bool wait_for_steps(Job& job, const std::string& metrics, int count, seconds limit) {
-  const auto deadline = Clock::now() + limit;
-  while (Clock::now() < deadline && job.running()) {
-    std::ifstream in(metrics);
-    int lines = 0;
-    for (std::string line; std::getline(in, line);) lines += contains(line, "\"step\"");
-    if (lines >= count) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return false;
-}
-
 int64_t latest_step(const std::string& save) {
   const std::optional<std::string> latest = io::find_latest_checkpoint(save);
   if (!latest) return -1;

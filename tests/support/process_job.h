@@ -2,8 +2,9 @@
 // in its own process group with its output in a log file, waited for with a
 // deadline after which the whole group is killed (nothing can hang a test),
 // plus small helpers for argument lists and output. Header-only, shared by
-// the multi-process checkpoint tests and the fault tests; the test target
-// defines TESSERA_BINARY and TESSERA_MPIEXEC.
+// the multi-process checkpoint tests, the fault tests and the CLI tests;
+// tessera_command and run_training need the test target to define
+// TESSERA_BINARY and TESSERA_MPIEXEC.
 #pragma once
 
 #include <fcntl.h>
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -29,16 +31,29 @@ namespace tessera::testing {
 using Clock = std::chrono::steady_clock;
 using std::chrono::seconds;
 
+// The environment of a test job: this process's, less the variables `drop`
+// picks (none when it is empty), plus what every job gets (Open MPI allowed
+// to run as root, one OpenMP thread, progress as lines), plus `extra`.
+inline std::vector<std::string> job_environment(const std::function<bool(const std::string&)>& drop = {},
+                                                const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> environment;
+  for (char** entry = environ; *entry; ++entry)
+    if (!drop || !drop(*entry)) environment.emplace_back(*entry);
+  for (const char* fixed : {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMP_NUM_THREADS=1",
+                            "TESSERA_PROGRESS=lines"})
+    environment.emplace_back(fixed);
+  environment.insert(environment.end(), extra.begin(), extra.end());
+  return environment;
+}
+
 // A process (mpiexec and the ranks it starts) in its own process group, its
 // output going to a log file.
 class Job {
  public:
-  Job(const std::vector<std::string>& argv, const std::string& log) : log_(log) {
-    std::vector<std::string> environment;
-    for (char** entry = environ; *entry; ++entry) environment.emplace_back(*entry);
-    for (const char* extra : {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMP_NUM_THREADS=1",
-                              "TESSERA_PROGRESS=lines"})
-      environment.emplace_back(extra);
+  // `environment`: the job's variables (job_environment() unless told).
+  Job(const std::vector<std::string>& argv, const std::string& log,
+      const std::vector<std::string>& environment = job_environment())
+      : log_(log) {
     std::vector<char*> args, env;
     for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
     args.push_back(nullptr);
@@ -121,9 +136,10 @@ struct Outcome {
 };
 
 // Runs `argv` (a job: mpiexec and its ranks, maybe under a wrapper) to its end (bounded by `limit`).
-inline Outcome run_command(const std::vector<std::string>& argv, const std::string& log, seconds limit) {
+inline Outcome run_command(const std::vector<std::string>& argv, const std::string& log, seconds limit,
+                           const std::vector<std::string>& environment = job_environment()) {
   const auto start = Clock::now();
-  Job job(argv, log);
+  Job job(argv, log, environment);
   Outcome out;
   out.status = job.wait(limit);
   out.seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -133,6 +149,21 @@ inline Outcome run_command(const std::vector<std::string>& argv, const std::stri
   return out;
 }
 
+// Waits until the metrics file `metrics` holds `count` step records while `job` runs.
+inline bool wait_for_steps(Job& job, const std::string& metrics, int count, seconds limit) {
+  const auto deadline = Clock::now() + limit;
+  while (Clock::now() < deadline && job.running()) {
+    std::ifstream in(metrics);
+    int lines = 0;
+    for (std::string line; std::getline(in, line);) lines += line.find("\"step\"") != std::string::npos;
+    if (lines >= count) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+// tessera_command and run_training: for test targets that define TESSERA_BINARY and TESSERA_MPIEXEC.
+#ifdef TESSERA_BINARY
 inline std::vector<std::string> tessera_command(int ranks, const std::vector<std::string>& args) {
   std::vector<std::string> argv = {TESSERA_MPIEXEC, "-np",  std::to_string(ranks), "--oversubscribe",
                                    "--bind-to",     "none", TESSERA_BINARY,        "train"};
@@ -148,6 +179,7 @@ inline std::string run_training(int ranks, const std::vector<std::string>& args,
   EXPECT_EQ(status, 0) << "tessera train on " << ranks << " rank(s) failed; its output:\n" << job.output();
   return job.output();
 }
+#endif  // TESSERA_BINARY
 
 // `argv` as one shell word each ('...' quoted), for `sh -c` command lines.
 inline std::string shell_words(const std::vector<std::string>& argv) {
