@@ -22,6 +22,7 @@
 #include "apps/checkpoint_command.h"
 #include "apps/plot_command.h"
 #include "apps/prepare_command.h"
+#include "apps/process_end.h"
 #include "apps/selfcheck.h"
 #include "apps/topo_command.h"
 #include "apps/train_config.h"
@@ -104,7 +105,8 @@ std::vector<std::string> bad_command_line(const CLI::App& app, const CLI::ParseE
 }  // namespace
 
 int main(int argc, char** argv) {
-  tessera::skip_hdf5_shutdown_at_exit();  // no "infinite loop closing library" after a damaged file
+  tessera::app::install_process_end_hook();  // how library code ends the job (core/process_end.h)
+  tessera::skip_hdf5_shutdown_at_exit();     // no "infinite loop closing library" after a damaged file
   CLI::App app{"Tessera: data-, tensor- and pipeline-parallel training on MPI ranks"};
   app.require_subcommand(0, 1);
   int exit_code = 0;

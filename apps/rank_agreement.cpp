@@ -2,6 +2,7 @@
 // compared (see rank_agreement.h).
 #include "apps/rank_agreement.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <sstream>
@@ -80,8 +81,11 @@ void check_ranks_agree(parallel::Communicator& world, const TrainConfig& config,
       ranks_by_value[found == by_rank[r].end() ? "(not set)" : found->second].push_back(int(r));
     }
     if (ranks_by_value.size() == 1) continue;
+    // The values in the order of their lowest rank (rank 0's first), not of the text.
+    std::vector<std::pair<std::string, std::vector<int>>> groups(ranks_by_value.begin(), ranks_by_value.end());
+    std::sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) { return a.second[0] < b.second[0]; });
     differences += "\n  " + key + ":";
-    for (const auto& [value, ranks] : ranks_by_value)
+    for (const auto& [value, ranks] : groups)
       differences += " '" + value + (ranks.size() > 1 ? "' on ranks " : "' on rank ") + rank_list(ranks) + ";";
     differences.pop_back();
   }

@@ -34,10 +34,10 @@
 
 #include "apps/train_config.h"
 #include "core/dtype.h"
-#include "core/nn/grad_scaler.h"
-#include "core/nn/lr_schedule.h"
-#include "core/nn/models.h"
-#include "core/nn/parameter.h"
+#include "nn/grad_scaler.h"
+#include "nn/lr_schedule.h"
+#include "nn/models.h"
+#include "nn/parameter.h"
 #include "parallel/communicator.h"
 #include "parallel/data_parallel.h"
 

@@ -34,11 +34,7 @@
 #include "core/device_runtime.h"
 #include "core/emulated_runtime.h"
 #include "core/fault.h"
-#include "core/nn/grad_scaler.h"
-#include "core/nn/loss.h"
-#include "core/nn/lr_schedule.h"
-#include "core/nn/models.h"
-#include "core/nn/optimizer.h"
+#include "core/process_end.h"
 #include "io/checkpoint.h"
 #include "io/dataset.h"
 #include "io/loader.h"
@@ -47,6 +43,11 @@
 #include "io/save_lock.h"
 #include "io/trace.h"
 #include "kernels/ops.h"
+#include "nn/grad_scaler.h"
+#include "nn/loss.h"
+#include "nn/lr_schedule.h"
+#include "nn/models.h"
+#include "nn/optimizer.h"
 #include "parallel/data_parallel.h"
 #include "parallel/library_versions.h"
 #include "parallel/local_communicator.h"
@@ -342,7 +343,7 @@ void inject_step_faults(int64_t step, int rank, BatchSource& source, Device devi
   };
   if (fault_due("crash", step, rank)) {
     announce("crash");
-    std::raise(SIGKILL);
+    end_process(ProcessEnd::injected_crash, 128 + SIGKILL);
   }
   if (fault_due("hang", step, rank)) {
     announce("hang");

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "core/context.h"
-#include "core/nn/loss.h"
+#include "nn/loss.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/mpi_env.h"
 #include "parallel/pipeline.h"

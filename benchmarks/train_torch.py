@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch's side of the training-step benchmark (benchmarks/train_compare.py).
 
-Builds the same models Tessera builds (core/nn/models.cpp), with the same
+Builds the same models Tessera builds (nn/models.cpp), with the same
 optimizer, batch and thread count, on synthetic data of the model's shapes,
 times full training steps (zero_grad, forward, loss, backward, optimizer step)
 and prints one machine-readable line:

@@ -53,6 +53,7 @@
 
 #include "core/context.h"
 #include "core/fault.h"
+#include "core/process_end.h"
 #include "core/units.h"
 #include "io/hdf5_file.h"
 
@@ -779,7 +780,7 @@ void crash_if_due(int64_t step, int rank) {
     std::fprintf(stderr, "tessera: TESSERA_FAULT: checkpoint_crash while writing the step-%lld checkpoint on rank %d\n",
                  static_cast<long long>(step), rank);
     std::fflush(nullptr);
-    std::raise(SIGKILL);
+    end_process(ProcessEnd::injected_crash, 128 + SIGKILL);
   }
 }
 

@@ -30,8 +30,8 @@
 #include <string>
 #include <vector>
 
-#include "core/nn/parameter.h"
 #include "core/tensor.h"
+#include "nn/parameter.h"
 #include "parallel/communicator.h"
 
 namespace tessera::io {

@@ -43,9 +43,9 @@
 #include <string>
 #include <vector>
 
-#include "core/nn/optimizer.h"
-#include "core/nn/parameter.h"
 #include "core/tensor.h"
+#include "nn/optimizer.h"
+#include "nn/parameter.h"
 #include "parallel/communicator.h"
 
 namespace tessera::parallel {

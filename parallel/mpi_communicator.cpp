@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "core/context.h"
+#include "core/process_end.h"
 #include "core/storage.h"
 #include "parallel/mpi_check.h"
 
@@ -465,7 +466,7 @@ void MpiCommunicator::begin(const char* kind) {
 
 void MpiCommunicator::stalled(const MpiWork& work, double waited_s) {
   stalled_ = true;
-  // The report goes to stderr and the job is aborted from here: unwinding
+  // The report goes to stderr and the job is ended from here: unwinding
   // would run collective clean-up (window and communicator frees) that the
   // stalled ranks never join.
   char host[256] = "?";
@@ -483,8 +484,7 @@ void MpiCommunicator::stalled(const MpiWork& work, double waited_s) {
           "CHECKPOINT is saving: its saves take longer than that).";
   std::fprintf(stderr, "tessera: error: %s\n", text.str().c_str());
   std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, 3);
-  TESSERA_THROW(text.str());  // MPI_Abort does not return; if it ever does, the error still propagates
+  end_process(ProcessEnd::stalled_collective, 3);  // the program's hook: MPI_Abort (apps/process_end.h)
 }
 
 int MpiCommunicator::next_collective_tag() {

@@ -26,8 +26,8 @@
 #include <string_view>
 #include <vector>
 
-#include "core/nn/loss.h"
-#include "core/nn/module.h"
+#include "nn/loss.h"
+#include "nn/module.h"
 #include "parallel/communicator.h"
 #include "parallel/pipeline_schedule.h"
 

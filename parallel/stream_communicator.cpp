@@ -13,6 +13,7 @@
 
 #include "core/device_runtime.h"
 #include "core/error.h"
+#include "core/process_end.h"
 
 namespace tessera::parallel {
 namespace {
@@ -128,10 +129,11 @@ void StreamCommunicator::start_watchdog() {
       [device] { bind_thread_to_device(device); });
 }
 
-// Not MPI_Abort: MPI runs MPI_THREAD_FUNNELED and this is the watchdog's
-// thread, while the main thread may be blocked in a device call for good. A
-// rank that exits without MPI_Finalize makes mpirun (and srun
-// --kill-on-bad-exit, as slurm/ launches) end the whole job.
+// Ended as a watchdog thread (core/process_end.h): not MPI_Abort, since MPI
+// runs MPI_THREAD_FUNNELED and this is the watchdog's thread, while the main
+// thread may be blocked in a device call for good. A rank that exits without
+// MPI_Finalize makes mpirun (and srun --kill-on-bad-exit, as slurm/ launches)
+// end the whole job.
 void StreamCommunicator::fail_and_exit(const OperationWatchdog::Failure& failure) {
   const int rank = launcher_rank();
   const std::string device = device_.to_string();
@@ -153,7 +155,7 @@ void StreamCommunicator::fail_and_exit(const OperationWatchdog::Failure& failure
                rank, channel_->library(), name_.c_str(), channel_->rank(), channel_->size(), device.c_str());
   std::fflush(nullptr);
   channel_->abort();
-  std::_Exit(1);
+  end_process(ProcessEnd::watchdog_thread, 1);  // the program's hook: std::_Exit (apps/process_end.h)
 }
 
 std::string StreamCommunicator::where(const char* op) const {

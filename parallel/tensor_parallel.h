@@ -52,10 +52,10 @@
 #include <string>
 #include <vector>
 
-#include "core/nn/layers.h"
-#include "core/nn/loss.h"
-#include "core/nn/models.h"
-#include "core/nn/module.h"
+#include "nn/layers.h"
+#include "nn/loss.h"
+#include "nn/models.h"
+#include "nn/module.h"
 #include "parallel/communicator.h"
 
 namespace tessera::parallel {

@@ -29,8 +29,9 @@
 #include "core/context.h"
 #include "core/error.h"
 #include "core/fault.h"
-#include "core/nn/parameter.h"
+#include "core/process_end.h"
 #include "io/checkpoint.h"
+#include "nn/parameter.h"
 #include "parallel/local_communicator.h"
 #include "tests/io/io_test_files.h"
 #include "tests/support/test_support.h"
@@ -414,6 +415,11 @@ TEST_F(Checkpoint, WriterKilledMidSaveLeavesThePreviousCheckpoint) {
   if (child == 0) {
     // The child saves step 20 with the fault armed for step 20 on rank 0; it
     // must die inside save_checkpoint (exit code 3 would mean it did not).
+    // The injected crash goes through end_process (core/process_end.h): the
+    // hook the program installs (apps/process_end.cpp) ends it by SIGKILL.
+    set_process_end_hook([](ProcessEnd how, int) {
+      if (how == ProcessEnd::injected_crash) std::raise(SIGKILL);
+    });
     setenv("TESSERA_FAULT", "checkpoint_crash@20:0", 1);
     try {
       io::save_checkpoint(*world, save_dir, 20, second_pieces, {{"note", "second"}});

@@ -111,7 +111,7 @@ class Sources(unittest.TestCase):
             src = Path(tmp, "src")
             src.mkdir()
             for sources, destination, flags in copies(dockerfile):
-                if "--from" in flags or not destination.startswith(("./", "cmake", "core", "kernels", "parallel",
+                if "--from" in flags or not destination.startswith(("./", "cmake", "core", "kernels", "nn", "parallel",
                                                                      "io", "apps", "scripts")):
                     continue
                 for source in sources:

@@ -16,7 +16,7 @@
 
 #include "apps/trainer.h"
 #include "core/context.h"
-#include "core/nn/models.h"
+#include "nn/models.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mpi_communicator.h"
 #include "tests/mpi/mpi_test.h"

@@ -19,8 +19,8 @@
 
 #include "apps/trainer.h"
 #include "core/context.h"
-#include "core/nn/loss.h"
-#include "core/nn/models.h"
+#include "nn/loss.h"
+#include "nn/models.h"
 #include "parallel/local_communicator.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/pipeline.h"

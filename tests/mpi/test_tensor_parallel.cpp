@@ -19,9 +19,9 @@
 
 #include "apps/trainer.h"
 #include "core/context.h"
-#include "core/nn/loss.h"
-#include "core/nn/models.h"
-#include "core/nn/optimizer.h"
+#include "nn/loss.h"
+#include "nn/models.h"
+#include "nn/optimizer.h"
 #include "parallel/data_parallel.h"
 #include "parallel/local_communicator.h"
 #include "parallel/mpi_communicator.h"

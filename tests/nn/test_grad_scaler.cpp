@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <random>
 
-#include "core/nn/grad_scaler.h"
+#include "nn/grad_scaler.h"
 #include "tests/support/test_support.h"
 
 namespace tessera::testing {

@@ -1,4 +1,4 @@
-// Layers of core/nn/layers.h: every layer's forward against the naive double
+// Layers of nn/layers.h: every layer's forward against the naive double
 // references of tests/support/reference_nn.h, and its backward (the input
 // gradient and every parameter gradient) against central differences of those
 // references; gradients accumulate; dropout masks are the documented
@@ -11,9 +11,9 @@
 #include <functional>
 
 #include "core/context.h"
-#include "core/nn/layers.h"
 #include "core/rng.h"
 #include "kernels/ops.h"
+#include "nn/layers.h"
 #include "tests/kernels/dtype_params.h"
 #include "tests/support/gradcheck.h"
 #include "tests/support/reference_nn.h"

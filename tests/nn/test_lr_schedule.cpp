@@ -7,7 +7,7 @@
 #include <numbers>
 #include <random>
 
-#include "core/nn/lr_schedule.h"
+#include "nn/lr_schedule.h"
 #include "tests/support/test_support.h"
 
 namespace tessera::testing {

@@ -1,4 +1,4 @@
-// Models, loss and initialisation of core/nn: the GPT's loss and EVERY
+// Models, loss and initialisation of nn: the GPT's loss and EVERY
 // parameter gradient against a naive double GPT (tests/support/reference_nn),
 // the MLP and CNN against composed double references; recomputation gives
 // bit-identical gradients and lowers peak activation memory; initial values
@@ -14,10 +14,10 @@
 #include <map>
 
 #include "core/context.h"
-#include "core/nn/loss.h"
-#include "core/nn/models.h"
 #include "core/rng.h"
 #include "kernels/ops.h"
+#include "nn/loss.h"
+#include "nn/models.h"
 #include "tests/kernels/dtype_params.h"
 #include "tests/support/gradcheck.h"
 #include "tests/support/reference_nn.h"

@@ -7,8 +7,8 @@
 #include <map>
 
 #include "core/context.h"
-#include "core/nn/loss.h"
-#include "core/nn/models.h"
+#include "nn/loss.h"
+#include "nn/models.h"
 #include "tests/support/test_support.h"
 
 namespace tessera::testing {
@@ -51,7 +51,9 @@ TEST(ModuleHooks, EveryParameterIsReportedOnceWithItsFinalGradient) {
     EXPECT_EQ(at_hook[p->name], p->grad.to_doubles()) << p->name << " changed after its hook";
   }
   // Backward runs back to front: the last block's parameters are ready before the first block's.
-  const auto position = [&](const std::string& name) { return std::find(order.begin(), order.end(), name) - order.begin(); };
+  const auto position = [&](const std::string& name) {
+    return std::find(order.begin(), order.end(), name) - order.begin();
+  };
   EXPECT_LT(position("blocks.1.mlp.proj.weight"), position("blocks.0.mlp.proj.weight"));
   EXPECT_EQ(order.back(), "wte.weight");  // tied: complete only after both of its uses
 }

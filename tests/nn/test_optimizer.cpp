@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "core/nn/optimizer.h"
+#include "nn/optimizer.h"
 #include "tests/support/test_support.h"
 
 namespace tessera::testing {

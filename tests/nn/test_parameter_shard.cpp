@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "core/context.h"
-#include "core/nn/parameter.h"
+#include "nn/parameter.h"
 #include "tests/support/test_support.h"
 
 namespace tessera::testing {

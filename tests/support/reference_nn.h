@@ -1,9 +1,9 @@
-// Naive double-precision references for the layers and models of core/nn:
+// Naive double-precision references for the layers and models of nn:
 // plain loops over std::vector<double>, written from the textbook definitions
 // and independent of the operator library, so layer tests compare Tessera's
 // forward with them and its backward with their central differences.
 //
-// Layouts are those of core/nn (row-major): linear weight [out, in]; conv
+// Layouts are those of nn (row-major): linear weight [out, in]; conv
 // NCHW with weight [K, C, R, S]; packed attention qkv [B, T, 3, H, Dh].
 #pragma once
 
@@ -40,7 +40,7 @@ Vec embedding(const Ids& ids, const Vec& table, int64_t dim);
 // Mean of −log softmax(logits[n])[targets[n]] over targets ≠ ignore_index (0 if none).
 double cross_entropy(const Vec& logits, const Ids& targets, int64_t vocab, int64_t ignore_index = -100);
 
-// Named parameters, as core/nn names them ("blocks.0.attn.qkv.weight", ...).
+// Named parameters, as nn names them ("blocks.0.attn.qkv.weight", ...).
 using Params = std::map<std::string, Vec>;
 
 // x [b, t, c] through "<prefix>.qkv" → attention → "<prefix>.proj" (no dropout).

@@ -2,7 +2,7 @@
 // gradient norm and the clipping coefficient. The update math is the fused
 // operators' (kernels/functors/optimizer.h); this file owns the state, the
 // step count, the weight-decay rule per parameter and the checks.
-#include "core/nn/optimizer.h"
+#include "nn/optimizer.h"
 
 #include <algorithm>
 #include <cmath>

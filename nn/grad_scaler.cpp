@@ -1,7 +1,7 @@
 // GradScaler: dynamic loss scaling (backoff on overflow, growth after a run of
 // finite steps), PyTorch's rules plus a floor (min_scale) and a ceiling at the
 // largest finite float.
-#include "core/nn/grad_scaler.h"
+#include "nn/grad_scaler.h"
 
 #include <algorithm>
 #include <cmath>

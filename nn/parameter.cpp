@@ -1,7 +1,7 @@
 // Parameter helpers: the name hash that keys initialisation (FNV-1a, 64 bit),
 // shard geometry (runs of consecutive elements) and shard initialisation, and
 // zeroing of gradients at the start of an optimizer step.
-#include "core/nn/parameter.h"
+#include "nn/parameter.h"
 
 #include "core/error.h"
 

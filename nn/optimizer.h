@@ -19,8 +19,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/nn/parameter.h"
 #include "core/tensor.h"
+#include "nn/parameter.h"
 
 namespace tessera::nn {
 

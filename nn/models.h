@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "core/nn/layers.h"
-#include "core/nn/module.h"
+#include "nn/layers.h"
+#include "nn/module.h"
 
 namespace tessera::nn {
 

@@ -1,7 +1,7 @@
 // Module and Saved: parameter creation and naming, the parameter walk, the
 // train/eval switch, and the initialisers that make a parameter's values a
 // function of (seed, name, element index) only.
-#include "core/nn/module.h"
+#include "nn/module.h"
 
 #include "core/context.h"
 

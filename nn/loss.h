@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
-#include "core/nn/module.h"
 #include "core/tensor.h"
+#include "nn/module.h"
 
 namespace tessera::nn {
 

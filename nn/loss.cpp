@@ -1,6 +1,6 @@
 // CrossEntropyLoss over ops::cross_entropy_forward/backward, and accuracy
 // counting on the host.
-#include "core/nn/loss.h"
+#include "nn/loss.h"
 
 #include <vector>
 

@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "core/nn/module.h"
 #include "kernels/ops.h"
+#include "nn/module.h"
 
 namespace tessera::nn {
 

@@ -1,5 +1,5 @@
 // LrSchedule: linear warm-up, then constant or cosine decay to min_lr (Megatron-LM's rules).
-#include "core/nn/lr_schedule.h"
+#include "nn/lr_schedule.h"
 
 #include <cmath>
 #include <numbers>

@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "core/nn/parameter.h"
 #include "core/tensor.h"
+#include "nn/parameter.h"
 
 namespace tessera::nn {
 

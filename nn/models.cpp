@@ -1,6 +1,6 @@
 // ModelConfig validation and the builders of the mlp, cnn and gpt models
-// described in core/nn/models.h.
-#include "core/nn/models.h"
+// described in nn/models.h.
+#include "nn/models.h"
 
 #include <cmath>
 #include <cstdlib>

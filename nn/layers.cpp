@@ -1,8 +1,8 @@
-// The layers of core/nn/layers.h: each forward allocates its outputs from the
+// The layers of nn/layers.h: each forward allocates its outputs from the
 // context, calls kernels/ops.h and records in `saved` what its backward needs;
 // each backward adds into the f32 parameter gradients and returns the input
 // gradient in the compute dtype.
-#include "core/nn/layers.h"
+#include "nn/layers.h"
 
 #include <algorithm>
 #include <cmath>
