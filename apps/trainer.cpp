@@ -1,7 +1,7 @@
 // The training loop: set-up from TrainConfig (MPI world, process grid,
 // data-parallel replica, sharded loader, resuming from a checkpoint), the
-// step (micro-batches, accumulation, bucketed gradient averaging overlapping
-// backward, clipping by the global norm, loss scaling, non-finite handling),
+// steps (each one parallel::TrainStep::run over the step's micro-batches:
+// parallel/train_step.h; here the stop after too many non-finite steps),
 // sharded evaluation, checkpoints (on an interval, at the end, and when the
 // ranks agree that a preemption signal arrived), and rank 0's
 // progress/metrics plus every rank's trace.
@@ -57,6 +57,7 @@
 #include "parallel/process_group.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/topology.h"
+#include "parallel/train_step.h"
 
 namespace tessera::app {
 namespace {
@@ -576,17 +577,29 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   }
   parallel::DataParallel replica(parameters, dp, opt, dp_options);
   nn::GradScaler scaler = nn::GradScaler::for_dtype(dtype);
-  std::unique_ptr<parallel::PipelineEngine> engine;
-  if (grid.pp_size() > 1) {
-    parallel::PipelineOptions pipeline_options;
-    pipeline_options.schedule = parallel::parse_pipeline_schedule(c.pipeline_schedule);
-    if (trace.enabled()) {
-      pipeline_options.clock = [&trace] { return trace.now_ns(); };
-      pipeline_options.on_event = [&trace](const std::string& name, const std::string& category, int64_t start,
-                                           int64_t end) { trace.complete(name, category, start, end); };
-    }
-    engine = std::make_unique<parallel::PipelineEngine>(*model, grid.pp(), loss, pipeline_options);
+  // The step: the same driver for every layout (one stage is the degenerate pipeline).
+  parallel::TrainStepParts step_parts;
+  step_parts.context = &ctx;
+  step_parts.device = device;
+  step_parts.model = model.get();
+  step_parts.loss = &loss;
+  step_parts.replica = &replica;
+  step_parts.scaler = &scaler;
+  step_parts.pipeline = &grid.pp();
+  step_parts.data_parallel = &dp;
+  step_parts.embedding_group = embedding_group.get();
+  step_parts.tied_table = tied_table;
+  step_parts.seed = c.seed;
+  step_parts.clip_grad = c.clip_grad;
+  step_parts.pipeline_options.schedule = grid.pp_size() > 1 ? parallel::parse_pipeline_schedule(c.pipeline_schedule)
+                                                            : parallel::PipelineScheduleKind::one_f_one_b;
+  if (trace.enabled()) {
+    step_parts.pipeline_options.clock = [&trace] { return trace.now_ns(); };
+    step_parts.pipeline_options.on_event = [&trace](const std::string& name, const std::string& category, int64_t start,
+                                                    int64_t end) { trace.complete(name, category, start, end); };
   }
+  parallel::TrainStep train_step(step_parts);
+  parallel::PipelineEngine* engine = grid.pp_size() > 1 ? &train_step.engine() : nullptr;  // evaluation
 
   // What checkpoints save and restore.
   TrainState state;
@@ -732,107 +745,26 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   for (int64_t step = counters.step; step < total_steps; ++step) {
     inject_step_faults(step + 1, world->rank(), source, device);
     const auto start = Clock::now();
-    replica.begin_step();
     const int64_t tp_bytes_before = grid.tp().counters().total_bytes();
-    // TESSERA_FAULT=nan_grad: this rank's gradients of the step are NaN (through the loss's gradient).
-    const float loss_scale =
-        fault_due("nan_grad", step + 1, world->rank()) ? std::numeric_limits<float>::quiet_NaN() : scaler.scale();
-    double loss_sum = 0.0;
+    parallel::StepBatches batches;
+    batches.activation_dtype = dtype;
     int64_t epoch = 0;
-    Tensor global_loss;  // the loss averaged over the ranks, in flight during the last backward
-    parallel::CommHandle global_loss_done;
-    parallel::PipelineStepStats pipeline_stats;
-    if (engine) {
-      // The step's micro-batches through the pipeline schedule; the
-      // data-parallel reduction after the flush.
-      parallel::PipelineStep pipeline_step;
-      pipeline_step.micro_batches = int(accumulation);
-      for (int64_t micro = 0; micro < accumulation; ++micro) {
-        auto scope = trace.scope("data_wait", "data");
-        io::Batch batch = source.next();
-        epoch = batch.epoch;
-        counters.sampler = source.after(batch);
-        if (micro == 0) pipeline_step.input_shape = stage_input_shape(batch.inputs);
-        pipeline_step.inputs.push_back(batch.inputs);
-        pipeline_step.targets.push_back(batch.targets);
-      }
-      pipeline_step.activation_dtype = dtype;
-      pipeline_step.loss_scale = loss_scale;
-      const int dp_size = dp.size(), dp_rank = dp.rank();
-      pipeline_step.pass = [&, step, dp_size, dp_rank](int micro) {
-        return nn::Pass{c.seed, uint64_t(step), uint64_t(micro * dp_size + dp_rank)};
-      };
-      pipeline_step.before_backward = [&replica](int) { replica.begin_micro_batch(false); };
-      pipeline_stats = engine->run(pipeline_step);
-      if (embedding_group && embedding_group->size() > 1 && tied_table) {
-        // The first stage's table and the last stage's tied copy: one gradient.
-        auto scope = trace.scope("embedding_grad_sync", "comm");
-        embedding_group->all_reduce(tied_table->grad, parallel::ReduceOp::sum)->wait();
-      }
-      {
-        auto scope = trace.scope("grad_sync", "comm");
-        replica.begin_micro_batch(true);
-        replica.finish_backward();
-      }
-      // The loss is the last stage's: shared over the pipeline, averaged over the replicas.
-      global_loss = ctx.from_vector(Shape{1}, std::vector<float>{float(pipeline_stats.loss_sum)}, device);
-      grid.pp().broadcast(global_loss, grid.pp_size() - 1)->wait();
-      if (dp.size() > 1) dp.all_reduce(global_loss, parallel::ReduceOp::avg)->wait();
-      loss_sum = global_loss.to_vector<float>()[0];
-      global_loss = Tensor();
-    }
-    for (int64_t micro = 0; !engine && micro < accumulation; ++micro) {
-      const bool last_micro = micro + 1 == accumulation;
-      replica.begin_micro_batch(last_micro);
-      io::Batch batch;
-      {
-        auto scope = trace.scope("data_wait", "data");
-        batch = source.next();
-      }
+    for (int64_t micro = 0; micro < accumulation; ++micro) {
+      auto scope = trace.scope("data_wait", "data");
+      io::Batch batch = source.next();
       epoch = batch.epoch;
       counters.sampler = source.after(batch);
-      nn::Saved saved, loss_saved;
-      Tensor logits;
-      {
-        auto scope = trace.scope("forward", "compute");
-        // Each rank draws its own dropout masks: micro-batch index micro·dp + rank.
-        const uint64_t pass_micro = uint64_t(micro * dp.size() + dp.rank());
-        logits = model->forward(batch.inputs, saved, nn::Pass{c.seed, uint64_t(step), pass_micro});
-        loss_sum += loss.forward(logits, batch.targets, loss_saved).loss;
-      }
-      if (last_micro && dp.size() > 1) {
-        // Every rank issues it before its gradient buckets, so the order of
-        // collectives is the same everywhere.
-        global_loss = ctx.from_vector(Shape{1}, std::vector<float>{float(loss_sum)}, device);
-        global_loss_done = dp.all_reduce(global_loss, parallel::ReduceOp::avg);
-      }
-      {
-        auto scope = trace.scope("backward", "compute");
-        loss.backward(logits, batch.targets, loss_scale / float(accumulation), loss_saved);
-        model->backward(logits, saved);
-      }
-      if (last_micro) {
-        // Wait for the buckets still being averaged (most were started by
-        // gradient hooks during backward).
-        auto scope = trace.scope("grad_sync", "comm");
-        replica.finish_backward();
-      }
+      if (micro == 0) batches.stage_input_shape = stage_input_shape(batch.inputs);
+      batches.inputs.push_back(std::move(batch.inputs));
+      batches.targets.push_back(std::move(batch.targets));
     }
-    const parallel::ReductionStats& sync = replica.last_reduction();
-    if (trace.enabled()) trace.counter("buckets_launched_in_backward", double(sync.launched_in_backward));
-    if (global_loss_done) {
-      global_loss_done->wait();
-      loss_sum = global_loss.to_vector<float>()[0];
-    }
-    bool skipped = false;
-    nn::GradNorm norm;
     const double lr = schedule.lr(step);
-    {
-      auto scope = trace.scope("optimizer", "compute");
-      norm = replica.grad_norm();  // global over the ranks, the same on each
-      skipped = scaler.update(!norm.finite) || !norm.finite;
-      if (!skipped) replica.step(float(lr), nn::clip_coefficient(norm.norm / loss_scale, c.clip_grad) / loss_scale);
-    }
+    // TESSERA_FAULT=nan_grad: this rank's gradients of the step are NaN (through the loss's gradient).
+    const parallel::StepResult outcome =
+        train_step.run(step, batches, lr, fault_due("nan_grad", step + 1, world->rank()));
+    const parallel::ReductionStats& sync = outcome.reduction;
+    if (trace.enabled()) trace.counter("buckets_launched_in_backward", double(sync.launched_in_backward));
+    const bool skipped = outcome.skipped;
     if (skipped) ++counters.skipped_steps;
     if (skipped && !scaler.enabled()) {
       ++result.skipped_steps;
@@ -851,22 +783,22 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
     io::StepRecord record;
     record.step = step + 1;
     record.total_steps = total_steps;
-    record.loss = loss_sum / double(accumulation);
+    record.loss = outcome.loss;
     record.lr = lr;
     record.ms_per_step = seconds * 1e3;
     if (tokens)
       record.tokens_per_s = double(samples_per_step * c.seq_length) / seconds;
     else
       record.samples_per_s = double(samples_per_step) / seconds;
-    record.grad_norm = norm.norm / loss_scale;
-    if (scaler.enabled()) record.loss_scale = loss_scale;
+    record.grad_norm = outcome.grad_norm;
+    if (scaler.enabled()) record.loss_scale = outcome.loss_scale;
     record.skipped = skipped;
     record.epoch = epoch;
     record.extra.emplace_back("grad_sync_ms", double(sync.reduction_end_ns - sync.backward_end_ns) * 1e-6);
     if (engine) {
       // This stage's idle share of the pipeline part of the step (the bubble).
-      const double span = double(pipeline_stats.end_ns - pipeline_stats.start_ns);
-      record.extra.emplace_back("pipeline_idle", span > 0 ? double(pipeline_stats.idle_ns()) / span : 0.0);
+      const double span = double(outcome.pipeline.end_ns - outcome.pipeline.start_ns);
+      record.extra.emplace_back("pipeline_idle", span > 0 ? double(outcome.pipeline.idle_ns()) / span : 0.0);
     }
     // Bytes this rank's tensor-parallel group moved in the step (counted by the communicator).
     if (grid.tp_size() > 1)
@@ -885,8 +817,8 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
     const bool due = c.eval_interval > 0 ? (step + 1) % c.eval_interval == 0
                                          : evaluate_per_epoch && (step + 1) % steps_per_epoch == 0;
     if (!c.eval_data.empty() && (due || last)) {
-      const EvalResult eval = evaluate(ctx, *model, loss, c, device, dtype, trace, dp,
-                                       PipelineEval{engine.get(), &grid.pp(), stage_input_shape});
+      const EvalResult eval =
+          evaluate(ctx, *model, loss, c, device, dtype, trace, dp, PipelineEval{engine, &grid.pp(), stage_input_shape});
       io::EvalRecord eval_record;
       eval_record.step = step + 1;
       eval_record.eval_loss = eval.loss;

@@ -17,7 +17,8 @@
 // done, so under 1F1B a stage holds at most `pp` micro-batches' activations.
 // What comes after the flush — summing the tied embedding's gradient between
 // the first and last stage, the data-parallel reduction, the optimizer — is
-// the caller's (apps/trainer.cpp).
+// TrainStep's (parallel/train_step.h), which runs every layout through this
+// engine (one stage: F0 B0 F1 B1 ..., no exchanges).
 #pragma once
 
 #include <cstdint>
