@@ -43,8 +43,8 @@ struct ModelField {
 };
 
 std::vector<ModelField> model_fields(const nn::ModelConfig& m, DType dtype) {
-  std::vector<ModelField> fields = {{"model.kind", m.kind, "--model"}};
-  if (m.kind == "gpt") {
+  std::vector<ModelField> fields = {{"model.kind", std::string(nn::model_name(m.kind)), "--model"}};
+  if (m.kind == nn::ModelKind::gpt) {
     fields.push_back({"model.vocab_size", std::to_string(m.vocab_size), "--vocab-size"});
     fields.push_back({"model.seq_length", std::to_string(m.seq_length), "--seq-length"});
     fields.push_back({"model.num_layers", std::to_string(m.num_layers), "--num-layers"});
@@ -52,7 +52,7 @@ std::vector<ModelField> model_fields(const nn::ModelConfig& m, DType dtype) {
     fields.push_back({"model.hidden_size", std::to_string(m.hidden_size), "--hidden-size"});
     fields.push_back({"model.ffn_hidden_size", std::to_string(m.ffn()), "--ffn-hidden-size"});
   } else {
-    if (m.kind == "mlp") fields.push_back({"model.hidden", list(m.hidden), "--hidden"});
+    if (m.kind == nn::ModelKind::mlp) fields.push_back({"model.hidden", list(m.hidden), "--hidden"});
     fields.push_back({"model.input_shape",
                       std::to_string(m.channels) + "x" + std::to_string(m.height) + "x" + std::to_string(m.width),
                       "the image shape (channels x height x width) of --data"});
@@ -62,9 +62,11 @@ std::vector<ModelField> model_fields(const nn::ModelConfig& m, DType dtype) {
   return fields;
 }
 
-std::string layout_text(int64_t dp, int64_t tp, int64_t pp, int64_t zero, int64_t world) {
+std::string layout_text(int64_t dp, int64_t tp, int64_t pp, int64_t virtual_stages, int64_t zero, int64_t world) {
   std::ostringstream out;
-  out << "dp=" << dp << " tp=" << tp << " pp=" << pp << " zero=" << zero << " on " << world << " rank(s)";
+  out << "dp=" << dp << " tp=" << tp << " pp=" << pp;
+  if (virtual_stages > 1) out << " x " << virtual_stages << " chunks";
+  out << " zero=" << zero << " on " << world << " rank(s)";
   return out.str();
 }
 
@@ -164,6 +166,7 @@ std::string save_training_checkpoint(const TrainState& s, const Counters& k) {
   meta["layout.dp"] = std::to_string(s.dp);
   meta["layout.tp"] = std::to_string(s.tp);
   meta["layout.pp"] = std::to_string(s.pp);
+  meta["layout.virtual_stages"] = std::to_string(s.virtual_stages);
   meta["layout.zero"] = std::to_string(s.replica->zero_stage());
   meta["optimizer.kind"] = nn::optimizer_kind_name(s.replica->optimizer().config().kind);
   meta["optimizer.step_count"] = std::to_string(s.replica->optimizer().step_count());
@@ -254,10 +257,12 @@ Resumed load_training_checkpoint(const TrainState& s, const std::string& path) {
   out.counters.skipped_steps = meta.integer("train.skipped_steps");
   out.counters.consecutive_skips = meta.integer("train.consecutive_skips");
   const int64_t saved_dp = meta.integer("layout.dp"), saved_zero = meta.integer("layout.zero");
-  out.saved_layout = layout_text(saved_dp, meta.integer("layout.tp"), meta.integer("layout.pp"), saved_zero,
-                                 meta.integer("layout.world"));
+  // Checkpoints from before interleaving have no layout.virtual_stages: one chunk per stage.
+  const int64_t saved_chunks = meta.find("layout.virtual_stages") ? meta.integer("layout.virtual_stages") : 1;
+  out.saved_layout = layout_text(saved_dp, meta.integer("layout.tp"), meta.integer("layout.pp"), saved_chunks,
+                                 saved_zero, meta.integer("layout.world"));
   out.resharded = saved_dp != s.dp || saved_zero != s.replica->zero_stage() || meta.integer("layout.tp") != s.tp ||
-                  meta.integer("layout.pp") != s.pp;
+                  meta.integer("layout.pp") != s.pp || saved_chunks != s.virtual_stages;
   for (const auto& [key, value] : settings(c)) {
     if (key == "resume") continue;
     const std::optional<std::string> saved = meta.find("config." + key);

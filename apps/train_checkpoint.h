@@ -62,6 +62,7 @@ struct TrainState {
   const nn::LrScheduleConfig* schedule = nullptr;
   parallel::Communicator* world = nullptr;
   int dp = 1, tp = 1, pp = 1;
+  int virtual_stages = 1;  // --virtual-pipeline-stages (chunks per pipeline stage)
   int dp_rank = 0, tp_rank = 0, pp_rank = 0;
   int64_t global_micro_batch = 0;  // samples of one micro-batch over the data-parallel ranks
 };

@@ -19,6 +19,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "nn/models.h"
 
 namespace tessera::app {
 namespace {
@@ -159,6 +160,12 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
       .add_option("--pipeline-split", c.pipeline_split,
                   "Stage boundaries in layers, e.g. 0,5,9,12 for 3 stages of a 12-layer GPT (default: balanced by "
                   "parameter count)")
+      ->group(parallel);
+  command
+      .add_option("--virtual-pipeline-stages,--num-virtual-stages-per-pipeline-rank", c.virtual_pipeline_stages,
+                  "Interleaved 1F1B (gpt): V model chunks per pipeline stage, the bubble shrinking to (P-1)/(V*M+P-1); "
+                  "micro-batches per step a multiple of P")
+      ->check(whole_number_at_least(1))
       ->group(parallel);
   command
       .add_flag("--sequence-parallel", c.sequence_parallel,
@@ -587,6 +594,7 @@ ConfigFileLines apply_config_file(CLI::App& command, TrainConfig& config) {
 }
 
 void refuse_unused_settings(const CLI::App& command, const TrainConfig& c, const ConfigFileLines& from_file) {
+  const nn::ModelKind kind = nn::parse_model_kind(c.model);
   std::vector<std::string> problems;
   const auto given = [&](const std::string& flag) {
     const CLI::Option* option = command.get_option_no_throw(flag);
@@ -607,9 +615,9 @@ void refuse_unused_settings(const CLI::App& command, const TrainConfig& c, const
     return flag + " " + value + (given(flag) ? "" : " (the default)");
   };
 
-  if (c.model != "gpt") {
+  if (kind != nn::ModelKind::gpt) {
     const std::string model = setting("--model", c.model);
-    const bool mlp = c.model == "mlp";
+    const bool mlp = kind == nn::ModelKind::mlp;
     const std::string widths = mlp ? "; the MLP's layer widths are --hidden" : "; the CNN's layers are fixed";
     std::string deep = "--hidden";  // the MLP with --num-layers hidden layers of its first width
     if (c.num_layers >= 1 && c.num_layers <= 8) {
@@ -635,11 +643,11 @@ void refuse_unused_settings(const CLI::App& command, const TrainConfig& c, const
     refuse_if("--recompute", c.recompute,
               "recomputes the GPT's Transformer blocks in backward, and " + model + " has none");
   }
-  if (c.model != "mlp")
+  if (kind != nn::ModelKind::mlp)
     refuse_if("--hidden", true,
               "the MLP's layer widths, and " + setting("--model", c.model) + " does not use it" +
-                  (c.model == "gpt" ? "; the GPT's width is --hidden-size and its depth --num-layers"
-                                    : "; the CNN's layers are fixed"));
+                  (kind == nn::ModelKind::gpt ? "; the GPT's width is --hidden-size and its depth --num-layers"
+                                              : "; the CNN's layers are fixed"));
   if (c.optimizer != "sgd") {
     const std::string optimizer = setting("--optimizer", c.optimizer);
     refuse_if("--nesterov", c.nesterov,
@@ -659,6 +667,10 @@ void refuse_unused_settings(const CLI::App& command, const TrainConfig& c, const
                 " has none to shard over; add --tensor-parallel K (K > 1, --model gpt), or drop it");
   refuse_if("--pipeline-schedule", c.pipeline_parallel == 1,
             "orders the micro-batches of pipeline stages, and " +
+                setting("--pipeline-parallel", std::to_string(c.pipeline_parallel)) +
+                " has none; add --pipeline-parallel P (P > 1), or drop it");
+  refuse_if("--virtual-pipeline-stages", c.virtual_pipeline_stages > 1 && c.pipeline_parallel == 1,
+            "splits each pipeline stage into chunks, and " +
                 setting("--pipeline-parallel", std::to_string(c.pipeline_parallel)) +
                 " has none; add --pipeline-parallel P (P > 1), or drop it");
   refuse_if("--min-lr", c.lr_decay_style == "constant",
@@ -719,14 +731,17 @@ void validate(const TrainConfig& c) {
   TESSERA_CHECK(c.zero == 0 || c.zero == 1, "--zero must be 0 or 1, got ", c.zero);
   TESSERA_CHECK(c.tensor_parallel >= 1, "--tensor-parallel must be at least 1, got ", c.tensor_parallel);
   TESSERA_CHECK(c.pipeline_parallel >= 1, "--pipeline-parallel must be at least 1, got ", c.pipeline_parallel);
-  TESSERA_CHECK(c.pipeline_parallel == 1 || c.model == "gpt" || c.model == "mlp", "--pipeline-parallel ",
-                c.pipeline_parallel, " splits the layers of --model gpt or mlp; --model ", c.model,
-                " trains with --pipeline-parallel 1");
+  const nn::ModelTraits& model = nn::model_traits(nn::parse_model_kind(c.model));
+  TESSERA_CHECK(c.pipeline_parallel == 1 || model.splits_into_stages, "--pipeline-parallel ", c.pipeline_parallel,
+                " splits the layers of --model gpt or mlp; --model ", c.model, " trains with --pipeline-parallel 1");
+  TESSERA_CHECK(c.virtual_pipeline_stages == 1 || c.pipeline_schedule == "1f1b", "--virtual-pipeline-stages ",
+                c.virtual_pipeline_stages,
+                " interleaves the 1F1B schedule; use --pipeline-schedule 1f1b (the default)");
   TESSERA_CHECK(c.pipeline_schedule == "gpipe" || c.pipeline_schedule == "1f1b", "--pipeline-schedule '",
                 c.pipeline_schedule, "' is not a schedule this build knows; use gpipe or 1f1b");
   TESSERA_CHECK(c.pipeline_split.empty() || c.pipeline_parallel > 1, "--pipeline-split '", c.pipeline_split,
                 "' needs --pipeline-parallel > 1");
-  TESSERA_CHECK(c.tensor_parallel == 1 || c.model == "gpt", "--tensor-parallel ", c.tensor_parallel,
+  TESSERA_CHECK(c.tensor_parallel == 1 || model.splits_over_tensor_parallel, "--tensor-parallel ", c.tensor_parallel,
                 " splits the layers of --model gpt; --model ", c.model,
                 " trains with data parallelism only (drop --tensor-parallel)");
   TESSERA_CHECK(c.bucket_size_mb > 0, "--bucket-size-mb must be positive, got ", c.bucket_size_mb);
@@ -757,8 +772,9 @@ std::string describe(const TrainConfig& c) {
     return text;
   };
   out << "model=" << c.model;
-  if (c.model == "mlp") out << " hidden=" << list(c.hidden);
-  if (c.model == "gpt")
+  const nn::ModelKind kind = nn::parse_model_kind(c.model);
+  if (kind == nn::ModelKind::mlp) out << " hidden=" << list(c.hidden);
+  if (kind == nn::ModelKind::gpt)
     out << " vocab_size=" << c.vocab_size << " seq_length=" << c.seq_length << " num_layers=" << c.num_layers
         << " num_heads=" << c.num_heads << " hidden_size=" << c.hidden_size << " ffn_hidden_size=" << c.ffn_hidden_size
         << " hidden_dropout=" << c.hidden_dropout << " recompute=" << c.recompute;
@@ -770,10 +786,10 @@ std::string describe(const TrainConfig& c) {
       << " device=" << c.device << " threads=" << c.threads << " seed=" << c.seed
       << "\ntensor_parallel=" << c.tensor_parallel << " sequence_parallel=" << c.sequence_parallel
       << " pipeline_parallel=" << c.pipeline_parallel << " pipeline_schedule=" << c.pipeline_schedule
-      << " pipeline_split=" << c.pipeline_split << " zero=" << c.zero << " bucket_size_mb=" << c.bucket_size_mb
-      << " comm_backend=" << c.comm_backend << " comm_timeout=" << c.comm_timeout
-      << "\neval_interval=" << c.eval_interval << " eval_iters=" << c.eval_iters << " metrics=" << c.metrics
-      << " trace=" << c.trace;
+      << " pipeline_split=" << c.pipeline_split << " virtual_pipeline_stages=" << c.virtual_pipeline_stages
+      << " zero=" << c.zero << " bucket_size_mb=" << c.bucket_size_mb << " comm_backend=" << c.comm_backend
+      << " comm_timeout=" << c.comm_timeout << "\neval_interval=" << c.eval_interval << " eval_iters=" << c.eval_iters
+      << " metrics=" << c.metrics << " trace=" << c.trace;
   if (!c.save.empty() || !c.resume.empty())
     out << "\nsave=" << c.save << " save_interval=" << c.save_interval << " save_timeout=" << c.save_timeout
         << " keep_checkpoints=" << c.keep_checkpoints << " resume=" << c.resume << " exit_interval=" << c.exit_interval;
@@ -841,6 +857,7 @@ std::vector<std::pair<std::string, std::string>> settings(const TrainConfig& c) 
       {"pipeline-parallel", std::to_string(c.pipeline_parallel)},
       {"pipeline-schedule", c.pipeline_schedule},
       {"pipeline-split", c.pipeline_split},
+      {"virtual-pipeline-stages", std::to_string(c.virtual_pipeline_stages)},
       {"zero", std::to_string(c.zero)},
       {"bucket-size-mb", exact(c.bucket_size_mb)},
       {"comm-backend", c.comm_backend},

@@ -65,6 +65,7 @@ struct TrainConfig {
   int pipeline_parallel = 1;       // --pipeline-parallel/--pp P: consecutive layers on P stages
   std::string pipeline_schedule = "1f1b";  // --pipeline-schedule gpipe|1f1b
   std::string pipeline_split;              // --pipeline-split 0,5,9,12: stage boundaries (empty: balanced)
+  int virtual_pipeline_stages = 1;         // --virtual-pipeline-stages V: model chunks per stage (interleaved 1F1B)
   int zero = 0;                            // --zero 0|1: 1 shards the optimizer state over the ranks (ZeRO-1)
   double bucket_size_mb = 25.0;            // --bucket-size-mb: gradient all-reduce bucket size (MiB of f32)
   std::string comm_backend = "auto";  // --comm-backend auto|mpi|nccl (auto: NCCL for CUDA devices when built, else MPI)

@@ -55,6 +55,7 @@
 #include "parallel/pipeline.h"
 #include "parallel/process_grid.h"
 #include "parallel/process_group.h"
+#include "parallel/stage_model.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/topology.h"
 #include "parallel/train_step.h"
@@ -74,7 +75,7 @@ DType compute_dtype(const std::string& precision) {
 // dataset (input shape and classes, or vocabulary).
 nn::ModelConfig model_config(const TrainConfig& c, const std::optional<io::DatasetInfo>& data) {
   nn::ModelConfig m;
-  m.kind = c.model;
+  m.kind = nn::parse_model_kind(c.model);
   m.hidden = c.hidden;
   m.vocab_size = c.vocab_size;
   m.seq_length = c.seq_length;
@@ -85,7 +86,7 @@ nn::ModelConfig model_config(const TrainConfig& c, const std::optional<io::Datas
   m.dropout = c.hidden_dropout;
   m.recompute = c.recompute;
   if (!data) return m;
-  const bool wants_tokens = c.model == "gpt";
+  const bool wants_tokens = nn::model_traits(m.kind).reads_tokens;
   const bool has_tokens = data->kind == io::DatasetKind::tokens;
   TESSERA_CHECK(wants_tokens == has_tokens, "--model ", c.model, " needs ",
                 wants_tokens ? "a token dataset (tessera prepare text)" : "an image dataset (tessera prepare idx)",
@@ -148,7 +149,7 @@ class BatchSource {
     // The global batch, drawn whole on every rank (sample i is the i-th draw
     // of its generator, whatever the number of ranks); this rank keeps its slice.
     const int64_t b = c.micro_batch_size, global = b * ranks, first = int64_t(rank) * b;
-    if (m.kind == "gpt") {
+    if (nn::model_traits(m.kind).reads_tokens) {
       const int64_t t = c.seq_length;
       std::mt19937_64 ids_rng(c.seed), next_rng(c.seed ^ 0x9e3779b97f4a7c15ull);
       std::uniform_int_distribution<int32_t> token(0, int32_t(m.vocab_size - 1));
@@ -258,7 +259,7 @@ EvalResult evaluate(Context& ctx, nn::Module& model, const nn::Loss& loss, const
   io::DataLoader loader(ctx, c.eval_data, options);
   const int64_t batches =
       c.eval_iters > 0 ? std::min(c.eval_iters, loader.batches_per_epoch()) : loader.batches_per_epoch();
-  const bool classifier = c.model != "gpt";
+  const bool classifier = !nn::model_traits(nn::parse_model_kind(c.model)).reads_tokens;
   double loss_sum = 0.0;
   int64_t count = 0, correct = 0;
   model.eval();
@@ -304,31 +305,6 @@ EvalResult evaluate(Context& ctx, nn::Module& model, const nn::Loss& loss, const
   result.loss = count > 0 ? loss_sum / double(count) : 0.0;
   if (classifier) result.accuracy = count > 0 ? double(correct) / double(count) : 0.0;
   return result;
-}
-
-// Pipeline stage boundaries over the model's layers: --pipeline-split, or
-// balanced by parameter count (the first stage also holds the embeddings,
-// the last the final norm and the LM head's copy of the tied table).
-std::vector<int64_t> stage_bounds(const nn::ModelConfig& m, const TrainConfig& c, int stages) {
-  const int64_t layers = nn::pipeline_layers(m);
-  if (!c.pipeline_split.empty()) return parallel::parse_pipeline_split(c.pipeline_split, layers, stages);
-  std::vector<int64_t> costs;
-  int64_t first = 0, last = 0;
-  if (m.kind == "gpt") {
-    const int64_t h = m.hidden_size, f = m.ffn();
-    const int64_t block = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h);
-    costs.assign(size_t(layers), block);
-    first = m.vocab_size * h + m.seq_length * h;
-    last = m.vocab_size * h + 2 * h;
-  } else {
-    int64_t in = m.channels * m.height * m.width;
-    for (int64_t i = 0; i < layers; ++i) {
-      const int64_t out = i + 1 == layers ? m.num_classes : m.hidden[size_t(i)];
-      costs.push_back(in * out + out);
-      in = out;
-    }
-  }
-  return parallel::partition_layers(costs, first, last, stages);
 }
 
 // TESSERA_FAULT (core/fault.h) at the start of step `step` (1-based) on
@@ -423,27 +399,347 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
+// The communicator of the whole job: MPI_COMM_WORLD through --comm-backend
+// (every wait with the --comm-timeout deadline) when `env` is given, the
+// caller's `given` otherwise; and how it moves tensors, in words.
+struct World {
+  std::unique_ptr<parallel::Communicator> owned;
+  parallel::Communicator* world = nullptr;
+  std::string backend;
+};
+World open_world(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Communicator* given, Context& ctx,
+                 Device device) {
+  World out;
+  if (!env) {
+    out.world = given;
+    out.backend = "given by the caller ('" + given->name() + "')";
+    return out;
+  }
+  const parallel::CommBackend choice = parallel::parse_comm_backend(c.comm_backend);
+  out.owned = parallel::make_communicator(MPI_COMM_WORLD, "world", ctx, device, choice);
+  out.owned->set_timeout(c.comm_timeout);
+  out.world = out.owned.get();
+  out.backend = std::string(parallel::comm_backend_name(choice));
+  if (choice == parallel::CommBackend::automatic)
+    out.backend += device.is_cuda() && parallel::nccl_compiled() ? " (NCCL for device tensors, MPI for host tensors)"
+                   : device.is_cuda()                            ? " (MPI, device tensors staged through host memory)"
+                   : device.is_emulated() ? " (the emulated device channel for device tensors, MPI for host tensors)"
+                                          : " (MPI)";
+  return out;
+}
+
+// Under pipeline parallelism (collective over the world, so every rank makes
+// them): `model`, the ranks of one replica's model (tp x pp, for the gradient
+// norm), and `embedding`, the first and last stage of one tensor-parallel
+// rank (the tied embedding). Both null without pipelining.
+struct PipelineGroups {
+  std::unique_ptr<parallel::Communicator> model, embedding;
+};
+PipelineGroups split_pipeline_groups(parallel::Communicator& world, parallel::ProcessGrid& grid,
+                                     const nn::StageLayers& stage) {
+  PipelineGroups groups;
+  if (grid.pp_size() == 1) return groups;
+  groups.model = world.split(grid.dp_rank(), world.rank(), "model");
+  const bool end_stage = stage.first() || stage.last();
+  const int color =
+      end_stage ? grid.dp_rank() * grid.tp_size() + grid.tp_rank() : grid.dp_size() * grid.tp_size() + world.rank();
+  groups.embedding = world.split(color, world.rank(), "embedding");
+  return groups;
+}
+
+nn::OptimizerConfig optimizer_config(const TrainConfig& c) {
+  nn::OptimizerConfig opt;
+  opt.kind = nn::parse_optimizer_kind(c.optimizer);
+  opt.lr = c.lr;
+  opt.weight_decay = c.weight_decay;
+  opt.beta1 = c.adam_beta1;
+  opt.beta2 = c.adam_beta2;
+  opt.eps = c.adam_eps;
+  if (opt.kind == nn::OptimizerKind::sgd) {
+    opt.momentum = c.sgd_momentum;
+    opt.nesterov = c.nesterov;
+  }
+  return opt;
+}
+
+// Micro-batches per step on each rank: --global-batch-size over
+// --micro-batch-size x the data-parallel ranks (1 without a global batch).
+int64_t micro_batches_per_step(const TrainConfig& c, int data_parallel) {
+  const int64_t per_step = c.micro_batch_size * data_parallel;  // samples of one micro-batch over all ranks
+  TESSERA_CHECK(c.global_batch_size % per_step == 0, "--global-batch-size ", c.global_batch_size,
+                " is not a multiple of --micro-batch-size ", c.micro_batch_size, " x ", data_parallel,
+                " data-parallel ranks = ", per_step, "; use a multiple of ", per_step,
+                " (or change --micro-batch-size or the number of ranks)");
+  return c.global_batch_size > 0 ? c.global_batch_size / per_step : 1;
+}
+
+// The replica's options: --zero and --bucket-size-mb, the norm's groups and
+// rule (a tied copy counts nowhere, a replicated parameter on tp rank 0), the
+// tied table reduced after its two copies are summed, events into the trace.
+parallel::DataParallelOptions data_parallel_options(const TrainConfig& c, parallel::ProcessGrid& grid,
+                                                    parallel::Communicator* model_group,
+                                                    const nn::Parameter* tied_table, io::TraceWriter& trace) {
+  parallel::DataParallelOptions options;
+  options.zero_stage = c.zero;
+  options.bucket_size_mb = c.bucket_size_mb;
+  options.model_parallel = model_group ? model_group : &grid.tp();
+  const int tp_rank = grid.tp_rank();
+  options.counts_in_norm = [tp_rank](const nn::Parameter& p) {
+    return !p.tied_copy && (p.shard.split || tp_rank == 0);
+  };
+  // The tied table's gradient is whole only after the two end stages sum it;
+  // the other buckets are reduced while backward runs.
+  options.reduced_after_backward = [tied_table](const nn::Parameter& p) { return &p == tied_table; };
+  if (trace.enabled()) {
+    options.clock = [&trace] { return trace.now_ns(); };
+    options.on_event = [&trace](const parallel::CommEvent& event) {
+      trace.complete(event.name + " bucket " + std::to_string(event.bucket), "comm", event.start_ns, event.end_ns);
+    };
+  }
+  return options;
+}
+
+// The pipeline schedule (one stage: 1F1B, i.e. F0 B0 F1 B1 ...) and its events into the trace.
+parallel::PipelineOptions pipeline_options(const TrainConfig& c, int stages, io::TraceWriter& trace) {
+  parallel::PipelineOptions options;
+  options.schedule =
+      stages > 1 ? parallel::parse_pipeline_schedule(c.pipeline_schedule) : parallel::PipelineScheduleKind::one_f_one_b;
+  if (trace.enabled()) {
+    options.clock = [&trace] { return trace.now_ns(); };
+    options.on_event = [&trace](const std::string& name, const std::string& category, int64_t start, int64_t end) {
+      trace.complete(name, category, start, end);
+    };
+  }
+  return options;
+}
+
+// The checkpoint to resume from, if any (--resume PATH, or --resume auto:
+// the newest complete one). Rank 0 picks it, so every rank loads the same even
+// if a directory listing differs; every rank then reads its own slices.
+std::optional<Resumed> resume_if_asked(const TrainConfig& c, TrainState& state, parallel::Communicator& world,
+                                       Context& ctx, Device device) {
+  std::string path;
+  if (world.rank() == 0)
+    if (const std::optional<std::string> found = checkpoint_to_resume(c)) path = *found;
+  path = broadcast_text(world, ctx, device, path);
+  if (path.empty()) return std::nullopt;
+  std::error_code unseen;
+  TESSERA_CHECK(std::filesystem::exists(path, unseen), "rank ", world.rank(), " cannot see ", path,
+                ", the checkpoint rank 0 chose to resume from: every rank reads its own slices, so --save must "
+                "be on a filesystem all ranks share (or the checkpoint copied to the same path on every node)");
+  return load_training_checkpoint(state, path);
+}
+
+// Rank 0's progress line: live on a terminal, plain lines under a launcher
+// (Open MPI forwards a rank's stdout through a pseudo-terminal even when the
+// job's output goes to a file); TESSERA_PROGRESS=live or =lines forces either.
+io::ProgressOptions progress_options(const TrainConfig& c, bool root) {
+  io::ProgressOptions options;
+  options.enabled = root;
+  options.interval = c.log_interval;
+  if (const char* mode = std::getenv("TESSERA_PROGRESS"); mode && std::string_view(mode) == "live")
+    options.terminal = true;
+  else if ((mode && std::string_view(mode) == "lines") || launcher_rank() >= 0)
+    options.terminal = false;
+  return options;
+}
+
+// "pipeline: 2 stages, 1f1b, blocks [0, 2), [2, 4)" (interleaved: "2 stages
+// x 2 chunks, interleaved 1f1b, blocks ..., chunk c on stage c mod 2");
+// empty without pipelining.
+std::string describe_stages(const TrainConfig& c, const parallel::StageModel& stage_model, nn::ModelKind kind) {
+  if (stage_model.bounds.empty()) return {};
+  std::ostringstream text;
+  const int v = c.virtual_pipeline_stages;
+  text << "pipeline: " << c.pipeline_parallel << " stages";
+  text << (v > 1 ? " x " + std::to_string(v) + " chunks, interleaved " : ", ") << c.pipeline_schedule << ", "
+       << nn::model_traits(kind).layer_word;
+  for (size_t s = 0; s + 1 < stage_model.bounds.size(); ++s)
+    text << (s ? ", " : " ") << "[" << stage_model.bounds[s] << ", " << stage_model.bounds[s + 1] << ")";
+  if (v > 1) text << ", chunk c on stage c mod " << c.pipeline_parallel;
+  return text.str();
+}
+
+// Rank 0's start-up lines about the checkpoint resumed from (where, resharded
+// from which layout, which settings changed), or that --resume auto found none.
+std::string describe_resume(const TrainConfig& c, const std::optional<Resumed>& resumed, const Counters& counters,
+                            int64_t total_steps, const TrainState& state) {
+  std::ostringstream out;
+  if (!resumed) {
+    if (c.resume == "auto") out << "no checkpoint in " << c.save << " yet: starting from step 0\n";
+    return out.str();
+  }
+  out << "resumed from " << resumed->path << ": step " << counters.step << " of " << total_steps;
+  if (!c.synthetic) out << ", data at sample " << counters.sampler.samples << " of epoch " << counters.sampler.epoch;
+  out << "\n";
+  if (resumed->resharded)
+    out << "resharding: the checkpoint was saved under " << resumed->saved_layout << ", this run is dp=" << state.dp
+        << " tp=" << state.tp << " pp=" << state.pp
+        << (state.virtual_stages > 1 ? " x " + std::to_string(state.virtual_stages) + " chunks" : std::string())
+        << " zero=" << c.zero << " on " << state.world->size() << " rank(s); each rank read its own slices\n";
+  if (!resumed->changed_settings.empty()) {
+    out << "settings changed since the checkpoint: ";
+    for (size_t i = 0; i < resumed->changed_settings.size(); ++i)
+      out << (i ? ", " : "") << resumed->changed_settings[i];
+    out << "\n";
+  }
+  return out.str();
+}
+
+// The metrics record of step `step` (0-based) from what TrainStep returned:
+// loss, learning rate, norm, the reduction's tail after backward and, under
+// pipelining, this stage's idle share of the step (the bubble).
+io::StepRecord step_record(int64_t step, int64_t total_steps, const parallel::StepResult& outcome, double lr,
+                           int64_t epoch, bool pipelined) {
+  io::StepRecord record;
+  record.step = step + 1;
+  record.total_steps = total_steps;
+  record.loss = outcome.loss;
+  record.lr = lr;
+  record.grad_norm = outcome.grad_norm;
+  record.skipped = outcome.skipped;
+  record.epoch = epoch;
+  const parallel::ReductionStats& sync = outcome.reduction;
+  record.extra.emplace_back("grad_sync_ms", double(sync.reduction_end_ns - sync.backward_end_ns) * 1e-6);
+  if (pipelined) {
+    const double span = double(outcome.pipeline.end_ns - outcome.pipeline.start_ns);
+    record.extra.emplace_back("pipeline_idle", span > 0 ? double(outcome.pipeline.idle_ns()) / span : 0.0);
+  }
+  return record;
+}
+
+// An evaluation into the metrics and, on rank 0 (`progress` non-null), a line above the progress bar.
+void report_eval(const EvalResult& eval, int64_t step, bool tokens, io::MetricsWriter& metrics,
+                 io::ProgressLine* progress) {
+  io::EvalRecord record;
+  record.step = step;
+  record.eval_loss = eval.loss;
+  record.eval_accuracy = eval.accuracy;
+  if (tokens) record.eval_bits_per_byte = eval.loss / std::log(2.0);
+  metrics.log_eval(record);
+  if (!progress) return;
+  char line[160];
+  if (eval.accuracy)
+    std::snprintf(line, sizeof line, "eval step %lld: loss %.4f, accuracy %.2f%% (%lld samples)",
+                  static_cast<long long>(step), eval.loss, 100.0 * *eval.accuracy, static_cast<long long>(eval.count));
+  else
+    std::snprintf(line, sizeof line, "eval step %lld: loss %.4f nats/token (%.3f bits) over %lld tokens",
+                  static_cast<long long>(step), eval.loss, eval.loss / std::log(2.0),
+                  static_cast<long long>(eval.count));
+  progress->print_above(line);
+}
+
+// The micro-batches of one step from `source` (their data waits traced), the
+// sampler's position after them in `counters`, the epoch of the last one.
+parallel::StepBatches next_batches(BatchSource& source, int64_t micro_batches,
+                                   const std::function<Shape(const Tensor&)>& stage_input_shape, io::TraceWriter& trace,
+                                   Counters& counters, int64_t& epoch) {
+  parallel::StepBatches batches;
+  for (int64_t micro = 0; micro < micro_batches; ++micro) {
+    auto scope = trace.scope("data_wait", "data");
+    io::Batch batch = source.next();
+    epoch = batch.epoch;
+    counters.sampler = source.after(batch);
+    if (micro == 0) batches.stage_input_shape = stage_input_shape(batch.inputs);
+    batches.inputs.push_back(std::move(batch.inputs));
+    batches.targets.push_back(std::move(batch.targets));
+  }
+  return batches;
+}
+
+// Why the run stopped before its last step (a signal or --exit-interval at
+// `step`, 1-based), and how to go on.
+std::string describe_stop(const TrainConfig& c, int signal, int signal_rank, int64_t step, const TrainResult& result) {
+  std::ostringstream why;
+  if (signal != 0)
+    why << signal_name(signal) << " received by rank " << signal_rank << "; stopped after step " << step;
+  else
+    why << "--exit-interval " << c.exit_interval << " reached at step " << step;
+  if (!c.save.empty())
+    why << "; checkpoint " << result.checkpoint << " written; go on with --resume auto (or --resume "
+        << result.checkpoint << ")";
+  else if (signal != 0)
+    why << "; no --save directory, so nothing was saved; exiting with status " << result.exit_code();
+  else
+    why << "; no --save directory, so nothing was saved";
+  return why.str();
+}
+
+// Rank 0's last lines: why it stopped early (if it did), steps, loss and
+// median step time, and where the metrics and traces are.
+void print_summary(const TrainConfig& c, const TrainResult& result, const std::string& stop_reason,
+                   const std::string& trace_path, int world_size) {
+  if (!stop_reason.empty()) std::printf("stopping: %s\n", stop_reason.c_str());
+  std::printf("done: %lld steps, last loss %.4f, median %.1f ms/step", static_cast<long long>(result.steps),
+              result.last_loss, result.median_ms_per_step);
+  if (result.skipped_steps) std::printf(", %lld skipped", static_cast<long long>(result.skipped_steps));
+  std::printf("\n");
+  if (!c.metrics.empty())
+    std::printf("metrics: %s (plot with: tessera plot %s -o curves.svg)\n", c.metrics.c_str(), c.metrics.c_str());
+  if (!c.trace.empty())
+    std::printf("trace: %s (open in https://ui.perfetto.dev)%s\n", trace_path.c_str(),
+                world_size > 1 ? ", one file per rank" : "");
+  std::fflush(stdout);
+}
+
+// --train-steps, or --epochs over `batches_per_epoch` micro-batches (at least one step).
+int64_t total_steps_of(const TrainConfig& c, int64_t batches_per_epoch, int64_t micro_batches_per_step) {
+  if (c.epochs <= 0) return c.train_steps;
+  const double micro_batches = c.epochs * double(batches_per_epoch);
+  return std::max<int64_t>(1, int64_t(micro_batches / double(micro_batches_per_step)));
+}
+
+nn::LrScheduleConfig lr_schedule_config(const TrainConfig& c, int64_t total_steps) {
+  nn::LrScheduleConfig schedule;
+  schedule.style = nn::parse_lr_style(c.lr_decay_style);
+  schedule.lr = c.lr;
+  schedule.min_lr = c.min_lr;
+  schedule.warmup_steps = c.warmup_steps;
+  schedule.total_steps = total_steps;
+  return schedule;
+}
+
+// The MPI and NCCL libraries, and what the topology says this node's rank 0
+// should use (and whether the launch applied it: tessera-rank).
+std::string describe_libraries_and_topology(const parallel::MpiEnv& env) {
+  std::string out = "mpi: " + mpi_library_version() + "; nccl: " + nccl_library_version() + "\n";
+  try {
+    return out + parallel::describe_topology_decision(env.local_rank(), env.local_size());
+  } catch (const Error& error) {
+    return out + "topology: not read (" + error.what() + ")\n";
+  }
+}
+
+// What checkpoints save and restore, and the layout they are written under.
+TrainState train_state(const TrainConfig& c, const nn::ModelConfig& model, DType dtype,
+                       const std::vector<nn::Parameter*>& parameters, parallel::DataParallel& replica,
+                       nn::GradScaler& scaler, parallel::Communicator& world, parallel::ProcessGrid& grid) {
+  TrainState state;
+  state.config = &c;
+  state.model = &model;
+  state.dtype = dtype;
+  state.replica = &replica;
+  state.parameters = parameters;
+  state.scaler = &scaler;
+  state.world = &world;
+  state.dp = grid.dp_size();
+  state.tp = grid.tp_size();
+  state.pp = grid.pp_size();
+  state.virtual_stages = c.virtual_pipeline_stages;
+  state.dp_rank = grid.dp_rank();
+  state.tp_rank = grid.tp_rank();
+  state.pp_rank = grid.pp_rank();
+  state.global_micro_batch = c.micro_batch_size * grid.dp_size();
+  return state;
+}
+
 // The run on `device` of `ctx` (see run()).
 TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Communicator* given, Context& ctx,
                    Device device, const PreemptionSignals& signals) {
   const DType dtype = compute_dtype(c.precision);
-  std::unique_ptr<parallel::Communicator> owned;
-  std::string backend;
-  if (env) {
-    const parallel::CommBackend choice = parallel::parse_comm_backend(c.comm_backend);
-    owned = parallel::make_communicator(MPI_COMM_WORLD, "world", ctx, device, choice);
-    backend = std::string(parallel::comm_backend_name(choice));
-    if (choice == parallel::CommBackend::automatic)
-      backend += device.is_cuda() && parallel::nccl_compiled() ? " (NCCL for device tensors, MPI for host tensors)"
-                 : device.is_cuda()                            ? " (MPI, device tensors staged through host memory)"
-                 : device.is_emulated() ? " (the emulated device channel for device tensors, MPI for host tensors)"
-                                        : " (MPI)";
-  } else {
-    backend = "given by the caller ('" + given->name() + "')";
-  }
-  parallel::Communicator* world = env ? owned.get() : given;
-  // Every wait on the world and the groups split from it has a deadline.
-  if (owned) owned->set_timeout(c.comm_timeout);
+  World opened = open_world(c, env, given, ctx, device);
+  parallel::Communicator* world = opened.world;
+  const std::string& backend = opened.backend;
 
   std::optional<io::DatasetInfo> data_info, eval_info;
   if (!c.synthetic) data_info = io::inspect_dataset(c.data);
@@ -477,83 +773,23 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   spec.dtype = dtype;
   spec.seed = c.seed;
   // This rank's part of the model: the layers of its pipeline stage, split
-  // over its tensor-parallel group (same parameter names and values as the
-  // whole model), with the vocabulary-parallel loss; or, for tp = pp = 1,
-  // the plain model and loss.
-  const std::string tp_problem = parallel::tensor_parallel_problem(model_cfg, grid.tp_size(), c.sequence_parallel);
-  TESSERA_CHECK(tp_problem.empty(), tp_problem);
-  TESSERA_CHECK(grid.pp().rank() == grid.pp_rank(), "process grid: pipeline rank ", grid.pp().rank(), " is not stage ",
-                grid.pp_rank());
-  nn::StageLayers stage;
-  stage.stage = grid.pp_rank();
-  stage.stages = grid.pp_size();
-  std::string stage_description;
-  if (grid.pp_size() > 1) {
-    const std::vector<int64_t> bounds = stage_bounds(model_cfg, c, grid.pp_size());
-    stage.begin = bounds[size_t(stage.stage)];
-    stage.end = bounds[size_t(stage.stage) + 1];
-    std::ostringstream text;
-    text << "pipeline: " << grid.pp_size() << " stages, " << c.pipeline_schedule << ", "
-         << (model_cfg.kind == "gpt" ? "blocks" : "layers");
-    for (size_t s = 0; s + 1 < bounds.size(); ++s)
-      text << (s ? ", " : " ") << "[" << bounds[s] << ", " << bounds[s + 1] << ")";
-    stage_description = text.str();
-  }
-  std::unique_ptr<nn::Module> model;
-  std::unique_ptr<nn::Loss> loss_function;
-  nn::Parameter* tied_table = nullptr;  // pp > 1, first and last stage: the embedding table whose gradients are summed
-  std::function<Shape(const Tensor&)> stage_input_shape;  // pp > 1: what this stage receives for a batch's inputs
-  if (model_cfg.kind == "gpt" && (grid.tp_size() > 1 || grid.pp_size() > 1)) {
-    auto gpt = std::make_unique<parallel::TensorParallelGpt>(
-        model_cfg, spec, parallel::TensorParallelism{&grid.tp(), c.sequence_parallel}, stage);
-    const int64_t local_vocab = model_cfg.vocab_size / grid.tp_size();
-    loss_function = std::make_unique<parallel::VocabParallelCrossEntropy>(grid.tp(), grid.tp_rank() * local_vocab,
-                                                                          model_cfg.vocab_size);
-    if (grid.pp_size() > 1) tied_table = gpt->embedding_table();
-    const parallel::TensorParallelGpt* stage_model = gpt.get();
-    stage_input_shape = [stage_model](const Tensor& ids) {
-      return stage_model->hidden_shape(ids.size(0), ids.size(1));
-    };
-    model = std::move(gpt);
-  } else {
-    model = nn::build_model(model_cfg, spec, stage);
-    loss_function = std::make_unique<nn::CrossEntropyLoss>();
-    const int64_t width = stage.begin == 0 ? model_cfg.channels * model_cfg.height * model_cfg.width
-                                           : (stage.begin > 0 ? model_cfg.hidden[size_t(stage.begin) - 1] : 0);
-    stage_input_shape = [width](const Tensor& inputs) { return Shape{inputs.size(0), width}; };
-  }
-  const nn::Loss& loss = *loss_function;
+  // over its tensor-parallel group, with its loss (parallel/stage_model.h).
+  parallel::StageModel stage_model = parallel::build_stage_model(model_cfg, spec, grid, c.sequence_parallel,
+                                                                 c.pipeline_split, c.virtual_pipeline_stages);
+  const nn::StageLayers& stage = stage_model.layers;
+  const std::string stage_description = describe_stages(c, stage_model, model_cfg.kind);
+  const std::unique_ptr<nn::Module>& model = stage_model.module;
+  const nn::Loss& loss = *stage_model.loss;
+  nn::Parameter* tied_table = stage_model.tied_table;
+  const std::function<Shape(const Tensor&)>& stage_input_shape = stage_model.input_shape;
   std::vector<nn::Parameter*> parameters = model->parameters();
-  // Pipeline groups (collective over the world, so every rank makes them):
-  // the ranks of one replica's model (tp x pp, for the gradient norm) and
-  // the first and last stage of one tensor-parallel rank (the tied embedding).
-  std::unique_ptr<parallel::Communicator> model_group, embedding_group;
-  if (grid.pp_size() > 1) {
-    model_group = world->split(grid.dp_rank(), world->rank(), "model");
-    const bool end_stage = stage.first() || stage.last();
-    const int color =
-        end_stage ? grid.dp_rank() * grid.tp_size() + grid.tp_rank() : grid.dp_size() * grid.tp_size() + world->rank();
-    embedding_group = world->split(color, world->rank(), "embedding");
-  }
-
-  nn::OptimizerConfig opt;
-  opt.kind = nn::parse_optimizer_kind(c.optimizer);
-  opt.lr = c.lr;
-  opt.weight_decay = c.weight_decay;
-  opt.beta1 = c.adam_beta1;
-  opt.beta2 = c.adam_beta2;
-  opt.eps = c.adam_eps;
-  if (opt.kind == nn::OptimizerKind::sgd) {
-    opt.momentum = c.sgd_momentum;
-    opt.nesterov = c.nesterov;
-  }
-
-  const int64_t per_step = c.micro_batch_size * dp.size();  // samples of one micro-batch over all ranks
-  TESSERA_CHECK(c.global_batch_size % per_step == 0, "--global-batch-size ", c.global_batch_size,
-                " is not a multiple of --micro-batch-size ", c.micro_batch_size, " x ", dp.size(),
-                " data-parallel ranks = ", per_step, "; use a multiple of ", per_step,
-                " (or change --micro-batch-size or the number of ranks)");
-  const int64_t accumulation = c.global_batch_size > 0 ? c.global_batch_size / per_step : 1;
+  const PipelineGroups groups = split_pipeline_groups(*world, grid, stage);
+  const int64_t accumulation = micro_batches_per_step(c, dp.size());
+  TESSERA_CHECK(c.virtual_pipeline_stages == 1 || accumulation % grid.pp_size() == 0, "--virtual-pipeline-stages ",
+                c.virtual_pipeline_stages, ": a step's ", accumulation, " micro-batches (--global-batch-size ",
+                c.global_batch_size, " / (--micro-batch-size ", c.micro_batch_size, " x ", dp.size(),
+                " data-parallel ranks)) must be a multiple of --pipeline-parallel ", grid.pp_size(),
+                "; use --global-batch-size ", c.micro_batch_size * dp.size() * grid.pp_size(), " or a multiple of it");
 
   // The trace first: the data-parallel reducer writes its communication into it.
   io::TraceOptions trace_options;
@@ -561,109 +797,40 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   trace_options.rank = world->rank();
   trace_options.world_size = world->size();
   io::TraceWriter trace(trace_options);
-  parallel::DataParallelOptions dp_options;
-  dp_options.zero_stage = c.zero;
-  dp_options.bucket_size_mb = c.bucket_size_mb;
-  dp_options.model_parallel = model_group ? model_group.get() : &grid.tp();
-  const int tp_rank = grid.tp_rank();
-  dp_options.counts_in_norm = [tp_rank](const nn::Parameter& p) {
-    return !p.tied_copy && (p.shard.split || tp_rank == 0);
-  };
-  if (trace.enabled()) {
-    dp_options.clock = [&trace] { return trace.now_ns(); };
-    dp_options.on_event = [&trace](const parallel::CommEvent& event) {
-      trace.complete(event.name + " bucket " + std::to_string(event.bucket), "comm", event.start_ns, event.end_ns);
-    };
-  }
-  parallel::DataParallel replica(parameters, dp, opt, dp_options);
+  parallel::DataParallel replica(parameters, dp, optimizer_config(c),
+                                 data_parallel_options(c, grid, groups.model.get(), tied_table, trace));
   nn::GradScaler scaler = nn::GradScaler::for_dtype(dtype);
   // The step: the same driver for every layout (one stage is the degenerate pipeline).
   parallel::TrainStepParts step_parts;
   step_parts.context = &ctx;
   step_parts.device = device;
   step_parts.model = model.get();
+  step_parts.chunks = stage_model.chunks;
   step_parts.loss = &loss;
   step_parts.replica = &replica;
   step_parts.scaler = &scaler;
   step_parts.pipeline = &grid.pp();
   step_parts.data_parallel = &dp;
-  step_parts.embedding_group = embedding_group.get();
+  step_parts.embedding_group = groups.embedding.get();
   step_parts.tied_table = tied_table;
   step_parts.seed = c.seed;
   step_parts.clip_grad = c.clip_grad;
-  step_parts.pipeline_options.schedule = grid.pp_size() > 1 ? parallel::parse_pipeline_schedule(c.pipeline_schedule)
-                                                            : parallel::PipelineScheduleKind::one_f_one_b;
-  if (trace.enabled()) {
-    step_parts.pipeline_options.clock = [&trace] { return trace.now_ns(); };
-    step_parts.pipeline_options.on_event = [&trace](const std::string& name, const std::string& category, int64_t start,
-                                                    int64_t end) { trace.complete(name, category, start, end); };
-  }
-  parallel::TrainStep train_step(step_parts);
+  step_parts.pipeline_options = pipeline_options(c, grid.pp_size(), trace);
+  parallel::TrainStep train_step(std::move(step_parts));
   parallel::PipelineEngine* engine = grid.pp_size() > 1 ? &train_step.engine() : nullptr;  // evaluation
 
-  // What checkpoints save and restore.
-  TrainState state;
-  state.config = &c;
-  state.model = &model_cfg;
-  state.dtype = dtype;
-  state.parameters = parameters;
-  state.replica = &replica;
-  state.scaler = &scaler;
-  state.world = world;
-  state.dp = dp.size();
-  state.tp = grid_sizes.tp;
-  state.pp = grid_sizes.pp;
-  state.dp_rank = dp.rank();
-  state.tp_rank = grid.tp_rank();
-  state.pp_rank = grid.pp_rank();
-  state.global_micro_batch = c.micro_batch_size * dp.size();
-  Counters counters;
-  std::optional<Resumed> resumed;
-  {
-    // Rank 0 picks the checkpoint (--resume auto: the newest complete one),
-    // so every rank loads the same even if a directory listing differs.
-    std::string path;
-    if (root)
-      if (const std::optional<std::string> found = checkpoint_to_resume(c)) path = *found;
-    path = broadcast_text(*world, ctx, device, path);
-    if (!path.empty()) {
-      std::error_code unseen;
-      TESSERA_CHECK(std::filesystem::exists(path, unseen), "rank ", world->rank(), " cannot see ", path,
-                    ", the checkpoint rank 0 chose to resume from: every rank reads its own slices, so --save must "
-                    "be on a filesystem all ranks share (or the checkpoint copied to the same path on every node)");
-      resumed = load_training_checkpoint(state, path);
-      counters = resumed->counters;
-    }
-  }
+  TrainState state = train_state(c, model_cfg, dtype, parameters, replica, scaler, *world, grid);
+  const std::optional<Resumed> resumed = resume_if_asked(c, state, *world, ctx, device);
+  Counters counters = resumed ? resumed->counters : Counters{};
 
   BatchSource source(ctx, c, model_cfg, device, dtype, dp.rank(), dp.size(), counters.sampler);
-  int64_t total_steps = c.train_steps;
-  if (c.epochs > 0) {
-    const double micro_batches = c.epochs * double(source.batches_per_epoch());
-    total_steps = std::max<int64_t>(1, int64_t(micro_batches / double(accumulation)));
-  }
-  nn::LrScheduleConfig schedule_cfg;
-  schedule_cfg.style = nn::parse_lr_style(c.lr_decay_style);
-  schedule_cfg.lr = c.lr;
-  schedule_cfg.min_lr = c.min_lr;
-  schedule_cfg.warmup_steps = c.warmup_steps;
-  schedule_cfg.total_steps = total_steps;
+  const int64_t total_steps = total_steps_of(c, source.batches_per_epoch(), accumulation);
+  const nn::LrScheduleConfig schedule_cfg = lr_schedule_config(c, total_steps);
   const nn::LrSchedule schedule(schedule_cfg);
   state.schedule = &schedule_cfg;
 
   // Rank 0 reports: progress, metrics, Katib lines, start-up and final lines.
-  io::ProgressOptions progress_options;
-  progress_options.enabled = root;
-  progress_options.interval = c.log_interval;
-  // Under an MPI launcher a rank's stdout is a pseudo-terminal even when the
-  // job's output goes to a file (Open MPI forwards through a pty), so the
-  // live line is used only where we can tell: TESSERA_PROGRESS=live forces it,
-  // =lines forces plain lines.
-  if (const char* mode = std::getenv("TESSERA_PROGRESS"); mode && std::string_view(mode) == "live")
-    progress_options.terminal = true;
-  else if ((mode && std::string_view(mode) == "lines") || launcher_rank() >= 0)
-    progress_options.terminal = false;
-  io::ProgressLine progress(progress_options);
+  io::ProgressLine progress(progress_options(c, root));
   bool katib_due = true;
   io::MetricsWriter metrics;
   if (root) {
@@ -682,36 +849,9 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
     std::printf("ranks: %s; %s; communicator %s; data parallel: %s\n", layout.c_str(), grid.describe().c_str(),
                 backend.c_str(), replica_description.c_str());
     if (!stage_description.empty()) std::printf("%s\n", stage_description.c_str());
-    if (env) std::printf("mpi: %s; nccl: %s\n", mpi_library_version().c_str(), nccl_library_version().c_str());
-    if (env) {
-      // What the topology says this node's rank 0 should use (and whether the launch applied it: tessera-rank).
-      try {
-        std::printf("%s", parallel::describe_topology_decision(env->local_rank(), env->local_size()).c_str());
-      } catch (const Error& error) {
-        std::printf("topology: not read (%s)\n", error.what());
-      }
-    }
+    if (env) std::printf("%s", describe_libraries_and_topology(*env).c_str());
     if (data_info) std::printf("data: %s\n", data_info->describe().c_str());
-    if (resumed) {
-      std::printf("resumed from %s: step %lld of %lld", resumed->path.c_str(), static_cast<long long>(counters.step),
-                  static_cast<long long>(total_steps));
-      if (!c.synthetic)
-        std::printf(", data at sample %lld of epoch %lld", static_cast<long long>(counters.sampler.samples),
-                    static_cast<long long>(counters.sampler.epoch));
-      std::printf("\n");
-      if (resumed->resharded)
-        std::printf(
-            "resharding: the checkpoint was saved under %s, this run is dp=%d tp=%d pp=%d zero=%d on %d "
-            "rank(s); each rank read its own slices\n",
-            resumed->saved_layout.c_str(), state.dp, state.tp, state.pp, c.zero, world->size());
-      if (!resumed->changed_settings.empty()) {
-        std::string changes;
-        for (const std::string& change : resumed->changed_settings) changes += (changes.empty() ? "" : ", ") + change;
-        std::printf("settings changed since the checkpoint: %s\n", changes.c_str());
-      }
-    } else if (c.resume == "auto") {
-      std::printf("no checkpoint in %s yet: starting from step 0\n", c.save.c_str());
-    }
+    std::printf("%s", describe_resume(c, resumed, counters, total_steps, state).c_str());
     std::printf(
         "model: %s, %lld parameters, %s on %s; %lld steps of %lld micro-batch(es) of %lld on each of %d rank(s)\n",
         c.model.c_str(), static_cast<long long>(nn::parameter_count(*model)), std::string(dtype_name(dtype)).c_str(),
@@ -725,7 +865,7 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
                    {"data_parallel", std::to_string(dp.size())},
                    {"zero", std::to_string(c.zero)}});
 
-  const bool tokens = c.model == "gpt";
+  const bool tokens = nn::model_traits(model_cfg.kind).reads_tokens;
   const int64_t samples_per_step = accumulation * c.micro_batch_size * dp.size();
   const bool evaluate_per_epoch = c.eval_interval == 0 && source.batches_per_epoch() > 0;
   const int64_t steps_per_epoch =
@@ -745,19 +885,11 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   for (int64_t step = counters.step; step < total_steps; ++step) {
     inject_step_faults(step + 1, world->rank(), source, device);
     const auto start = Clock::now();
+    const int64_t trace_start = trace.enabled() ? trace.now_ns() : 0;
     const int64_t tp_bytes_before = grid.tp().counters().total_bytes();
-    parallel::StepBatches batches;
-    batches.activation_dtype = dtype;
     int64_t epoch = 0;
-    for (int64_t micro = 0; micro < accumulation; ++micro) {
-      auto scope = trace.scope("data_wait", "data");
-      io::Batch batch = source.next();
-      epoch = batch.epoch;
-      counters.sampler = source.after(batch);
-      if (micro == 0) batches.stage_input_shape = stage_input_shape(batch.inputs);
-      batches.inputs.push_back(std::move(batch.inputs));
-      batches.targets.push_back(std::move(batch.targets));
-    }
+    parallel::StepBatches batches = next_batches(source, accumulation, stage_input_shape, trace, counters, epoch);
+    batches.activation_dtype = dtype;
     const double lr = schedule.lr(step);
     // TESSERA_FAULT=nan_grad: this rank's gradients of the step are NaN (through the loss's gradient).
     const parallel::StepResult outcome =
@@ -779,27 +911,15 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     step_ms.push_back(seconds * 1e3);
+    if (trace.enabled()) trace.complete("step " + std::to_string(step + 1), "step", trace_start, trace.now_ns());
 
-    io::StepRecord record;
-    record.step = step + 1;
-    record.total_steps = total_steps;
-    record.loss = outcome.loss;
-    record.lr = lr;
+    io::StepRecord record = step_record(step, total_steps, outcome, lr, epoch, engine != nullptr);
     record.ms_per_step = seconds * 1e3;
     if (tokens)
       record.tokens_per_s = double(samples_per_step * c.seq_length) / seconds;
     else
       record.samples_per_s = double(samples_per_step) / seconds;
-    record.grad_norm = outcome.grad_norm;
     if (scaler.enabled()) record.loss_scale = outcome.loss_scale;
-    record.skipped = skipped;
-    record.epoch = epoch;
-    record.extra.emplace_back("grad_sync_ms", double(sync.reduction_end_ns - sync.backward_end_ns) * 1e-6);
-    if (engine) {
-      // This stage's idle share of the pipeline part of the step (the bubble).
-      const double span = double(outcome.pipeline.end_ns - outcome.pipeline.start_ns);
-      record.extra.emplace_back("pipeline_idle", span > 0 ? double(outcome.pipeline.idle_ns()) / span : 0.0);
-    }
     // Bytes this rank's tensor-parallel group moved in the step (counted by the communicator).
     if (grid.tp_size() > 1)
       record.extra.emplace_back("tp_comm_bytes", double(grid.tp().counters().total_bytes() - tp_bytes_before));
@@ -819,23 +939,8 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
     if (!c.eval_data.empty() && (due || last)) {
       const EvalResult eval =
           evaluate(ctx, *model, loss, c, device, dtype, trace, dp, PipelineEval{engine, &grid.pp(), stage_input_shape});
-      io::EvalRecord eval_record;
-      eval_record.step = step + 1;
-      eval_record.eval_loss = eval.loss;
-      eval_record.eval_accuracy = eval.accuracy;
-      if (tokens) eval_record.eval_bits_per_byte = eval.loss / std::log(2.0);
-      katib_due = true;
-      metrics.log_eval(eval_record);
-      char line[160];
-      if (eval.accuracy)
-        std::snprintf(line, sizeof line, "eval step %lld: loss %.4f, accuracy %.2f%% (%lld samples)",
-                      static_cast<long long>(step + 1), eval.loss, 100.0 * *eval.accuracy,
-                      static_cast<long long>(eval.count));
-      else
-        std::snprintf(line, sizeof line, "eval step %lld: loss %.4f nats/token (%.3f bits) over %lld tokens",
-                      static_cast<long long>(step + 1), eval.loss, eval.loss / std::log(2.0),
-                      static_cast<long long>(eval.count));
-      if (root) progress.print_above(line);
+      katib_due = true;  // the metrics writer prints the eval's Katib line
+      report_eval(eval, step + 1, tokens, metrics, root ? &progress : nullptr);
       if (last) result.final_eval = eval;
     }
 
@@ -866,40 +971,15 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
       }
     }
     if (stop) {
-      std::ostringstream why;
-      if (signal != 0) {
-        result.stop_signal = signal;
-        why << signal_name(signal) << " received by rank " << signal_rank << "; stopped after step " << step + 1;
-      } else {
-        why << "--exit-interval " << c.exit_interval << " reached at step " << step + 1;
-      }
-      if (!c.save.empty())
-        why << "; checkpoint " << result.checkpoint << " written; go on with --resume auto (or --resume "
-            << result.checkpoint << ")";
-      else if (signal != 0)
-        why << "; no --save directory, so nothing was saved; exiting with status " << result.exit_code();
-      else
-        why << "; no --save directory, so nothing was saved";
-      stop_reason = why.str();
+      if (signal != 0) result.stop_signal = signal;
+      stop_reason = describe_stop(c, signal, signal_rank, step + 1, result);
       break;
     }
   }
   progress.finish();
   trace.close();
   result.median_ms_per_step = median(step_ms);
-  if (root) {
-    if (!stop_reason.empty()) std::printf("stopping: %s\n", stop_reason.c_str());
-    std::printf("done: %lld steps, last loss %.4f, median %.1f ms/step", static_cast<long long>(result.steps),
-                result.last_loss, result.median_ms_per_step);
-    if (result.skipped_steps) std::printf(", %lld skipped", static_cast<long long>(result.skipped_steps));
-    std::printf("\n");
-    if (!c.metrics.empty())
-      std::printf("metrics: %s (plot with: tessera plot %s -o curves.svg)\n", c.metrics.c_str(), c.metrics.c_str());
-    if (!c.trace.empty())
-      std::printf("trace: %s (open in https://ui.perfetto.dev)%s\n", trace.path().c_str(),
-                  world->size() > 1 ? ", one file per rank" : "");
-    std::fflush(stdout);
-  }
+  if (root) print_summary(c, result, stop_reason, trace.path(), world->size());
   return result;
 }
 

@@ -878,25 +878,19 @@ TensorSlice shard_slice(const nn::ParameterShard& shard, int64_t sub_begin) {
 }
 
 // ---------------------------------------------------------------------------
-// save_checkpoint
+// save_checkpoint, in phases: this rank's descriptors (1), everyone's (2),
+// the plan (3), then the data: the other ranks send what they own (4), rank
+// 0 opens a temporary directory, writes tensor by tensor and the ranks'
+// states, and publishes it atomically (5); every rank learns the outcome.
 
-std::string save_checkpoint(parallel::Communicator& world, const std::string& dir, int64_t step,
-                            const std::vector<TensorPiece>& pieces, const CheckpointMetadata& metadata,
-                            const SaveOptions& options) {
-  const int rank = world.rank(), ranks = world.size();
-  const fs::path save_dir(dir);
-  const fs::path final_path = save_dir / step_directory_name(step);
-  const std::string what = "saving checkpoint " + final_path.string();
-  Context scratch;  // host buffers of this save, released when it returns
-  // Every rank waits for rank 0's writes: the save has its own deadline, and
-  // rank 0 tells the others' deadline reports that it is writing, not stalled.
-  std::optional<parallel::ScopedTimeout> deadline;
-  if (options.timeout_s) deadline.emplace(world, *options.timeout_s, "--save-timeout");
-  const WritingActivity writing(world, rank == 0, step);
+namespace {
 
-  // 1. This rank's descriptors (or its error).
+// Phase 1: this rank's pieces and rank states described (or the error that
+// stops every rank: `local_error` holds it, the descriptor its message).
+RankInfo describe_pieces(const std::string& dir, int64_t step, const std::vector<TensorPiece>& pieces,
+                         const CheckpointMetadata& metadata, const SaveOptions& options, const std::string& what,
+                         int rank, std::exception_ptr& local_error) {
   RankInfo mine;
-  std::exception_ptr local_error;
   try {
     TESSERA_CHECK(!dir.empty(), "saving a checkpoint: the save directory is empty; pass --save DIR");
     TESSERA_CHECK(step >= 0, what, ": the step must be non-negative, got ", step);
@@ -921,80 +915,79 @@ std::string save_checkpoint(parallel::Communicator& world, const std::string& di
     mine = RankInfo{};
     mine.error = message_of(error);
   }
+  return mine;
+}
 
-  // 2. Everyone's descriptors; all ranks stop together on any rank's error.
+// Phase 2: every rank's descriptors; all ranks stop together on any rank's error.
+std::vector<RankInfo> gather_descriptors(parallel::Communicator& world, Context& scratch, const RankInfo& mine,
+                                         const std::exception_ptr& local_error, const std::string& what) {
   const std::vector<std::vector<uint8_t>> gathered = parallel::all_gather_bytes(world, scratch, serialise(mine));
   std::vector<RankInfo> all;
-  for (int r = 0; r < ranks; ++r) all.push_back(deserialise(gathered[size_t(r)].data(), gathered[size_t(r)].size(), r));
-  for (int r = 0; r < ranks; ++r) {
+  for (int r = 0; r < world.size(); ++r)
+    all.push_back(deserialise(gathered[size_t(r)].data(), gathered[size_t(r)].size(), r));
+  for (int r = 0; r < world.size(); ++r) {
     if (all[size_t(r)].error.empty()) continue;
-    if (r == rank) std::rethrow_exception(local_error);
+    if (r == world.rank()) std::rethrow_exception(local_error);
     TESSERA_THROW(what, ": rank ", r, " failed: ", all[size_t(r)].error);
   }
+  return all;
+}
 
-  // 3. Shapes agree and every tensor is owned exactly once (same verdict on every rank).
-  const std::vector<TensorPlan> plans = plan_tensors(all, what);
-
-  // 4. Data, tensor by tensor; 5. publish on rank 0.
+// Phase 4 on a rank other than 0: what it owns of each tensor, then its rank
+// states, to rank 0 (host copies: the host channel of a device-routed
+// communicator whatever device the pieces live on, parallel/process_group.h).
+void send_to_writer(parallel::Communicator& world, Context& scratch, const std::vector<TensorPlan>& plans,
+                    const std::vector<TensorPiece>& pieces, const SaveOptions& options, int64_t step) {
+  const int rank = world.rank();
   const size_t crash_after = plans.size() / 2;  // the fault point: after this tensor (or before closing when none)
-  // Every transfer moves host memory on both sides (rank 0 receives into host
-  // buffers), so it takes the host channel of a device-routed communicator
-  // whatever device the pieces live on (parallel/process_group.h).
-  if (rank != 0) {
-    for (size_t t = 0; t < plans.size(); ++t) {
-      for (const PieceInfo* piece : plans[t].owned)
-        if (piece->rank == rank && piece->local.numel() > 0)
-          world.send(pieces[size_t(piece->index)].local.to(Device::cpu()), 0)->wait();
-      if (t == crash_after) crash_if_due(step, rank);
-    }
-    if (plans.empty()) crash_if_due(step, rank);
-    for (const auto& [key, bytes] : options.rank_state) {
-      if (bytes.empty()) continue;
-      Tensor blob = scratch.empty(Shape{int64_t(bytes.size())}, DType::u8);
-      std::memcpy(blob.data_ptr(), bytes.data(), bytes.size());
-      world.send(blob, 0)->wait();
-    }
-    const std::string failure = broadcast_outcome(world, scratch, {});
-    TESSERA_CHECK(failure.empty(), what, " failed on rank 0 (the writer): ", failure);
-    return final_path.string();
-  }
-
-  const int64_t needed = checkpoint_file_bytes(plans, all);
-  std::string failure;  // rank 0's first error; after one, it only receives (so no rank blocks)
-  const auto record = [&](const std::exception& error) {
-    if (failure.empty()) failure = message_of(error);
-  };
-  const fs::path temporary = save_dir / (std::string(".") + step_directory_name(step) + ".tmp");
-  std::optional<CheckpointWriter> writer;
-  try {
-    std::error_code error;
-    const bool existed = fs::is_directory(save_dir, error);
-    fs::create_directories(save_dir, error);
-    TESSERA_CHECK(!error, "cannot create the directory ", dir, ": ", error.message());
-    if (!existed) fsync_path(save_dir.has_parent_path() ? save_dir.parent_path() : fs::path("."), true);
-    remove_stale_temporaries(save_dir);
-    // Before writing anything: a checkpoint that cannot fit fails now, with a message saying so.
-    TESSERA_CHECK(has_room(save_dir, needed), no_room_message(save_dir, needed, false));
-    fs::create_directory(temporary, error);
-    TESSERA_CHECK(!error, "cannot create ", temporary.string(), ": ", error.message());
-    writer.emplace(temporary, step, ranks, metadata);
-  } catch (const std::exception& error) {
-    record(error);
-  }
-
   for (size_t t = 0; t < plans.size(); ++t) {
-    const TensorPlan& plan = plans[t];
+    for (const PieceInfo* piece : plans[t].owned)
+      if (piece->rank == rank && piece->local.numel() > 0)
+        world.send(pieces[size_t(piece->index)].local.to(Device::cpu()), 0)->wait();
+    if (t == crash_after) crash_if_due(step, rank);
+  }
+  if (plans.empty()) crash_if_due(step, rank);
+  for (const auto& [key, bytes] : options.rank_state) {
+    if (bytes.empty()) continue;
+    Tensor blob = scratch.empty(Shape{int64_t(bytes.size())}, DType::u8);
+    std::memcpy(blob.data_ptr(), bytes.data(), bytes.size());
+    world.send(blob, 0)->wait();
+  }
+}
+
+// Rank 0's side of phases 4 and 5. After its first error it only receives
+// (so no rank blocks), and the error is what every rank reports.
+class RankZeroSave {
+ public:
+  RankZeroSave(parallel::Communicator& world, Context& scratch, const std::string& what)
+      : world_(world), scratch_(scratch), what_(what) {}
+
+  // The save directory (created, stale temporaries removed, room checked)
+  // and the temporary checkpoint directory the writer fills.
+  void open(const fs::path& save_dir, const fs::path& temporary, int64_t needed, int64_t step,
+            const CheckpointMetadata& metadata) {
+    attempt([&] {
+      std::error_code error;
+      const bool existed = fs::is_directory(save_dir, error);
+      fs::create_directories(save_dir, error);
+      TESSERA_CHECK(!error, "cannot create the directory ", save_dir.string(), ": ", error.message());
+      if (!existed) fsync_path(save_dir.has_parent_path() ? save_dir.parent_path() : fs::path("."), true);
+      remove_stale_temporaries(save_dir);
+      // Before writing anything: a checkpoint that cannot fit fails now, with a message saying so.
+      TESSERA_CHECK(has_room(save_dir, needed), no_room_message(save_dir, needed, false));
+      fs::create_directory(temporary, error);
+      TESSERA_CHECK(!error, "cannot create ", temporary.string(), ": ", error.message());
+      writer_.emplace(temporary, step, world_.size(), metadata);
+    });
+  }
+
+  // One logical tensor: the other ranks' pieces received (straight into
+  // place when they are one run, else into a buffer scattered afterwards),
+  // rank 0's own copied, the whole written.
+  void write_tensor(const TensorPlan& plan, const std::vector<TensorPiece>& pieces) {
     const size_t element_size = dtype_size(plan.dtype);
     Tensor whole;
-    if (failure.empty()) {
-      try {
-        whole = scratch.empty(Shape{plan.shape.numel()}, plan.dtype);
-      } catch (const std::exception& error) {
-        record(error);
-      }
-    }
-    // Receive the remote pieces (straight into place when they are one run,
-    // else into a buffer scattered afterwards), copy the local ones.
+    if (ok()) attempt([&] { whole = scratch_.empty(Shape{plan.shape.numel()}, plan.dtype); });
     struct Incoming {
       std::vector<Run> runs;
       Tensor buffer;
@@ -1002,90 +995,145 @@ std::string save_checkpoint(parallel::Communicator& world, const std::string& di
     std::vector<Incoming> incoming;
     std::vector<parallel::CommHandle> receives;
     for (const PieceInfo* piece : plan.owned) {
-      PieceLayout layout = piece_layout(plan.name, plan.shape, piece->slice, piece->local, what);
+      PieceLayout layout = piece_layout(plan.name, plan.shape, piece->slice, piece->local, what_);
       if (layout.numel == 0) continue;
       if (piece->rank != 0) {
         const Run& first = layout.runs.front();
         Tensor buffer = whole.defined() && layout.contiguous() ? whole.slice(first.global, first.global + first.count)
-                                                               : scratch.empty(Shape{layout.numel}, plan.dtype);
-        receives.push_back(world.recv(buffer, piece->rank));
+                                                               : scratch_.empty(Shape{layout.numel}, plan.dtype);
+        receives.push_back(world_.recv(buffer, piece->rank));
         incoming.push_back({std::move(layout.runs), buffer});
       } else if (whole.defined()) {
-        try {
+        attempt([&] {
           Tensor staging;
           const std::byte* bytes = host_bytes(pieces[size_t(piece->index)].local, staging);
           scatter_runs(layout.runs, element_size, bytes, static_cast<std::byte*>(whole.data_ptr()));
-        } catch (const std::exception& error) {
-          record(error);
-        }
+        });
       }
     }
     for (auto& handle : receives) handle->wait();
-    if (failure.empty() && whole.defined()) {
-      try {
-        for (Incoming& in : incoming)
-          if (!in.buffer.shares_storage_with(whole))
-            scatter_runs(in.runs, element_size, static_cast<const std::byte*>(in.buffer.data_ptr()),
-                         static_cast<std::byte*>(whole.data_ptr()));
-        writer->write_tensor(plan, whole.data_ptr());
-      } catch (const std::exception& error) {
-        record(error);
+    if (!ok() || !whole.defined()) return;
+    attempt([&] {
+      for (Incoming& in : incoming)
+        if (!in.buffer.shares_storage_with(whole))
+          scatter_runs(in.runs, element_size, static_cast<const std::byte*>(in.buffer.data_ptr()),
+                       static_cast<std::byte*>(whole.data_ptr()));
+      writer_->write_tensor(plan, whole.data_ptr());
+    });
+  }
+
+  // Rank state: rank 0's own, then each other rank's in key order.
+  void write_rank_states(const std::vector<RankInfo>& all, const SaveOptions& options) {
+    for (int r = 0; r < world_.size(); ++r) {
+      for (const auto& [key, size] : all[size_t(r)].state_sizes) {
+        std::vector<uint8_t> bytes;
+        if (r == 0) {
+          bytes = options.rank_state.at(key);
+        } else if (size > 0) {
+          Tensor blob = scratch_.empty(Shape{size}, DType::u8);
+          world_.recv(blob, r)->wait();
+          bytes.assign(blob.data<uint8_t>(), blob.data<uint8_t>() + size);
+        }
+        if (ok()) attempt([&] { writer_->write_rank_state(r, key, bytes); });
       }
     }
+  }
+
+  // The temporary directory closed, renamed into place, `latest` pointed at
+  // it and old checkpoints pruned (keep-K); on a failure before, the
+  // temporary is removed and the previous checkpoint and `latest` untouched.
+  void publish(const fs::path& save_dir, const fs::path& temporary, const fs::path& final_path, int keep,
+               int64_t needed) {
+    if (ok()) {
+      bool published = false;
+      attempt([&] {
+        writer_->close();
+        writer_.reset();
+        fsync_path(temporary, true);
+        publish_directory(temporary, final_path);
+        published = true;
+        fsync_path(save_dir, true);
+        write_file_atomically(save_dir / kLatestFile, final_path.filename().string() + "\n");
+        prune(save_dir, keep, final_path.filename().string());
+      });
+      if (!ok() && published)
+        failure_ += " (" + final_path.string() +
+                    " itself is complete, but 'latest' still names the previous checkpoint, which --resume auto uses)";
+    }
+    if (ok()) return;
+    writer_.reset();
+    std::error_code ignored;
+    fs::remove_all(temporary, ignored);
+    // A write that ran out of room (more than estimated, or another writer
+    // filled the disk) says so first; HDF5's stack follows.
+    if (failure_.find("No space left on device") != std::string::npos &&
+        failure_.find("free space there") == std::string::npos)
+      failure_ = no_room_message(save_dir, needed, true) + ". " + failure_;
+  }
+
+  bool ok() const { return failure_.empty(); }
+  const std::string& failure() const { return failure_; }
+
+ private:
+  // Runs `step`, keeping the first error instead of throwing it.
+  template <typename Step>
+  void attempt(Step&& step) {
+    try {
+      step();
+    } catch (const std::exception& error) {
+      if (failure_.empty()) failure_ = message_of(error);
+    }
+  }
+
+  parallel::Communicator& world_;
+  Context& scratch_;
+  const std::string& what_;
+  std::optional<CheckpointWriter> writer_;
+  std::string failure_;
+};
+
+}  // namespace
+
+std::string save_checkpoint(parallel::Communicator& world, const std::string& dir, int64_t step,
+                            const std::vector<TensorPiece>& pieces, const CheckpointMetadata& metadata,
+                            const SaveOptions& options) {
+  const int rank = world.rank();
+  const fs::path save_dir(dir);
+  const fs::path final_path = save_dir / step_directory_name(step);
+  const std::string what = "saving checkpoint " + final_path.string();
+  Context scratch;  // host buffers of this save, released when it returns
+  // Every rank waits for rank 0's writes: the save has its own deadline, and
+  // rank 0 tells the others' deadline reports that it is writing, not stalled.
+  std::optional<parallel::ScopedTimeout> deadline;
+  if (options.timeout_s) deadline.emplace(world, *options.timeout_s, "--save-timeout");
+  const WritingActivity writing(world, rank == 0, step);
+
+  std::exception_ptr local_error;
+  const RankInfo mine = describe_pieces(dir, step, pieces, metadata, options, what, rank, local_error);
+  const std::vector<RankInfo> all = gather_descriptors(world, scratch, mine, local_error, what);
+  // 3. Shapes agree and every tensor is owned exactly once (same verdict on every rank).
+  const std::vector<TensorPlan> plans = plan_tensors(all, what);
+
+  if (rank != 0) {
+    send_to_writer(world, scratch, plans, pieces, options, step);
+    const std::string failure = broadcast_outcome(world, scratch, {});
+    TESSERA_CHECK(failure.empty(), what, " failed on rank 0 (the writer): ", failure);
+    return final_path.string();
+  }
+  const int64_t needed = checkpoint_file_bytes(plans, all);
+  const fs::path temporary = save_dir / (std::string(".") + step_directory_name(step) + ".tmp");
+  RankZeroSave save(world, scratch, what);
+  save.open(save_dir, temporary, needed, step, metadata);
+  const size_t crash_after = plans.size() / 2;  // the same fault point as the other ranks'
+  for (size_t t = 0; t < plans.size(); ++t) {
+    save.write_tensor(plans[t], pieces);
     if (t == crash_after) crash_if_due(step, rank);
   }
   if (plans.empty()) crash_if_due(step, rank);
-
-  // Rank state: rank 0's own, then each other rank's in key order.
-  for (int r = 0; r < ranks; ++r) {
-    for (const auto& [key, size] : all[size_t(r)].state_sizes) {
-      std::vector<uint8_t> bytes;
-      if (r == 0) {
-        bytes = options.rank_state.at(key);
-      } else if (size > 0) {
-        Tensor blob = scratch.empty(Shape{size}, DType::u8);
-        world.recv(blob, r)->wait();
-        bytes.assign(blob.data<uint8_t>(), blob.data<uint8_t>() + size);
-      }
-      if (!failure.empty()) continue;
-      try {
-        writer->write_rank_state(r, key, bytes);
-      } catch (const std::exception& error) {
-        record(error);
-      }
-    }
-  }
-
-  if (failure.empty()) {
-    bool published = false;
-    try {
-      writer->close();
-      writer.reset();
-      fsync_path(temporary, true);
-      publish_directory(temporary, final_path);
-      published = true;
-      fsync_path(save_dir, true);
-      write_file_atomically(save_dir / kLatestFile, final_path.filename().string() + "\n");
-      prune(save_dir, options.keep, final_path.filename().string());
-    } catch (const std::exception& error) {
-      record(error);
-      if (published)
-        failure += " (" + final_path.string() +
-                   " itself is complete, but 'latest' still names the previous checkpoint, which --resume auto uses)";
-    }
-  }
-  if (!failure.empty()) {
-    writer.reset();
-    std::error_code ignored;
-    fs::remove_all(temporary, ignored);  // the previous checkpoint and `latest` are untouched
-    // A write that ran out of room (more than estimated, or another writer
-    // filled the disk) says so first; HDF5's stack follows.
-    if (failure.find("No space left on device") != std::string::npos &&
-        failure.find("free space there") == std::string::npos)
-      failure = no_room_message(save_dir, needed, true) + ". " + failure;
-  }
-  broadcast_outcome(world, scratch, failure);
-  if (!failure.empty()) TESSERA_THROW(what, " failed (the previous checkpoint and 'latest' are untouched): ", failure);
+  save.write_rank_states(all, options);
+  save.publish(save_dir, temporary, final_path, options.keep, needed);
+  broadcast_outcome(world, scratch, save.failure());
+  if (!save.ok()) TESSERA_THROW(what, " failed (the previous checkpoint and 'latest' are untouched): ", save.failure());
   return final_path.string();
 }
 

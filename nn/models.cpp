@@ -4,28 +4,55 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <ostream>
 
 #include "core/context.h"
 
 namespace tessera::nn {
+namespace {
+
+// One row per ModelKind, in the enumerators' order.
+constexpr ModelTraits kModels[] = {
+    {"mlp", false, true, false, "layers"},
+    {"cnn", false, false, false, "layers"},
+    {"gpt", true, true, true, "blocks"},
+};
+
+}  // namespace
+
+const ModelTraits& model_traits(ModelKind kind) {
+  return kModels[size_t(kind)];
+}
+
+std::ostream& operator<<(std::ostream& out, ModelKind kind) {
+  return out << model_name(kind);
+}
+
+ModelKind parse_model_kind(std::string_view text) {
+  std::string known;
+  for (size_t i = 0; i < std::size(kModels); ++i) {
+    if (kModels[i].name == text) return ModelKind(i);
+    known += std::string(i == 0 ? "" : i + 1 == std::size(kModels) ? " or " : ", ") + std::string(kModels[i].name);
+  }
+  TESSERA_THROW("--model '", text, "' is not a model this build knows; use ", known);
+}
 
 void ModelConfig::validate() const {
-  TESSERA_CHECK(kind == "mlp" || kind == "cnn" || kind == "gpt", "--model '", kind,
-                "' is not a model this build knows; use mlp, cnn or gpt");
-  if (kind == "mlp" || kind == "cnn") {
-    TESSERA_CHECK(channels >= 1 && height >= 1 && width >= 1, kind, ": the dataset's input shape (C, H, W) = (",
+  const std::string_view name = model_name(kind);
+  if (!model_traits(kind).reads_tokens) {
+    TESSERA_CHECK(channels >= 1 && height >= 1 && width >= 1, name, ": the dataset's input shape (C, H, W) = (",
                   channels, ", ", height, ", ", width, ") has an empty dimension");
-    TESSERA_CHECK(num_classes >= 2, kind, ": the dataset has ", num_classes, " classes; a classifier needs at least 2");
+    TESSERA_CHECK(num_classes >= 2, name, ": the dataset has ", num_classes, " classes; a classifier needs at least 2");
   }
-  if (kind == "mlp") {
+  if (kind == ModelKind::mlp) {
     for (size_t i = 0; i < hidden.size(); ++i)
       TESSERA_CHECK(hidden[i] >= 1, "--hidden: layer ", i, " has width ", hidden[i], "; widths must be at least 1");
   }
-  if (kind == "cnn") {
+  if (kind == ModelKind::cnn) {
     TESSERA_CHECK(height >= 4 && width >= 4, "cnn: its two 2x2 poolings need images of at least 4x4, the dataset has ",
                   height, "x", width, "; use --model mlp");
   }
-  if (kind == "gpt") {
+  if (kind == ModelKind::gpt) {
     TESSERA_CHECK(vocab_size >= 1, "--vocab-size ", vocab_size, " must be at least 1");
     TESSERA_CHECK(seq_length >= 1, "--seq-length ", seq_length, " must be at least 1");
     TESSERA_CHECK(num_layers >= 1, "--num-layers ", num_layers, " must be at least 1");
@@ -50,7 +77,7 @@ void ModelConfig::validate() const {
 // ---------------------------------------------------------------------------
 Gpt::Gpt(const ModelConfig& config, const ModelSpec& spec) : Module(spec, ""), config_(config) {
   config_.validate();
-  TESSERA_CHECK(config_.kind == "gpt", "Gpt built from a '", config_.kind, "' configuration");
+  TESSERA_CHECK(config_.kind == ModelKind::gpt, "Gpt built from a '", model_name(config_.kind), "' configuration");
   const int64_t c = config_.hidden_size;
   wte_ = &add_child<Embedding>(spec, "wte", config_.vocab_size, c);
   wpe_ = &add_child<PositionEmbedding>(spec, "wpe", config_.seq_length, c);
@@ -171,29 +198,63 @@ std::unique_ptr<Module> build_cnn(const ModelConfig& config, const ModelSpec& sp
 }  // namespace
 
 int64_t pipeline_layers(const ModelConfig& config) {
-  if (config.kind == "gpt") return config.num_layers;
-  if (config.kind == "mlp") return int64_t(config.hidden.size()) + 1;
+  switch (config.kind) {
+    case ModelKind::gpt:
+      return config.num_layers;
+    case ModelKind::mlp:
+      return int64_t(config.hidden.size()) + 1;
+    case ModelKind::cnn:
+      return 0;
+  }
   return 0;
+}
+
+LayerCosts layer_costs(const ModelConfig& m) {
+  LayerCosts costs;
+  const int64_t layers = pipeline_layers(m);
+  if (m.kind == ModelKind::gpt) {
+    // ln_1, attention (qkv and output projections), ln_2, the MLP's two layers.
+    const int64_t h = m.hidden_size, f = m.ffn();
+    const int64_t block = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h);
+    costs.layers.assign(size_t(layers), block);
+    costs.first = m.vocab_size * h + m.seq_length * h;  // wte, wpe
+    costs.last = m.vocab_size * h + 2 * h;              // ln_f and the head's tied copy of wte
+  } else {
+    int64_t in = m.channels * m.height * m.width;
+    for (int64_t i = 0; i < layers; ++i) {
+      const int64_t out = i + 1 == layers ? m.num_classes : m.hidden[size_t(i)];
+      costs.layers.push_back(in * out + out);
+      in = out;
+    }
+  }
+  return costs;
 }
 
 std::unique_ptr<Module> build_model(const ModelConfig& config, const ModelSpec& spec, const StageLayers& stage) {
   config.validate();
-  TESSERA_CHECK(config.kind == "mlp" || stage.stages == 1, "--pipeline-parallel ", stage.stages, ": --model ",
-                config.kind,
+  TESSERA_CHECK(config.kind == ModelKind::mlp || stage.stages == 1, "--pipeline-parallel ", stage.stages, ": --model ",
+                model_name(config.kind),
                 " is not split into pipeline stages here (gpt stages are built by "
                 "parallel::TensorParallelGpt; cnn trains with --pipeline-parallel 1)");
   const int64_t layers = pipeline_layers(config), end = stage.end < 0 ? layers : stage.end;
   TESSERA_CHECK(stage.begin >= 0 && stage.begin <= end && end <= layers, "pipeline stage ", stage.stage, " of ",
-                config.kind, ": layers [", stage.begin, ", ", end, ") are not among its ", layers, " layers");
-  if (config.kind == "mlp") return build_mlp(config, spec, stage);
+                model_name(config.kind), ": layers [", stage.begin, ", ", end, ") are not among its ", layers,
+                " layers");
+  if (config.kind == ModelKind::mlp) return build_mlp(config, spec, stage);
   return build_model(config, spec);
 }
 
 std::unique_ptr<Module> build_model(const ModelConfig& config, const ModelSpec& spec) {
   config.validate();
-  if (config.kind == "mlp") return build_mlp(config, spec, StageLayers{});
-  if (config.kind == "cnn") return build_cnn(config, spec);
-  return std::make_unique<Gpt>(config, spec);
+  switch (config.kind) {
+    case ModelKind::mlp:
+      return build_mlp(config, spec, StageLayers{});
+    case ModelKind::cnn:
+      return build_cnn(config, spec);
+    case ModelKind::gpt:
+      return std::make_unique<Gpt>(config, spec);
+  }
+  TESSERA_THROW("build_model: model kind ", int(config.kind), " has no builder");
 }
 
 int64_t parameter_count(Module& model) {

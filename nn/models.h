@@ -19,8 +19,10 @@
 #pragma once
 
 #include <cstdint>
+#include <iosfwd>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "nn/layers.h"
@@ -28,8 +30,29 @@
 
 namespace tessera::nn {
 
+// The models this build knows (--model). Adding one: its enumerator, its row
+// in model_traits (nn/models.cpp), its builder in build_model, and its cases
+// in pipeline_layers/layer_costs if it splits into pipeline stages.
+enum class ModelKind { mlp, cnn, gpt };
+
+// What the rest of the library and the app ask of a model kind.
+struct ModelTraits {
+  std::string_view name;                     // as --model spells it
+  bool reads_tokens = false;                 // token ids [B, T] (a tokens dataset) rather than images/features
+  bool splits_into_stages = false;           // --pipeline-parallel > 1 applies
+  bool splits_over_tensor_parallel = false;  // --tensor-parallel > 1 applies
+  std::string_view layer_word;               // what its pipeline layers are called ("blocks", "layers")
+};
+const ModelTraits& model_traits(ModelKind kind);
+inline std::string_view model_name(ModelKind kind) {
+  return model_traits(kind).name;
+}
+std::ostream& operator<<(std::ostream& out, ModelKind kind);  // its name
+// "mlp" | "cnn" | "gpt" (--model); throws naming the flag and the known models otherwise.
+ModelKind parse_model_kind(std::string_view text);
+
 struct ModelConfig {
-  std::string kind = "mlp";  // "mlp" | "cnn" | "gpt"  (--model)
+  ModelKind kind = ModelKind::mlp;  // --model
 
   // mlp: hidden layer widths (--hidden 1024,1024).
   std::vector<int64_t> hidden{1024, 1024};
@@ -91,6 +114,15 @@ struct StageLayers {
 // The number of partitionable layers of a model (GPT: --num-layers, MLP:
 // hidden layers + the output layer; 0 for models that cannot be split).
 int64_t pipeline_layers(const ModelConfig& config);
+
+// What each partitionable layer costs (its parameter elements), and what the
+// first and last stage pay besides (GPT: the embeddings; the final norm and
+// the LM head's copy of the tied table), for balancing pipeline stages.
+struct LayerCosts {
+  std::vector<int64_t> layers;
+  int64_t first = 0, last = 0;
+};
+LayerCosts layer_costs(const ModelConfig& config);
 
 // Validates `config` and builds the model with its parameters on spec.device
 // in spec.dtype (a Sequential for mlp/cnn, a Gpt for gpt). With `stage`:

@@ -99,6 +99,11 @@ class Module {
     return ref;
   }
   std::string child_name(const std::string& local) const { return name_.empty() ? local : name_ + "." + local; }
+  // Takes `child`, built elsewhere, as the next child (its names unchanged).
+  Module& adopt_child(std::unique_ptr<Module> child) {
+    children_.push_back(std::move(child));
+    return *children_.back();
+  }
 
   // Initialisers: element i of parameter p gets a value drawn from
   // (spec.seed, name_stream(p.name), i).

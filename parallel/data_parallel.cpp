@@ -66,12 +66,23 @@ DataParallel::DataParallel(std::vector<nn::Parameter*> parameters, Communicator&
                   "' already has a gradient hook; is the model wrapped by two DataParallel objects at once?");
   }
 
-  // Buckets of whole parameters in reverse order (the order backward completes them).
+  // Buckets of whole parameters in reverse order (the order backward
+  // completes them); parameters reduced after backward in buckets of their
+  // own, last, so they hold back no other bucket.
+  deferred_.assign(parameters_.size(), false);
+  std::vector<size_t> order, later;
+  for (size_t k = parameters_.size(); k-- > 0;) {
+    deferred_[k] = options_.reduced_after_backward && options_.reduced_after_backward(*parameters_[k]);
+    (deferred_[k] ? later : order).push_back(k);
+  }
+  const size_t backward_count = order.size();
+  order.insert(order.end(), later.begin(), later.end());
   const int64_t bucket_limit = std::max<int64_t>(1, int64_t(options_.bucket_size_mb * 1024.0 * 1024.0 / 4.0));
   std::vector<int64_t> offset(parameters_.size());
   bucket_of_.assign(parameters_.size(), 0);
   int64_t cursor = 0;
-  for (size_t k = parameters_.size(); k-- > 0;) {
+  for (size_t position = 0; position < order.size(); ++position) {
+    const size_t k = order[position];
     if (buckets_.empty() || buckets_.back().numel > 0) {  // numel > 0: the last bucket is closed
       buckets_.emplace_back();
       buckets_.back().begin = cursor;
@@ -82,8 +93,8 @@ DataParallel::DataParallel(std::vector<nn::Parameter*> parameters, Communicator&
     cursor += parameters_[k]->value.numel();
     bucket.parameters.push_back(k);
     bucket_of_[k] = buckets_.size() - 1;
-    const bool last = k == 0;
-    if (cursor - bucket.begin >= bucket_limit || last) {
+    const bool group_ends = position + 1 == order.size() || position + 1 == backward_count;
+    if (cursor - bucket.begin >= bucket_limit || group_ends) {
       int64_t numel = std::max<int64_t>(cursor - bucket.begin, 1);
       if (zero) numel = align_up(numel, ranks);  // equal pieces, one per rank
       bucket.numel = numel;
@@ -185,7 +196,7 @@ void DataParallel::begin_micro_batch(bool last) {
 }
 
 void DataParallel::on_grad_ready(size_t index) {
-  if (!last_micro_batch_ || reduced_) return;
+  if (!last_micro_batch_ || reduced_ || deferred_[index]) return;
   TESSERA_CHECK(!ready_[index], "data parallel: parameter '", parameters_[index]->name,
                 "' reported a complete gradient twice in one backward (a module used twice in one forward?); its ",
                 "bucket may already be reduced");
@@ -359,6 +370,12 @@ std::vector<OptimizerStateSlice> DataParallel::optimizer_state_slices() {
     out.push_back(std::move(slice));
   }
   return out;
+}
+
+bool DataParallel::reduced_after_backward(const nn::Parameter& parameter) const {
+  for (size_t i = 0; i < parameters_.size(); ++i)
+    if (parameters_[i] == &parameter) return deferred_[i];
+  return false;
 }
 
 std::vector<std::vector<std::string>> DataParallel::bucket_parameter_names() const {

@@ -79,6 +79,12 @@ struct DataParallelOptions {
   // replicated ones on the model-parallel group's rank 0). Pipeline
   // parallelism passes its own rule (a tied copy counts nowhere).
   std::function<bool(const nn::Parameter&)> counts_in_norm{};
+  // Parameters whose gradient backward does not complete (empty: none): a
+  // tied embedding under pipeline parallelism, summed between the first and
+  // last stage after the flush. They sit in buckets of their own after every
+  // other, whose reductions still start during backward; theirs start in
+  // finish_backward(), which the caller calls once their gradient is whole.
+  std::function<bool(const nn::Parameter&)> reduced_after_backward{};
 };
 
 // Overlap evidence for the last step's gradient reduction, on `clock`.
@@ -166,6 +172,9 @@ class DataParallel {
   // Elements of the flat buffers (padding included) and bucket count.
   int64_t flat_numel() const { return flat_numel_; }
   int bucket_count() const { return int(buckets_.size()); }
+  // Whether `parameter` is one of this replica's and waits for finish_backward()
+  // (DataParallelOptions::reduced_after_backward).
+  bool reduced_after_backward(const nn::Parameter& parameter) const;
   // The names of each bucket's parameters, in buffer order (for tests and logs).
   std::vector<std::vector<std::string>> bucket_parameter_names() const;
   const ReductionStats& last_reduction() const { return stats_; }
@@ -196,6 +205,7 @@ class DataParallel {
   DataParallelOptions options_;
   std::vector<size_t> bucket_of_;  // per parameter
   std::vector<bool> ready_;        // per parameter, this step
+  std::vector<bool> deferred_;     // per parameter: reduced after backward (options_.reduced_after_backward)
   std::vector<Bucket> buckets_;
   size_t next_launch_ = 0;  // buckets [0, next_launch_) are launched
   bool last_micro_batch_ = true;

@@ -78,7 +78,14 @@ std::vector<int64_t> parse_pipeline_split(std::string_view text, int64_t layers,
 // PipelineEngine
 // ---------------------------------------------------------------------------
 PipelineEngine::PipelineEngine(nn::Module& stage, Communicator& pipeline, const nn::Loss& loss, PipelineOptions options)
-    : stage_(stage), pipeline_(pipeline), loss_(loss), options_(std::move(options)) {}
+    : PipelineEngine(std::vector<nn::Module*>{&stage}, pipeline, loss, std::move(options)) {}
+
+PipelineEngine::PipelineEngine(std::vector<nn::Module*> chunks, Communicator& pipeline, const nn::Loss& loss,
+                               PipelineOptions options)
+    : chunks_(std::move(chunks)), pipeline_(pipeline), loss_(loss), options_(std::move(options)) {
+  TESSERA_CHECK(!chunks_.empty(), "pipeline: a stage needs at least one chunk of the model");
+  for (const nn::Module* chunk : chunks_) TESSERA_CHECK(chunk != nullptr, "pipeline: a null model chunk was passed");
+}
 
 int64_t PipelineEngine::now() const {
   if (options_.clock) return options_.clock();
@@ -86,20 +93,37 @@ int64_t PipelineEngine::now() const {
       .count();
 }
 
+namespace {
+
+// What a stage keeps per unit (micro-batch, chunk) between the schedule's instructions.
+struct UnitState {
+  nn::Saved saved, loss_saved;
+  Tensor received, output, grad_in, grad_out;
+  Shape output_shape;
+};
+
+}  // namespace
+
 PipelineStepStats PipelineEngine::run(const PipelineStep& step) {
-  const int s = stage(), p = stages(), m = step.micro_batches;
-  const bool first = s == 0, last = s + 1 == p;
+  const int s = stage(), p = stages(), m = step.micro_batches, v = chunks();
   TESSERA_CHECK(m >= 1, "pipeline: a step needs at least one micro-batch");
-  TESSERA_CHECK(!first || int(step.inputs.size()) == m, "pipeline stage 0: ", step.inputs.size(), " inputs for ", m,
+  TESSERA_CHECK(s != 0 || int(step.inputs.size()) == m, "pipeline stage 0: ", step.inputs.size(), " inputs for ", m,
                 " micro-batches");
-  TESSERA_CHECK(!last || int(step.targets.size()) == m, "pipeline stage ", s, ": ", step.targets.size(),
+  TESSERA_CHECK(s + 1 != p || int(step.targets.size()) == m, "pipeline stage ", s, ": ", step.targets.size(),
                 " targets for ", m, " micro-batches");
-  Context& ctx = stage_.context();
-  const Device device = stage_.spec().device;
-  std::vector<nn::Saved> saved(static_cast<size_t>(m)), loss_saved(static_cast<size_t>(m));
-  std::vector<Tensor> received(static_cast<size_t>(m)), outputs(static_cast<size_t>(m));
-  std::vector<Tensor> grads_in(static_cast<size_t>(m)), grads_out(static_cast<size_t>(m));
-  std::vector<Shape> output_shapes(static_cast<size_t>(m));
+  // The model's first chunk reads the data; its last computes the loss.
+  const auto first_chunk = [s](int chunk) { return s == 0 && chunk == 0; };
+  const auto last_chunk = [s, p, v](int chunk) { return s + 1 == p && chunk + 1 == v; };
+  Context& ctx = chunks_.front()->context();
+  const Device device = chunks_.front()->spec().device;
+  std::vector<UnitState> units(size_t(m) * size_t(v));
+  const auto unit = [&units, m](int micro, int chunk) -> UnitState& {
+    return units[size_t(chunk) * size_t(m) + size_t(micro)];
+  };
+  const std::vector<PipeInstruction> schedule = pipeline_schedule(options_.schedule, p, s, m, v);
+  size_t last_backward = 0;
+  for (size_t k = 0; k < schedule.size(); ++k)
+    if (schedule[k].op == PipeInstruction::Op::backward) last_backward = k;
   PipelineStepStats stats;
   stats.start_ns = now();
   int in_flight = 0;
@@ -108,62 +132,71 @@ PipelineStepStats PipelineEngine::run(const PipelineStep& step) {
     if (options_.on_event) options_.on_event(name, category, start, end);
     return end - start;
   };
+  const auto unit_name = [v](const char* what, const PipeInstruction& in) {
+    return std::string(what) + " " + std::to_string(in.micro) + (v > 1 ? " chunk " + std::to_string(in.chunk) : "");
+  };
 
-  for (const PipeInstruction& in : pipeline_schedule(options_.schedule, p, s, m)) {
+  for (size_t k = 0; k < schedule.size(); ++k) {
+    const PipeInstruction& in = schedule[k];
     const int64_t start = now();
-    const size_t i = size_t(in.micro);
     if (in.op == PipeInstruction::Op::forward) {
-      const Tensor& input = first ? step.inputs[i] : received[i];
+      UnitState& u = unit(in.micro, in.chunk);
+      const Tensor& input = first_chunk(in.chunk) ? step.inputs[size_t(in.micro)] : u.received;
       TESSERA_CHECK(input.defined(), "pipeline stage ", s, ": forward of micro-batch ", in.micro, " without its input");
-      outputs[i] = stage_.forward(input, saved[i], step.pass ? step.pass(in.micro) : nn::Pass{});
-      received[i] = Tensor();  // what the stage needs is in saved[i]
-      output_shapes[i] = outputs[i].shape();
-      if (last) stats.loss_sum += loss_.forward(outputs[i], step.targets[i], loss_saved[i]).loss;
+      u.output = chunks_[size_t(in.chunk)]->forward(input, u.saved, step.pass ? step.pass(in.micro) : nn::Pass{});
+      u.received = Tensor();  // what the chunk needs is in saved
+      u.output_shape = u.output.shape();
+      if (last_chunk(in.chunk))
+        stats.loss_sum += loss_.forward(u.output, step.targets[size_t(in.micro)], u.loss_saved).loss;
       stats.max_in_flight = std::max(stats.max_in_flight, ++in_flight);
-      stats.compute_ns += event("forward " + std::to_string(in.micro), "compute", start);
+      stats.compute_ns += event(unit_name("forward", in), "compute", start);
     } else if (in.op == PipeInstruction::Op::backward) {
-      if (step.before_backward) step.before_backward(in.micro);
+      UnitState& u = unit(in.micro, in.chunk);
+      if (step.before_backward) step.before_backward(in.micro, k == last_backward);
+      nn::Module& chunk = *chunks_[size_t(in.chunk)];
       Tensor grad;
-      if (last) {
-        Tensor logits = outputs[i];
-        loss_.backward(logits, step.targets[i], step.loss_scale / float(m), loss_saved[i]);
-        grad = stage_.backward(logits, saved[i]);
-        outputs[i] = Tensor();
+      if (last_chunk(in.chunk)) {
+        Tensor logits = u.output;
+        loss_.backward(logits, step.targets[size_t(in.micro)], step.loss_scale / float(m), u.loss_saved);
+        grad = chunk.backward(logits, u.saved);
+        u.output = Tensor();
       } else {
-        TESSERA_CHECK(grads_in[i].defined(), "pipeline stage ", s, ": backward of micro-batch ", in.micro,
+        TESSERA_CHECK(u.grad_in.defined(), "pipeline stage ", s, ": backward of micro-batch ", in.micro,
                       " without its gradient");
-        grad = stage_.backward(grads_in[i], saved[i]);
-        grads_in[i] = Tensor();
+        grad = chunk.backward(u.grad_in, u.saved);
+        u.grad_in = Tensor();
       }
-      saved[i].clear();  // the micro-batch's activations go as soon as its backward is done
-      if (!first) grads_out[i] = grad;
+      u.saved.clear();  // the unit's activations go as soon as its backward is done
+      if (!first_chunk(in.chunk)) u.grad_out = grad;
       --in_flight;
-      stats.compute_ns += event("backward " + std::to_string(in.micro), "compute", start);
+      stats.compute_ns += event(unit_name("backward", in), "compute", start);
     } else {
       std::vector<P2POp> ops;
       for (const PipeTransfer& t : in.transfers) {
-        const size_t k = size_t(t.micro);
+        UnitState& u = unit(t.micro, t.chunk);
+        const int peer = t.peer(s, p);
         switch (t.kind) {
           case PipeTransfer::Kind::send_activation:
-            ops.push_back({P2POp::Kind::send, outputs[k], s + 1});
+            ops.push_back({P2POp::Kind::send, u.output, peer});
             break;
           case PipeTransfer::Kind::recv_activation:
-            received[k] = ctx.empty(step.input_shape, step.activation_dtype, device);
-            ops.push_back({P2POp::Kind::recv, received[k], s - 1});
+            u.received = ctx.empty(step.input_shape, step.activation_dtype, device);
+            ops.push_back({P2POp::Kind::recv, u.received, peer});
             break;
           case PipeTransfer::Kind::send_gradient:
-            ops.push_back({P2POp::Kind::send, grads_out[k], s - 1});
+            ops.push_back({P2POp::Kind::send, u.grad_out, peer});
             break;
           case PipeTransfer::Kind::recv_gradient:
-            grads_in[k] = ctx.empty(output_shapes[k], step.activation_dtype, device);
-            ops.push_back({P2POp::Kind::recv, grads_in[k], s + 1});
+            u.grad_in = ctx.empty(u.output_shape, step.activation_dtype, device);
+            ops.push_back({P2POp::Kind::recv, u.grad_in, peer});
             break;
         }
       }
       pipeline_.send_recv(ops)->wait();
       for (const PipeTransfer& t : in.transfers) {
-        if (t.kind == PipeTransfer::Kind::send_activation) outputs[size_t(t.micro)] = Tensor();
-        if (t.kind == PipeTransfer::Kind::send_gradient) grads_out[size_t(t.micro)] = Tensor();
+        UnitState& u = unit(t.micro, t.chunk);
+        if (t.kind == PipeTransfer::Kind::send_activation) u.output = Tensor();
+        if (t.kind == PipeTransfer::Kind::send_gradient) u.grad_out = Tensor();
       }
       event("p2p", "comm", start);
     }
@@ -172,18 +205,24 @@ PipelineStepStats PipelineEngine::run(const PipelineStep& step) {
   return stats;
 }
 
+// Chunk by chunk round the ring: local chunk c of every stage, then c + 1.
 Tensor PipelineEngine::forward_only(const Tensor& input, const Shape& input_shape, DType activation_dtype,
                                     const nn::Pass& pass) {
-  const int s = stage(), p = stages();
-  Tensor x = input;
-  if (s > 0) {
-    x = stage_.context().empty(input_shape, activation_dtype, stage_.spec().device);
-    pipeline_.recv(x, s - 1)->wait();
+  const int s = stage(), p = stages(), v = chunks();
+  Tensor x;
+  for (int c = 0; c < v; ++c) {
+    nn::Module& chunk = *chunks_[size_t(c)];
+    if (s == 0 && c == 0) {
+      x = input;
+    } else {
+      x = chunk.context().empty(input_shape, activation_dtype, chunk.spec().device);
+      pipeline_.recv(x, (s + p - 1) % p)->wait();
+    }
+    nn::Saved saved;
+    Tensor y = chunk.forward(x, saved, pass);
+    if (s + 1 == p && c + 1 == v) return y;
+    pipeline_.send(y, (s + 1) % p)->wait();
   }
-  nn::Saved saved;
-  Tensor y = stage_.forward(x, saved, pass);
-  if (s + 1 == p) return y;
-  pipeline_.send(y, s + 1)->wait();
   return Tensor();
 }
 

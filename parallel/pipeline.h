@@ -15,6 +15,10 @@
 //
 // A micro-batch's saved activations are freed as soon as its backward is
 // done, so under 1F1B a stage holds at most `pp` micro-batches' activations.
+// Under interleaving (Megatron's virtual pipeline stages) a rank holds V
+// chunks of the model (pipeline_schedule.h), and the engine runs the units
+// (micro-batch, chunk) in the interleaved order, the last stage sending to the
+// first between rounds.
 // What comes after the flush — summing the tied embedding's gradient between
 // the first and last stage, the data-parallel reduction, the optimizer — is
 // TrainStep's (parallel/train_step.h), which runs every layout through this
@@ -52,7 +56,7 @@ std::vector<int64_t> parse_pipeline_split(std::string_view text, int64_t layers,
 struct PipelineStepStats {
   int64_t start_ns = 0, end_ns = 0;
   int64_t compute_ns = 0;  // forwards, backwards and the loss
-  int max_in_flight = 0;   // micro-batches forwarded and not yet backwarded, at most
+  int max_in_flight = 0;   // units (micro-batch, chunk) forwarded and not yet backwarded, at most
   double loss_sum = 0.0;   // the last stage: the micro-batches' mean losses, summed; 0 elsewhere
   int64_t idle_ns() const { return end_ns - start_ns - compute_ns; }
 };
@@ -72,11 +76,14 @@ struct PipelineStep {
   int micro_batches = 1;
   std::vector<Tensor> inputs;   // first stage: each micro-batch's model input
   std::vector<Tensor> targets;  // last stage: each micro-batch's targets
-  Shape input_shape;            // stages after the first: the activation received (agreed up front)
+  Shape input_shape;            // every chunk but the model's first: the activation received (agreed up front)
   DType activation_dtype = DType::f32;
-  float loss_scale = 1.0f;                         // the loss gradient is loss_scale / micro_batches
-  std::function<nn::Pass(int micro)> pass;         // the Pass of micro-batch m (dropout streams)
-  std::function<void(int micro)> before_backward;  // e.g. DataParallel::begin_micro_batch; may be empty
+  float loss_scale = 1.0f;                  // the loss gradient is loss_scale / micro_batches
+  std::function<nn::Pass(int micro)> pass;  // the Pass of micro-batch m (dropout streams)
+  // Before each backward unit, e.g. DataParallel::begin_micro_batch; `last`:
+  // the stage's last backward of the step (its gradients are then complete
+  // once it ends). May be empty.
+  std::function<void(int micro, bool last)> before_backward;
 };
 
 class PipelineEngine {
@@ -84,6 +91,10 @@ class PipelineEngine {
   // `stage` is this rank's stage of the model; `pipeline` the pipeline axis's
   // communicator (rank = stage index); `loss` is used on the last stage.
   PipelineEngine(nn::Module& stage, Communicator& pipeline, const nn::Loss& loss, PipelineOptions options = {});
+  // Interleaved: this rank's `chunks` (local chunk v is the model's chunk
+  // v·P + stage); the loss is used after the model's last chunk.
+  PipelineEngine(std::vector<nn::Module*> chunks, Communicator& pipeline, const nn::Loss& loss,
+                 PipelineOptions options = {});
 
   // Runs the schedule for one step: every micro-batch forward and backward
   // through the pipeline, gradients accumulated into the stage's parameters.
@@ -97,10 +108,11 @@ class PipelineEngine {
 
   int stage() const { return pipeline_.rank(); }
   int stages() const { return pipeline_.size(); }
+  int chunks() const { return int(chunks_.size()); }
 
  private:
   int64_t now() const;
-  nn::Module& stage_;
+  std::vector<nn::Module*> chunks_;
   Communicator& pipeline_;
   const nn::Loss& loss_;
   PipelineOptions options_;

@@ -20,6 +20,18 @@
 // micro-batches in flight on stage s. In the steady phase the send of an
 // activation and the receipt of the next gradient (and vice versa) form one
 // exchange, so neighbours' exchanges pair up exactly.
+//
+// Interleaved 1F1B (Megatron-LM's virtual pipeline stages, `chunks` V > 1):
+// the model is cut into P·V chunks and stage s holds chunks s, s + P, ...,
+// s + (V − 1)·P (its local chunks 0 .. V − 1), so a micro-batch goes round
+// the ring of stages V times, the last stage sending to the first between
+// rounds. Units of work are (micro-batch, chunk); the k-th forward unit of a
+// stage runs local chunk (k mod P·V) div P on micro-batch (k div P·V)·P +
+// k mod P, the k-th backward unit the same micro-batch on chunk V − 1 minus
+// that; stage s runs min(2(P − s − 1) + (V − 1)·P, M·V) warm-up forwards,
+// then alternates, then cools down. Every exchange holds the send of the
+// unit just run and the receive of the next one, posted together. M must be
+// a multiple of P. The bubble shrinks to (P − 1)/(V·M + P − 1) of the step.
 #pragma once
 
 #include <string>
@@ -39,41 +51,54 @@ struct PipeTransfer {
   enum class Kind { send_activation, recv_activation, send_gradient, recv_gradient };
   Kind kind = Kind::send_activation;
   int micro = 0;
-  // Activations travel to the next stage, gradients to the previous one.
+  int chunk = 0;  // the local chunk whose output (send activation, receive gradient) or input it is
+  // Activations travel to the next stage, gradients to the previous one
+  // (round the ring: the last stage's next is the first, under interleaving).
   bool to_next() const { return kind == Kind::send_activation || kind == Kind::recv_gradient; }
   bool is_send() const { return kind == Kind::send_activation || kind == Kind::send_gradient; }
+  bool is_activation() const { return kind == Kind::send_activation || kind == Kind::recv_activation; }
+  int peer(int stage, int stages) const { return to_next() ? (stage + 1) % stages : (stage + stages - 1) % stages; }
 };
 
 struct PipeInstruction {
   enum class Op { forward, backward, exchange };
   Op op = Op::forward;
   int micro = 0;                        // forward, backward
+  int chunk = 0;                        // forward, backward: the local chunk (interleaving; 0 otherwise)
   std::vector<PipeTransfer> transfers;  // exchange
-  std::string to_string() const;        // "F3", "B0", "X[send act 2, recv grad 0]"
+  // "F3", "B0", "X[send act 2, recv grad 0]"; a chunk other than 0 follows
+  // its micro-batch: "F3.1", "send act 2.1".
+  std::string to_string() const;
 };
 
 // The instructions stage `stage` of `stages` runs for `micro_batches`
-// micro-batches (stages ≥ 1, 0 ≤ stage < stages, micro_batches ≥ 1).
-std::vector<PipeInstruction> pipeline_schedule(PipelineScheduleKind kind, int stages, int stage, int micro_batches);
+// micro-batches (stages ≥ 1, 0 ≤ stage < stages, micro_batches ≥ 1), with
+// `chunks` model chunks per stage (> 1: interleaved 1F1B; micro_batches a
+// multiple of stages). Throws naming the flags otherwise.
+std::vector<PipeInstruction> pipeline_schedule(PipelineScheduleKind kind, int stages, int stage, int micro_batches,
+                                               int chunks = 1);
 
 // What simulating every stage's list together found.
 struct PipelineSimulation {
-  bool completed = false;          // every stage ran to its end
-  std::string problem;             // why not (a deadlock: which stages wait for what), or a mismatch
-  std::vector<int> max_in_flight;  // per stage: most micro-batches forwarded and not yet backwarded
-  // Per stage, when it finished (forwards take 1 time unit, backwards 2,
-  // transfers none) and how long it sat idle within the step's span (the
-  // latest finish): (P − 1)/(M + P − 1) of the span for both schedules.
+  bool completed = false;  // every stage ran to its end
+  std::string problem;     // why not (a deadlock: which stages wait for what), or a mismatch
+  // Per stage: most units (micro-batch, chunk) forwarded and not yet backwarded.
+  std::vector<int> max_in_flight;
+  // Per stage, when it finished (a chunk's forward takes 1 time unit, its
+  // backward 2, transfers none) and how long it sat idle within the step's
+  // span (the latest finish): (P − 1)/(V·M + P − 1) of the span.
   std::vector<int> finish_time, idle_time;
 };
 
 // Runs the stages' lists against each other with rendezvous semantics (a
 // transfer completes only when both sides have posted it; an exchange
-// blocks its stage until all its transfers complete; messages between two
-// stages match in order). Checks that every transfer pairs with one of the
-// same kind and micro-batch, that each forward comes after its activation
-// arrived and before its backward, and each backward after its gradient
-// arrived, and that everything is received exactly once.
+// blocks its stage until all its transfers complete; messages from one stage
+// to another match in order whatever they carry, as MPI and NCCL match
+// untagged point-to-point messages). Checks that every transfer pairs with
+// one of the same kind, model-chunk boundary and micro-batch, that each
+// forward comes after its activation arrived and before its backward, and
+// each backward after its gradient arrived, and that everything is received
+// exactly once. The number of chunks is the largest chunk named plus one.
 PipelineSimulation simulate_pipeline(const std::vector<std::vector<PipeInstruction>>& stages, int micro_batches);
 
 }  // namespace tessera::parallel

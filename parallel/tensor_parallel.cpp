@@ -490,8 +490,8 @@ std::string tensor_parallel_problem(const nn::ModelConfig& config, int tp, bool 
     out << "--tensor-parallel " << tp << " must be at least 1";
   } else if (tp == 1) {
     return {};
-  } else if (config.kind != "gpt") {
-    out << "--tensor-parallel " << tp << " splits the layers of --model gpt; --model " << config.kind
+  } else if (!nn::model_traits(config.kind).splits_over_tensor_parallel) {
+    out << "--tensor-parallel " << tp << " splits the layers of --model gpt; --model " << nn::model_name(config.kind)
         << " trains with data parallelism only (use --tensor-parallel 1)";
   } else if (config.num_heads % tp != 0) {
     out << "--num-heads " << config.num_heads << " is not divisible by --tensor-parallel " << tp

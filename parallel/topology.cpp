@@ -579,6 +579,9 @@ std::vector<int> intersect(const std::vector<int>& cpus, const std::vector<int>&
 // - CPUs: the GPU's NUMA node; on CPU-only nodes ranks are spread over the
 //   NUMA nodes in blocks (fewer ranks than nodes: each rank takes several).
 //   Always within the CPUs this process is allowed to use.
+// Over 120 lines on purpose: one rule per paragraph, in the order of the list
+// above, each reading what the earlier ones chose (GPU, then port, then GDR,
+// then CPUs); it is a pure function, tested rule by rule on fixture trees.
 TopologyDecision decide_topology(const Topology& topology, RankPlacement placement, const Environment& environment) {
   TESSERA_CHECK(placement.local_size >= 1 && placement.local_rank >= 0 && placement.local_rank < placement.local_size,
                 "topology: local rank ", placement.local_rank, " of ", placement.local_size,

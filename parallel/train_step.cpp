@@ -46,7 +46,8 @@ TrainStepParts checked(TrainStepParts parts) {
 
 TrainStep::TrainStep(TrainStepParts parts)
     : parts_(checked(std::move(parts))),
-      engine_(*parts_.model, *parts_.pipeline, *parts_.loss, parts_.pipeline_options),
+      engine_(parts_.chunks.empty() ? std::vector<nn::Module*>{parts_.model} : parts_.chunks, *parts_.pipeline,
+              *parts_.loss, parts_.pipeline_options),
       tied_table_(parts_.embedding_group && parts_.embedding_group->size() > 1 ? parts_.tied_table : nullptr) {}
 
 StepResult TrainStep::run(int64_t step, const StepBatches& batches, double lr, bool poison_gradients) {
@@ -58,8 +59,10 @@ StepResult TrainStep::run(int64_t step, const StepBatches& batches, double lr, b
   StepResult result;
   result.loss_scale = poison_gradients ? std::numeric_limits<float>::quiet_NaN() : parts_.scaler->scale();
 
-  // 1. Forwards and backwards. Without a tied table to sum first, the last
-  //    micro-batch's buckets are reduced as its backward completes them.
+  // 1. Forwards and backwards. The last micro-batch's buckets are reduced as
+  //    its backward completes them, except a tied table's: unless the replica
+  //    holds it back (DataParallelOptions::reduced_after_backward), every
+  //    bucket waits for the sum below.
   replica.begin_step();
   PipelineStep schedule;
   schedule.micro_batches = micro_batches;
@@ -74,8 +77,11 @@ StepResult TrainStep::run(int64_t step, const StepBatches& batches, double lr, b
     return nn::Pass{seed, uint64_t(step), uint64_t(micro) * dp_size + dp_rank};
   };
   const bool in_backward = reduces_in_backward();
-  schedule.before_backward = [&replica, in_backward, micro_batches](int micro) {
-    replica.begin_micro_batch(in_backward && micro + 1 == micro_batches);
+  // Only the stage's last backward unit completes gradients (under
+  // interleaving, the other chunks' last units come earlier; their buckets
+  // start in finish_backward()).
+  schedule.before_backward = [&replica, in_backward](int, bool last) {
+    replica.begin_micro_batch(in_backward && last);
   };
   result.pipeline = engine_.run(schedule);
 

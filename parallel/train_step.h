@@ -37,9 +37,12 @@ namespace tessera::parallel {
 
 // What one rank's step is made of. Every pointer must outlive the TrainStep.
 struct TrainStepParts {
-  Context* context = nullptr;             // where the loss is averaged
-  Device device;                          // the training device
-  nn::Module* model = nullptr;            // this rank's stage (the whole model when pp = 1)
+  Context* context = nullptr;   // where the loss is averaged
+  Device device;                // the training device
+  nn::Module* model = nullptr;  // this rank's stage (the whole model when pp = 1)
+  // Interleaved 1F1B: this rank's model chunks in local order (StageModel::chunks);
+  // empty: `model` is the stage's one chunk.
+  std::vector<nn::Module*> chunks{};
   const nn::Loss* loss = nullptr;         // used on the last stage
   DataParallel* replica = nullptr;        // the stage's parameters over the data-parallel ranks
   nn::GradScaler* scaler = nullptr;       // fp16 dynamic loss scaling (disabled for f32/bf16)
@@ -86,7 +89,7 @@ class TrainStep {
 
   PipelineEngine& engine() { return engine_; }
   // Whether the last micro-batch's buckets are reduced during backward.
-  bool reduces_in_backward() const { return tied_table_ == nullptr; }
+  bool reduces_in_backward() const { return !tied_table_ || parts_.replica->reduced_after_backward(*tied_table_); }
 
  private:
   TrainStepParts parts_;

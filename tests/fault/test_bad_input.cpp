@@ -119,6 +119,15 @@ TEST_F(BadInput, LayoutsThatDoNotDivide) {
                   "use a multiple of 4"});
   expect_refused({"--tensor-parallel", "2", "--vocab-size", "257"},
                  {"--vocab-size 257 is not divisible by --tensor-parallel 2", "--vocab-size 258"});
+  // Interleaving: chunks of at least one block, micro-batches a multiple of the stages, 1F1B only.
+  expect_refused({"--pp", "2", "--virtual-pipeline-stages", "2", "--global-batch-size", "4"},
+                 {"--pipeline-parallel 2 x --virtual-pipeline-stages 2 = 4 chunks need at least one Transformer block",
+                  "the model has 2 (--num-layers)"});
+  expect_refused({"--pp", "2", "--virtual-pipeline-stages", "2", "--num-layers", "4", "--global-batch-size", "6"},
+                 {"a step's 3 micro-batches", "must be a multiple of --pipeline-parallel 2",
+                  "use --global-batch-size 4 or a multiple of it"});
+  expect_refused({"--pp", "2", "--virtual-pipeline-stages", "2", "--num-layers", "4", "--pipeline-schedule", "gpipe"},
+                 {"--virtual-pipeline-stages 2 interleaves the 1F1B schedule"});
 }
 
 // Ranks started with different flags or different data (an MPMD command

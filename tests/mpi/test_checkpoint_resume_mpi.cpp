@@ -32,7 +32,7 @@ TEST(OptimizerStateSlices, EveryElementHasExactlyOneOwner) {
   auto comm = world();
   Context ctx;
   nn::ModelConfig m;
-  m.kind = "mlp";
+  m.kind = nn::ModelKind::mlp;
   m.hidden = {19, 11};
   m.channels = 1;
   m.height = 5;

@@ -21,6 +21,7 @@
 #include "apps/trainer.h"
 #include "core/context.h"
 #include "io/prepare.h"
+#include "kernels/ops.h"
 #include "nn/loss.h"
 #include "nn/models.h"
 #include "nn/optimizer.h"
@@ -41,7 +42,7 @@ constexpr Tolerance kParameterTolerance{1e-5, 1e-7};
 
 nn::ModelConfig model_config(const std::string& kind) {
   nn::ModelConfig m;
-  m.kind = kind;
+  m.kind = nn::parse_model_kind(kind);
   if (kind == "mlp") {
     m.hidden = {19, 11};  // odd sizes: buckets and shards split at odd offsets
     m.channels = 1;
@@ -67,7 +68,7 @@ struct GlobalBatch {
 GlobalBatch global_batch(Context& ctx, const nn::ModelConfig& m, uint64_t seed, int step, int micro, int64_t samples) {
   std::mt19937_64 rng(seed + 1000003ull * uint64_t(step) + 7919ull * uint64_t(micro));
   GlobalBatch batch;
-  if (m.kind == "gpt") {
+  if (m.kind == nn::ModelKind::gpt) {
     batch.inputs = random_indices(ctx, Shape{samples, m.seq_length}, DType::i32, rng, 0, m.vocab_size).tensor;
     batch.targets = random_indices(ctx, Shape{samples, m.seq_length}, DType::i32, rng, 0, m.vocab_size).tensor;
   } else {
@@ -340,6 +341,71 @@ TEST(DataParallel, BucketsStartDuringBackward) {
       EXPECT_LE(events[i].start_ns, events[i].end_ns);
     }
     EXPECT_LT(events.front().start_ns, stats.backward_end_ns);
+  }
+}
+
+// A parameter whose gradient is completed after backward (the tied
+// embedding copy of a pipeline's last stage: its gradient is ready first in
+// backward, but the first stage's share is added after the flush) waits in a
+// bucket of its own, last; every other bucket still starts from a hook. What
+// is added to it before finish_backward() is in its average, and every other
+// gradient equals a replica's without the option (to rounding: MPI may sum
+// buckets of other sizes in another order).
+TEST(DataParallel, AGradientCompletedAfterBackwardWaitsAloneAndHoldsNothingBack) {
+  TESSERA_SEED_TRACE();
+  Context ctx(one_thread());
+  auto comm = world();
+  const uint64_t seed = make_rng()();
+  nn::ModelConfig m = model_config("mlp");
+  m.hidden = {64, 64, 64};
+  const GlobalBatch batch = global_batch(ctx, m, seed, 0, 0, 8 * comm->size());
+  const Tensor inputs = batch.inputs.slice(8 * comm->rank(), 8 * comm->rank() + 8);
+  const Tensor targets = batch.targets.slice(8 * comm->rank(), 8 * comm->rank() + 8);
+  const nn::CrossEntropyLoss loss;
+  for (const int zero : {0, 1}) {
+    SCOPED_TRACE("zero " + std::to_string(zero));
+    // Every parameter's value after one plain SGD step at lr 1 (value − averaged gradient): the
+    // averaged gradients, seen the same way under ZeRO-1, where each rank holds only its pieces.
+    nn::OptimizerConfig sgd;
+    sgd.kind = nn::OptimizerKind::sgd;
+    const auto reduce = [&](bool defer) {
+      auto model = nn::build_model(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, seed});
+      parallel::DataParallelOptions options = dp_options(zero, 2000.0 * 4 / (1 << 20));
+      if (defer) options.reduced_after_backward = [](const nn::Parameter& p) { return p.name == "layers.3.bias"; };
+      parallel::DataParallel replica(model->parameters(), *comm, sgd, options);
+      const auto names = replica.bucket_parameter_names();
+      if (defer) {
+        EXPECT_EQ(names.back(), std::vector<std::string>{"layers.3.bias"}) << "alone, after every other bucket";
+        EXPECT_EQ(names.front().front(), "layers.3.weight");
+      }
+      replica.begin_step();
+      nn::Saved saved, loss_saved;
+      Tensor logits = model->forward(inputs, saved, nn::Pass{});
+      loss.forward(logits, targets, loss_saved);
+      loss.backward(logits, targets, 1.0f, loss_saved);
+      model->backward(logits, saved);
+      nn::Parameter* bias = model->parameters().back();
+      EXPECT_EQ(bias->name, "layers.3.bias");
+      // The share that arrives after backward: rank r adds r + 1 (averaged: (n + 1) / 2).
+      if (defer) ops::add(bias->grad, ctx.full(bias->grad.shape(), DType::f32, double(comm->rank() + 1)), bias->grad);
+      replica.finish_backward();
+      const parallel::ReductionStats stats = replica.last_reduction();
+      EXPECT_EQ(stats.launched_in_backward, replica.bucket_count() - (defer ? 1 : 0));
+      replica.step(1.0f);
+      return values_of(*model);
+    };
+    const auto deferred = reduce(true), plain = reduce(false);
+    ASSERT_EQ(deferred.size(), plain.size());
+    // Equal up to the summation order, which MPI may choose by message size (the buckets differ).
+    for (size_t i = 0; i + 1 < plain.size(); ++i) {
+      ASSERT_EQ(deferred[i].size(), plain[i].size());
+      for (size_t k = 0; k < plain[i].size(); ++k)
+        ASSERT_NEAR(deferred[i][k], plain[i][k], 1e-6) << "parameter " << i << " element " << k;
+    }
+    const double shift = double(comm->size() + 1) / 2.0;
+    ASSERT_EQ(deferred.back().size(), plain.back().size());
+    for (size_t i = 0; i < plain.back().size(); ++i)
+      EXPECT_NEAR(deferred.back()[i], plain.back()[i] - shift, 1e-5) << "layers.3.bias element " << i;
   }
 }
 

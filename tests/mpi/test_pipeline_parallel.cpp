@@ -25,6 +25,7 @@
 #include "parallel/mpi_communicator.h"
 #include "parallel/pipeline.h"
 #include "parallel/process_grid.h"
+#include "parallel/stage_model.h"
 #include "parallel/tensor_parallel.h"
 #include "tests/mpi/mpi_test.h"
 #include "tests/support/resume_support.h"
@@ -35,7 +36,7 @@ namespace {
 
 nn::ModelConfig model_config(const std::string& kind) {
   nn::ModelConfig m;
-  m.kind = kind;
+  m.kind = nn::parse_model_kind(kind);
   if (kind == "gpt") {
     m.vocab_size = 24;
     m.seq_length = 6;
@@ -61,7 +62,7 @@ MicroBatches micro_batches(Context& ctx, const nn::ModelConfig& m, int count, in
   std::mt19937_64 rng(seed);
   MicroBatches out;
   for (int i = 0; i < count; ++i) {
-    if (m.kind == "gpt") {
+    if (m.kind == nn::ModelKind::gpt) {
       out.inputs.push_back(random_indices(ctx, Shape{batch, m.seq_length}, DType::i32, rng, 0, m.vocab_size).tensor);
       out.targets.push_back(random_indices(ctx, Shape{batch, m.seq_length}, DType::i32, rng, 0, m.vocab_size).tensor);
     } else {
@@ -92,7 +93,7 @@ Stage build_stage(const nn::ModelConfig& m, const nn::ModelSpec& spec, parallel:
   layers.begin = bounds[size_t(layers.stage)];
   layers.end = bounds[size_t(layers.stage) + 1];
   Stage stage;
-  if (m.kind == "gpt") {
+  if (m.kind == nn::ModelKind::gpt) {
     auto gpt =
         std::make_unique<parallel::TensorParallelGpt>(m, spec, parallel::TensorParallelism{&grid.tp(), false}, layers);
     stage.tied = gpt->embedding_table();
@@ -106,6 +107,44 @@ Stage build_stage(const nn::ModelConfig& m, const nn::ModelSpec& spec, parallel:
     stage.input_shape = Shape{batch, width};
   }
   return stage;
+}
+
+// The whole model on one process: every micro-batch forward and backward,
+// gradients accumulated (loss gradient 1/M); returns the summed loss.
+double run_whole_model(nn::Module& whole, const MicroBatches& data, int micro, uint64_t seed) {
+  const nn::CrossEntropyLoss plain;
+  double loss = 0.0;
+  for (int i = 0; i < micro; ++i) {
+    nn::Saved saved, loss_saved;
+    Tensor out = whole.forward(data.inputs[size_t(i)], saved, pass_of(seed, i));
+    loss += plain.forward(out, data.targets[size_t(i)], loss_saved).loss;
+    plain.backward(out, data.targets[size_t(i)], 1.0f / float(micro), loss_saved);
+    whole.backward(out, saved);
+  }
+  return loss;
+}
+
+// After a pipelined step: the tied table's two copies summed between the
+// first and last stage, the last stage's loss shared; then the loss equals
+// `expected_loss` and each of this stage's parameters the whole model's in
+// value (exactly) and gradient (to f32 rounding).
+void expect_stage_equals_whole(parallel::Communicator& comm, parallel::ProcessGrid& grid, nn::Parameter* tied,
+                               const std::vector<nn::Parameter*>& stage, nn::Module& whole, double loss_sum,
+                               double expected_loss) {
+  const int p = grid.pp_size();
+  const std::unique_ptr<parallel::Communicator> ends = comm.split(
+      grid.pp_rank() == 0 || grid.pp_rank() == p - 1 ? grid.dp_rank() : 1000 + comm.rank(), comm.rank(), "embedding");
+  if (tied) ends->all_reduce(tied->grad, parallel::ReduceOp::sum)->wait();
+  Tensor loss = whole.context().from_vector(Shape{1}, std::vector<float>{float(loss_sum)});
+  grid.pp().broadcast(loss, p - 1)->wait();
+  EXPECT_NEAR(loss.to_doubles()[0], expected_loss, 1e-6 * std::abs(expected_loss));
+  std::map<std::string, nn::Parameter*> reference;
+  for (nn::Parameter* q : whole.parameters()) reference[q->name] = q;
+  for (nn::Parameter* q : stage) {
+    ASSERT_TRUE(reference.count(q->name)) << q->name;
+    EXPECT_TRUE(all_close(q->value, reference[q->name]->value.to_doubles(), Tolerance{0, 0})) << q->name;
+    EXPECT_TRUE(all_close(q->grad, reference[q->name]->grad.to_doubles(), Tolerance{1e-5, 1e-7})) << q->name;
+  }
 }
 
 TEST(PipelineParallel, StagesGiveTheWholeModelsLossAndGradientsForBothSchedules) {
@@ -129,15 +168,7 @@ TEST(PipelineParallel, StagesGiveTheWholeModelsLossAndGradientsForBothSchedules)
 
         // The whole model, one process: every micro-batch, gradients accumulated.
         auto whole = nn::build_model(m, spec);
-        const nn::CrossEntropyLoss plain;
-        double expected_loss = 0.0;
-        for (int i = 0; i < micro; ++i) {
-          nn::Saved saved, loss_saved;
-          Tensor out = whole->forward(data.inputs[size_t(i)], saved, pass_of(seed, i));
-          expected_loss += plain.forward(out, data.targets[size_t(i)], loss_saved).loss;
-          plain.backward(out, data.targets[size_t(i)], 1.0f / float(micro), loss_saved);
-          whole->backward(out, saved);
-        }
+        const double expected_loss = run_whole_model(*whole, data, micro, seed);
 
         // Four (or two) stages, layers balanced by the partitioner.
         const std::vector<int64_t> bounds =
@@ -155,24 +186,72 @@ TEST(PipelineParallel, StagesGiveTheWholeModelsLossAndGradientsForBothSchedules)
         const parallel::PipelineStepStats stats = engine.run(step);
         EXPECT_EQ(stats.max_in_flight,
                   schedule == parallel::PipelineScheduleKind::gpipe ? micro : std::min(p - grid.pp_rank(), micro));
-        // The tied embedding: the first stage's table and the last stage's copy, one gradient.
-        const std::unique_ptr<parallel::Communicator> ends =
-            comm->split(grid.pp_rank() == 0 || grid.pp_rank() == p - 1 ? grid.dp_rank() : 1000 + comm->rank(),
-                        comm->rank(), "embedding");
-        if (stage.tied) ends->all_reduce(stage.tied->grad, parallel::ReduceOp::sum)->wait();
-
-        // The loss, from the last stage.
-        Tensor loss = ctx.from_vector(Shape{1}, std::vector<float>{float(stats.loss_sum)});
-        grid.pp().broadcast(loss, p - 1)->wait();
-        EXPECT_NEAR(loss.to_doubles()[0], expected_loss, 1e-6 * std::abs(expected_loss));
-        std::map<std::string, nn::Parameter*> reference;
-        for (nn::Parameter* q : whole->parameters()) reference[q->name] = q;
-        for (nn::Parameter* q : stage.model->parameters()) {
-          ASSERT_TRUE(reference.count(q->name)) << q->name;
-          EXPECT_TRUE(all_close(q->value, reference[q->name]->value.to_doubles(), Tolerance{0, 0})) << q->name;
-          EXPECT_TRUE(all_close(q->grad, reference[q->name]->grad.to_doubles(), Tolerance{1e-5, 1e-7})) << q->name;
-        }
+        // The tied embedding's copies summed, the loss shared: the whole model's loss and gradients.
+        expect_stage_equals_whole(*comm, grid, stage.tied, stage.model->parameters(), *whole, stats.loss_sum,
+                                  expected_loss);
       }
+}
+
+// Interleaved 1F1B (V = 2 chunks per stage, built by parallel::build_stage_model
+// with the model cut into P·V chunks) on P = 2 and 4 stages: the loss and every
+// gradient equal the whole model's on one process, and each chunk holds the
+// layers of the model's chunk v·P + stage.
+TEST(PipelineParallel, InterleavedChunksGiveTheWholeModelsLossAndGradients) {
+  TESSERA_SEED_TRACE();
+  auto comm = world();
+  Context ctx(one_thread());
+  const uint64_t seed = test_seed();
+  const int64_t batch = 3;
+  const int v = 2;
+  for (const int p : {2, 4}) {
+    if (comm->size() % p != 0) continue;
+    for (const int micro : {p, 2 * p}) {
+      SCOPED_TRACE("pp=" + std::to_string(p) + " V=2 M=" + std::to_string(micro));
+      parallel::GridSizes sizes;
+      sizes.pp = p;
+      parallel::ProcessGrid grid(*comm, sizes);
+      nn::ModelConfig m = model_config("gpt");
+      m.num_layers = p * v;
+      const nn::ModelSpec spec{&ctx, Device::cpu(), DType::f32, seed};
+      const MicroBatches data = micro_batches(ctx, m, micro, batch, seed ^ 91);
+
+      auto whole = nn::build_model(m, spec);
+      const double expected_loss = run_whole_model(*whole, data, micro, seed);
+
+      parallel::StageModel stage = parallel::build_stage_model(m, spec, grid, false, "", v);
+      ASSERT_EQ(stage.chunks.size(), size_t(v));
+      ASSERT_EQ(stage.bounds.size(), size_t(p * v + 1));
+      for (int c = 0; c < v; ++c) {
+        // Chunk c holds the blocks of the model's chunk c·P + stage (one block each here).
+        const std::string block = "blocks." + std::to_string(c * p + grid.pp_rank()) + ".";
+        bool found = false;
+        for (nn::Parameter* q : stage.chunks[size_t(c)]->parameters()) found |= q->name.rfind(block, 0) == 0;
+        EXPECT_TRUE(found) << "chunk " << c << " should hold " << block;
+      }
+      parallel::PipelineEngine engine(stage.chunks, grid.pp(), *stage.loss);
+      parallel::PipelineStep step;
+      step.micro_batches = micro;
+      step.inputs = data.inputs;
+      step.targets = data.targets;
+      step.input_shape = stage.input_shape(data.inputs.front());
+      step.pass = [&](int i) { return pass_of(seed, i); };
+      int last_backwards = 0;
+      step.before_backward = [&](int, bool last) { last_backwards += last; };
+      const parallel::PipelineStepStats stats = engine.run(step);
+      EXPECT_EQ(last_backwards, 1) << "one backward is the stage's last";
+      expect_stage_equals_whole(*comm, grid, stage.tied_table, stage.module->parameters(), *whole, stats.loss_sum,
+                                expected_loss);
+
+      // Evaluation's forward only, chunk by chunk round the ring: the whole model's logits on the last stage.
+      nn::Saved saved;
+      const Tensor expected_logits = whole->forward(data.inputs[0], saved, nn::Pass{});
+      const Tensor logits = engine.forward_only(data.inputs[0], step.input_shape, DType::f32, nn::Pass{});
+      if (grid.pp_rank() == p - 1)
+        EXPECT_TRUE(all_close(logits, expected_logits.to_doubles(), Tolerance{1e-5, 1e-6}));
+      else
+        EXPECT_FALSE(logits.defined());
+    }
+  }
 }
 
 // Peak bytes allocated while a stage runs one step of M = 8 micro-batches.

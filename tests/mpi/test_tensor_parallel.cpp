@@ -37,7 +37,7 @@ constexpr int64_t kIgnore = -100;
 
 nn::ModelConfig small_gpt(float dropout = 0.0f, bool recompute = false) {
   nn::ModelConfig m;
-  m.kind = "gpt";
+  m.kind = nn::ModelKind::gpt;
   m.vocab_size = 32;
   m.seq_length = 8;
   m.num_layers = 2;

@@ -37,7 +37,6 @@
 #include "tests/support/resume_support.h"
 #include "tests/support/test_support.h"
 
-
 namespace tessera::testing {
 namespace {
 
@@ -184,6 +183,44 @@ TEST(Resharding, SavedUnderTpTwoPpTwoOrDpTwoTpTwoResumedOnOneRankAndTheReverse) 
   expect_resumed_losses_continue(
       dir, args, 8, 4,
       {"1 rank -> dp=2 tp=2 sequence-parallel", 1, 4, {}, {"--tp", "2", "--sequence-parallel"}, "dp=1 tp=1"});
+}
+
+// Interleaved 1F1B through `tessera train` (2 stages x 2 chunks, 4 blocks,
+// 4 micro-batches a step, dropout): the losses of one rank with the same
+// global batch; a checkpoint it writes resumes under the plain 2-stage
+// pipeline and back, the next losses those of a run that kept its layout.
+TEST(InterleavedPipeline, TwoStagesOfTwoChunksEqualOneRankAndReshardBothWays) {
+  TESSERA_SEED_TRACE();
+  ScratchDirectory dir("tessera_processes_");
+  std::mt19937_64 rng = make_rng();
+  const auto base = joined(gpt_args(write_text_dataset(dir.path, 4000, rng), rng()), {"--num-layers", "4"});
+  const auto args = joined(base, {"--clip-grad", "0.5", "--train-steps", "6"});
+  const std::string output = run_training(
+      2, joined(args, {"--pp", "2", "--virtual-pipeline-stages", "2", "--metrics", dir / "interleaved.jsonl"}),
+      dir / "interleaved.log");
+  EXPECT_TRUE(contains(output,
+                       "pipeline: 2 stages x 2 chunks, interleaved 1f1b, blocks [0, 1), [1, 2), [2, 3), "
+                       "[3, 4), chunk c on stage c mod 2"))
+      << output;
+  run_training(1, joined(args, {"--metrics", dir / "one.jsonl"}), dir / "one.log");
+  const std::vector<double> expected = losses(dir / "one.jsonl", 1, 6),
+                            actual = losses(dir / "interleaved.jsonl", 1, 6);
+  ASSERT_EQ(expected.size(), 6u);
+  EXPECT_TRUE(all_close(actual, expected, Tolerance{1e-5, 1e-5}));
+  expect_resumed_losses_continue(dir, base, 8, 4,
+                                 {"pp=2 x 2 chunks -> pp=2",
+                                  2,
+                                  2,
+                                  {"--pp", "2", "--virtual-pipeline-stages", "2"},
+                                  {"--pp", "2"},
+                                  "dp=1 tp=1 pp=2 x 2 chunks zero=0"});
+  expect_resumed_losses_continue(dir, base, 8, 4,
+                                 {"pp=2 -> pp=2 x 2 chunks",
+                                  2,
+                                  2,
+                                  {"--pp", "2"},
+                                  {"--pp", "2", "--virtual-pipeline-stages", "2"},
+                                  "dp=1 tp=1 pp=2 zero=0"});
 }
 
 // dp = 2 × tp = 2 × pp = 2 on eight ranks (oversubscribed) against one rank

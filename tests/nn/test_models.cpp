@@ -53,7 +53,7 @@ nn::ModelSpec spec_for(Context& ctx, DType dtype, uint64_t seed) {
 
 nn::ModelConfig tiny_gpt() {
   nn::ModelConfig config;
-  config.kind = "gpt";
+  config.kind = nn::ModelKind::gpt;
   config.vocab_size = 11;
   config.seq_length = 7;
   config.num_layers = 2;
@@ -234,7 +234,7 @@ TEST(GptRecompute, BitIdenticalGradients) {
 size_t peak_activation_bytes(bool recompute, int64_t& parameter_bytes) {
   Context ctx;
   nn::ModelConfig config;
-  config.kind = "gpt";
+  config.kind = nn::ModelKind::gpt;
   config.vocab_size = 64;
   config.seq_length = 64;
   config.num_layers = 4;
@@ -275,7 +275,7 @@ TEST(Mlp, MatchesReferenceLossAndEveryGradient) {
   Context ctx;
   auto rng = make_rng();
   nn::ModelConfig config;
-  config.kind = "mlp";
+  config.kind = nn::ModelKind::mlp;
   config.channels = 1;
   config.height = 4;
   config.width = 5;
@@ -313,7 +313,7 @@ TEST(Cnn, MatchesReferenceLossAndSampledGradients) {
   Context ctx;
   auto rng = make_rng();
   nn::ModelConfig config;
-  config.kind = "cnn";
+  config.kind = nn::ModelKind::cnn;
   config.channels = 2;
   config.height = 8;
   config.width = 9;  // pools floor 9 → 4 → 2
@@ -495,15 +495,22 @@ void expect_rejected(const nn::ModelConfig& config, const std::string& fragment)
 
 TEST(ModelConfig, ValidationNamesTheFlag) {
   nn::ModelConfig gpt;
-  gpt.kind = "gpt";
+  gpt.kind = nn::ModelKind::gpt;
   gpt.hidden_size = 256;
   EXPECT_NO_THROW(gpt.validate());
   nn::ModelConfig c = gpt;
   c.num_heads = 5;
   expect_rejected(c, "--num-heads 5 does not divide --hidden-size 256");
-  c = gpt;
-  c.kind = "rnn";
-  expect_rejected(c, "--model 'rnn'");
+  try {
+    nn::parse_model_kind("rnn");
+    ADD_FAILURE() << "--model rnn was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("--model 'rnn' is not a model this build knows; use mlp, cnn or gpt"),
+              std::string::npos)
+        << error.what();
+  }
+  for (const nn::ModelKind kind : {nn::ModelKind::mlp, nn::ModelKind::cnn, nn::ModelKind::gpt})
+    EXPECT_EQ(nn::parse_model_kind(nn::model_name(kind)), kind);
   c = gpt;
   c.vocab_size = 0;
   expect_rejected(c, "--vocab-size 0");
@@ -523,11 +530,11 @@ TEST(ModelConfig, ValidationNamesTheFlag) {
   mlp.hidden = {128, 0};
   expect_rejected(mlp, "--hidden");
   nn::ModelConfig cnn;
-  cnn.kind = "cnn";
+  cnn.kind = nn::ModelKind::cnn;
   cnn.height = 3;
   expect_rejected(cnn, "at least 4x4");
   cnn = nn::ModelConfig{};
-  cnn.kind = "cnn";
+  cnn.kind = nn::ModelKind::cnn;
   cnn.num_classes = 1;
   expect_rejected(cnn, "at least 2");
   // build_model validates too.
@@ -551,7 +558,7 @@ TEST(Bf16Model, TrainsAStepWithoutNaN) {
   mlp.hidden = {32, 32};
   for (const nn::ModelConfig& config : {gpt, mlp}) {
     auto model = nn::build_model(config, spec_for(ctx, DType::bf16, rng()));
-    const bool is_gpt = config.kind == "gpt";
+    const bool is_gpt = config.kind == nn::ModelKind::gpt;
     // The MLP gets f32 images (InputCast converts them); the GPT token ids.
     const Tensor input = is_gpt ? random_indices(ctx, Shape{4, 7}, DType::i32, rng, 0, 11).tensor
                                 : random_tensor(ctx, Shape{16, 1, 6, 6}, DType::f32, rng).tensor;
@@ -595,7 +602,8 @@ TEST(Bf16Model, TrainsAStepWithoutNaN) {
       ops::sgd_step(master, p->grad, momentum, sgd, &p->value);
     }
     const double after = eval_loss();
-    std::printf("%s bf16: loss %.4f -> %.4f after one SGD step (lr 0.1)\n", config.kind.c_str(), before, after);
+    std::printf("%s bf16: loss %.4f -> %.4f after one SGD step (lr 0.1)\n",
+                std::string(nn::model_name(config.kind)).c_str(), before, after);
     ASSERT_TRUE(std::isfinite(after)) << config.kind;
     // At initialisation a small gradient step lowers the loss on its own batch
     // (by 0.5-5 % here), more than bf16 rounding of the weights moves it.
@@ -671,6 +679,53 @@ TEST(CountCorrect, CountsArgmaxMatches) {
     expected += (targets.values[size_t(r)] == double(best)) ? 1 : 0;
   }
   EXPECT_EQ(nn::count_correct(logits.tensor, targets.tensor), expected);
+}
+
+}  // namespace
+}  // namespace tessera::testing
+
+namespace tessera::testing {
+namespace {
+
+// nn::layer_costs (what pipeline partitioning balances) counts what the
+// built models hold: each GPT block's parameters, the embeddings on the first
+// stage, the final norm and the head's copy of the tied table on the last;
+// each MLP layer's weight and bias.
+int64_t elements_named(nn::Module& model, const std::string& prefix) {
+  int64_t count = 0;
+  for (nn::Parameter* p : model.parameters())
+    if (p->name.rfind(prefix, 0) == 0) count += p->value.numel();
+  return count;
+}
+
+TEST(LayerCosts, CountTheParametersOfTheBuiltModels) {
+  TESSERA_SEED_TRACE();
+  std::mt19937_64 rng = make_rng();
+  Context ctx;
+  nn::ModelConfig gpt = tiny_gpt();
+  gpt.num_layers = 3;
+  gpt.ffn_hidden_size = 24;
+  auto model = nn::build_model(gpt, spec_for(ctx, DType::f32, rng()));
+  const nn::LayerCosts costs = nn::layer_costs(gpt);
+  ASSERT_EQ(costs.layers.size(), 3u);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(costs.layers[size_t(i)], elements_named(*model, "blocks." + std::to_string(i) + ".")) << i;
+  EXPECT_EQ(costs.first, elements_named(*model, "wte") + elements_named(*model, "wpe"));
+  EXPECT_EQ(costs.last, elements_named(*model, "ln_f") + elements_named(*model, "wte"));
+
+  nn::ModelConfig mlp;
+  mlp.hidden = {7, 5};
+  mlp.channels = 1;
+  mlp.height = 3;
+  mlp.width = 4;
+  mlp.num_classes = 6;
+  auto net = nn::build_model(mlp, spec_for(ctx, DType::f32, rng()));
+  const nn::LayerCosts layers = nn::layer_costs(mlp);
+  ASSERT_EQ(layers.layers.size(), 3u);
+  int64_t total = 0;
+  for (int64_t cost : layers.layers) total += cost;
+  EXPECT_EQ(total, nn::parameter_count(*net));
+  EXPECT_EQ(layers.layers[0], 12 * 7 + 7);
 }
 
 }  // namespace

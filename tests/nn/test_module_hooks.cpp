@@ -18,7 +18,7 @@ TEST(ModuleHooks, EveryParameterIsReportedOnceWithItsFinalGradient) {
   TESSERA_SEED_TRACE();
   Context ctx;
   nn::ModelConfig config;
-  config.kind = "gpt";
+  config.kind = nn::ModelKind::gpt;
   config.vocab_size = 13;
   config.seq_length = 6;
   config.num_layers = 2;

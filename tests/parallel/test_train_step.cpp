@@ -28,7 +28,7 @@ namespace {
 
 nn::ModelConfig small_gpt() {
   nn::ModelConfig config;
-  config.kind = "gpt";
+  config.kind = nn::ModelKind::gpt;
   config.vocab_size = 13;
   config.seq_length = 6;
   config.num_layers = 2;
