@@ -19,7 +19,7 @@
 #include <string_view>
 
 #include "core/error.h"
-#include "nn/models.h"
+#include "nn/model_kind.h"
 
 namespace tessera::app {
 namespace {

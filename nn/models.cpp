@@ -1,42 +1,13 @@
-// ModelConfig validation and the builders of the mlp, cnn and gpt models
+// ModelConfig validation and the builders of the mlp and cnn models
 // described in nn/models.h.
 #include "nn/models.h"
 
 #include <cmath>
 #include <cstdlib>
-#include <ostream>
 
 #include "core/context.h"
 
 namespace tessera::nn {
-namespace {
-
-// One row per ModelKind, in the enumerators' order.
-constexpr ModelTraits kModels[] = {
-    {"mlp", false, true, false, "layers"},
-    {"cnn", false, false, false, "layers"},
-    {"gpt", true, true, true, "blocks"},
-};
-
-}  // namespace
-
-const ModelTraits& model_traits(ModelKind kind) {
-  return kModels[size_t(kind)];
-}
-
-std::ostream& operator<<(std::ostream& out, ModelKind kind) {
-  return out << model_name(kind);
-}
-
-ModelKind parse_model_kind(std::string_view text) {
-  std::string known;
-  for (size_t i = 0; i < std::size(kModels); ++i) {
-    if (kModels[i].name == text) return ModelKind(i);
-    known += std::string(i == 0 ? "" : i + 1 == std::size(kModels) ? " or " : ", ") + std::string(kModels[i].name);
-  }
-  TESSERA_THROW("--model '", text, "' is not a model this build knows; use ", known);
-}
-
 void ModelConfig::validate() const {
   const std::string_view name = model_name(kind);
   if (!model_traits(kind).reads_tokens) {
@@ -70,85 +41,6 @@ void ModelConfig::validate() const {
                   " must be positive (or 0 for 4 x --hidden-size)");
     TESSERA_CHECK(dropout >= 0.0f && dropout < 1.0f, "--dropout ", dropout, " must be in [0, 1)");
   }
-}
-
-// ---------------------------------------------------------------------------
-// GPT
-// ---------------------------------------------------------------------------
-Gpt::Gpt(const ModelConfig& config, const ModelSpec& spec) : Module(spec, ""), config_(config) {
-  config_.validate();
-  TESSERA_CHECK(config_.kind == ModelKind::gpt, "Gpt built from a '", model_name(config_.kind), "' configuration");
-  const int64_t c = config_.hidden_size;
-  wte_ = &add_child<Embedding>(spec, "wte", config_.vocab_size, c);
-  wpe_ = &add_child<PositionEmbedding>(spec, "wpe", config_.seq_length, c);
-  dropout_ = &add_child<Dropout>(spec, "dropout", config_.dropout);
-  for (int64_t i = 0; i < config_.num_layers; ++i)
-    blocks_.push_back(&add_child<TransformerBlock>(spec, "blocks." + std::to_string(i), c, config_.num_heads,
-                                                   config_.ffn(), config_.dropout, config_.recompute));
-  ln_f_ = &add_child<LayerNorm>(spec, "ln_f", c);
-
-  // GPT-2 initialisation (the layers' defaults are PyTorch's; norms already 1/0).
-  constexpr float kStd = 0.02f;
-  const float residual_std = kStd / std::sqrt(2.0f * float(config_.num_layers));
-  init_normal(wte_->weight(), kStd);
-  init_normal(wpe_->weight(), kStd);
-  for (TransformerBlock* block : blocks_) {
-    for (Linear* linear : {&block->attn().qkv(), &block->attn().proj(), &block->mlp().fc(), &block->mlp().proj()}) {
-      const bool residual = linear == &block->attn().proj() || linear == &block->mlp().proj();
-      init_normal(linear->weight(), residual ? residual_std : kStd);
-      init_constant(*linear->bias(), 0.0f);
-    }
-  }
-}
-
-void Gpt::set_recompute(bool recompute) {
-  config_.recompute = recompute;
-  for (TransformerBlock* block : blocks_) block->set_recompute(recompute);
-}
-
-Tensor Gpt::forward(const Tensor& ids, Saved& saved, const Pass& pass) {
-  TESSERA_CHECK(ids.ndim() == 2, "gpt: token ids must be [batch, tokens], got shape ", ids.shape().to_string());
-  TESSERA_CHECK(ids.size(1) <= config_.seq_length, "gpt: a sequence of ", ids.size(1),
-                " tokens is longer than --seq-length ", config_.seq_length);
-  const int64_t batch = ids.size(0), tokens = ids.size(1), c = config_.hidden_size, vocab = config_.vocab_size;
-  Tensor x = wte_->forward(ids, saved.child(0), pass);
-  x = wpe_->forward(x, saved.child(1), pass);
-  x = dropout_->forward(x, saved.child(2), pass);
-  for (size_t i = 0; i < blocks_.size(); ++i) x = blocks_[i]->forward(x, saved.child(3 + i), pass);
-  x = ln_f_->forward(x, saved.child(3 + blocks_.size()), pass);
-  const Tensor features = x.view(Shape{batch * tokens, c});
-  Tensor logits = context().empty(Shape{batch * tokens, vocab}, spec().dtype, spec().device);
-  ops::MatmulOptions options;
-  options.transpose_b = true;
-  ops::matmul(features, wte_->weight().value, logits, options);
-  saved.tensors = {features};
-  saved.scalars = {batch, tokens};
-  return logits.view(Shape{batch, tokens, vocab});
-}
-
-Tensor Gpt::backward_impl(const Tensor& grad_logits, Saved& saved) {
-  TESSERA_CHECK(saved.tensors.size() == 1 && saved.scalars.size() == 2, "gpt: backward without a matching forward");
-  const Tensor features = saved.tensors[0];
-  const int64_t batch = saved.scalars[0], tokens = saved.scalars[1];
-  saved.tensors.clear();
-  saved.scalars.clear();
-  const int64_t rows = batch * tokens, c = config_.hidden_size, vocab = config_.vocab_size;
-  TESSERA_CHECK(grad_logits.numel() == rows * vocab, "gpt: the logits gradient has shape ",
-                grad_logits.shape().to_string(), ", expected ", rows, " rows of ", vocab);
-  const Tensor dlogits = grad_logits.view(Shape{rows, vocab});
-  Parameter& wte = wte_->weight();
-  // logits = x·wteᵀ: the head's share of wte's gradient, then the features' gradient.
-  ops::matmul_backward(dlogits, features, wte.value, nullptr, &wte.grad, false, true, /*accumulate=*/true);
-  Tensor grad = context().empty(features.shape(), spec().dtype, spec().device);
-  ops::matmul_backward(dlogits, features, wte.value, &grad, nullptr, false, true, /*accumulate=*/false);
-  grad = grad.view(Shape{batch, tokens, c});
-  grad = ln_f_->backward(grad, saved.child(3 + blocks_.size()));
-  for (size_t i = blocks_.size(); i-- > 0;) grad = blocks_[i]->backward(grad, saved.child(3 + i));
-  grad = dropout_->backward(grad, saved.child(2));
-  grad = wpe_->backward(grad, saved.child(1));
-  wte_->backward(grad, saved.child(0));  // the embedding's share of wte's gradient
-  saved.clear();
-  return Tensor();
 }
 
 // ---------------------------------------------------------------------------
@@ -252,7 +144,8 @@ std::unique_ptr<Module> build_model(const ModelConfig& config, const ModelSpec& 
     case ModelKind::cnn:
       return build_cnn(config, spec);
     case ModelKind::gpt:
-      return std::make_unique<Gpt>(config, spec);
+      TESSERA_THROW("nn::build_model: the GPT is built by parallel::build_model (parallel/stage_model.h), over the "
+                    "tensor-parallel layers it shares with every layout");
   }
   TESSERA_THROW("build_model: model kind ", int(config.kind), " has no builder");
 }

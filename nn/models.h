@@ -7,7 +7,9 @@
 //   cnn  (LeNet-style, for 28×28-ish images) InputCast → conv1 5×5·32 pad 2 →
 //        ReLU → maxpool 2 → conv2 5×5·64 pad 2 → ReLU → maxpool 2 → Flatten →
 //        fc1 1024 + fused ReLU → fc2 num_classes; PyTorch's default init.
-//   gpt  ids [B, T] (i32/i64) → wte [V, C] + wpe [T, C] → dropout → blocks.<i>
+//   gpt  (built by parallel::build_model, which needs the tensor-parallel
+//        layers; described here with the others)
+//        ids [B, T] (i32/i64) → wte [V, C] + wpe [T, C] → dropout → blocks.<i>
 //        (pre-LN TransformerBlock) → ln_f → logits [B, T, V] = x·wteᵀ (tied:
 //        wte gets gradients from both uses). GPT-2 init: normal(0, 0.02) for
 //        weights and embeddings, zero biases, unit norm weights, and the
@@ -26,30 +28,10 @@
 #include <vector>
 
 #include "nn/layers.h"
+#include "nn/model_kind.h"
 #include "nn/module.h"
 
 namespace tessera::nn {
-
-// The models this build knows (--model). Adding one: its enumerator, its row
-// in model_traits (nn/models.cpp), its builder in build_model, and its cases
-// in pipeline_layers/layer_costs if it splits into pipeline stages.
-enum class ModelKind { mlp, cnn, gpt };
-
-// What the rest of the library and the app ask of a model kind.
-struct ModelTraits {
-  std::string_view name;                     // as --model spells it
-  bool reads_tokens = false;                 // token ids [B, T] (a tokens dataset) rather than images/features
-  bool splits_into_stages = false;           // --pipeline-parallel > 1 applies
-  bool splits_over_tensor_parallel = false;  // --tensor-parallel > 1 applies
-  std::string_view layer_word;               // what its pipeline layers are called ("blocks", "layers")
-};
-const ModelTraits& model_traits(ModelKind kind);
-inline std::string_view model_name(ModelKind kind) {
-  return model_traits(kind).name;
-}
-std::ostream& operator<<(std::ostream& out, ModelKind kind);  // its name
-// "mlp" | "cnn" | "gpt" (--model); throws naming the flag and the known models otherwise.
-ModelKind parse_model_kind(std::string_view text);
 
 struct ModelConfig {
   ModelKind kind = ModelKind::mlp;  // --model
@@ -73,31 +55,6 @@ struct ModelConfig {
   int64_t ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   // Throws tessera::Error naming the flag and the value at fault.
   void validate() const;
-};
-
-// The GPT of the header comment.
-class Gpt : public Module {
- public:
-  Gpt(const ModelConfig& config, const ModelSpec& spec);
-  // ids [B, T] with T ≤ seq_length → logits [B, T, V] in the compute dtype.
-  Tensor forward(const Tensor& ids, Saved& saved, const Pass& pass) override;
-  // grad_logits [B, T, V]; returns an undefined Tensor (ids have no gradient).
-  Tensor backward_impl(const Tensor& grad_logits, Saved& saved) override;
-
-  void set_recompute(bool recompute);
-  Embedding& wte() { return *wte_; }
-  PositionEmbedding& wpe() { return *wpe_; }
-  TransformerBlock& block(size_t index) { return *blocks_.at(index); }
-  size_t num_blocks() const { return blocks_.size(); }
-  LayerNorm& ln_f() { return *ln_f_; }
-
- private:
-  ModelConfig config_;
-  Embedding* wte_;
-  PositionEmbedding* wpe_;
-  Dropout* dropout_;
-  std::vector<TransformerBlock*> blocks_;
-  LayerNorm* ln_f_;
 };
 
 // The layers a pipeline stage holds: layers [begin, end) of the model's
@@ -124,10 +81,12 @@ struct LayerCosts {
 };
 LayerCosts layer_costs(const ModelConfig& config);
 
-// Validates `config` and builds the model with its parameters on spec.device
-// in spec.dtype (a Sequential for mlp/cnn, a Gpt for gpt). With `stage`:
-// only that pipeline stage's part of an mlp (the gpt's stages are
-// parallel::TensorParallelGpt's).
+// Validates `config` and builds the mlp or cnn (a Sequential) with its
+// parameters on spec.device in spec.dtype; with `stage`, only that pipeline
+// stage's part of an mlp. The GPT is built above this floor, once, by
+// parallel::build_model / build_stage_model (parallel/tensor_parallel.h: with
+// no tensor-parallel group it is the whole model); asked for one, this throws
+// saying so.
 std::unique_ptr<Module> build_model(const ModelConfig& config, const ModelSpec& spec);
 std::unique_ptr<Module> build_model(const ModelConfig& config, const ModelSpec& spec, const StageLayers& stage);
 

@@ -67,6 +67,11 @@ StageModel build_interleaved_gpt(const nn::ModelConfig& config, const nn::ModelS
 
 }  // namespace
 
+std::unique_ptr<nn::Module> build_model(const nn::ModelConfig& config, const nn::ModelSpec& spec) {
+  if (config.kind == nn::ModelKind::gpt) return std::make_unique<TensorParallelGpt>(config, spec, TensorParallelism{});
+  return nn::build_model(config, spec);
+}
+
 StageModel build_stage_model(const nn::ModelConfig& config, const nn::ModelSpec& spec, ProcessGrid& grid,
                              bool sequence_parallel, const std::string& pipeline_split, int virtual_stages) {
   const std::string tp_problem = tensor_parallel_problem(config, grid.tp_size(), sequence_parallel);
@@ -86,12 +91,15 @@ StageModel build_stage_model(const nn::ModelConfig& config, const nn::ModelSpec&
     stage.layers.begin = stage.bounds[size_t(stage.layers.stage)];
     stage.layers.end = stage.bounds[size_t(stage.layers.stage) + 1];
   }
-  if (config.kind == nn::ModelKind::gpt && (grid.tp_size() > 1 || grid.pp_size() > 1)) {
+  if (config.kind == nn::ModelKind::gpt) {
     auto gpt = std::make_unique<TensorParallelGpt>(config, spec, TensorParallelism{&grid.tp(), sequence_parallel},
                                                    stage.layers);
     const int64_t local_vocab = config.vocab_size / grid.tp_size();
-    stage.loss =
-        std::make_unique<VocabParallelCrossEntropy>(grid.tp(), grid.tp_rank() * local_vocab, config.vocab_size);
+    if (grid.tp_size() > 1 || grid.pp_size() > 1)
+      stage.loss =
+          std::make_unique<VocabParallelCrossEntropy>(grid.tp(), grid.tp_rank() * local_vocab, config.vocab_size);
+    else
+      stage.loss = std::make_unique<nn::CrossEntropyLoss>();
     if (grid.pp_size() > 1) stage.tied_table = gpt->embedding_table();
     const TensorParallelGpt* model = gpt.get();
     stage.input_shape = [model](const Tensor& ids) { return model->hidden_shape(ids.size(0), ids.size(1)); };

@@ -40,6 +40,11 @@ struct StageModel {
   std::vector<int64_t> bounds;
 };
 
+// The whole model on one process, parameters on spec.device in spec.dtype:
+// the GPT is parallel::TensorParallelGpt with no group (the one GPT there is:
+// the same names and values as every layout's), the MLP and CNN nn::build_model's.
+std::unique_ptr<nn::Module> build_model(const nn::ModelConfig& config, const nn::ModelSpec& spec);
+
 // This rank's stage of `config` on `grid` (its pp rank's layers, split over
 // its tp group), parameters on spec.device in spec.dtype. `pipeline_split`:
 // --pipeline-split ("" to balance by parameter count; pp·V + 1 boundaries

@@ -542,7 +542,7 @@ TensorParallelGpt::TensorParallelGpt(const nn::ModelConfig& config, const nn::Mo
     if (!partial.empty()) partial_ = std::make_unique<SequenceParallelGradients>(partial, *tp_.group);
   }
 
-  // GPT-2 initialisation, as nn::Gpt: each shard draws its elements of the whole tensors.
+  // GPT-2 initialisation (nn/models.h): each shard draws its elements of the whole tensors.
   constexpr float kStd = 0.02f;
   const float residual_std = kStd / std::sqrt(2.0f * float(config_.num_layers));
   if (wte_) init_normal(wte_->weight(), kStd);

@@ -259,10 +259,12 @@ class ParallelTransformerBlock : public nn::PreLnBlock {
 // numbers: heads, vocabulary, ffn size, sequence length under sequence parallelism.
 std::string tensor_parallel_problem(const nn::ModelConfig& config, int tp, bool sequence_parallel);
 
-// The GPT of nn::Gpt (same parameter names, same initial values element for
-// element) split over the group. forward(ids [B, T]) returns this rank's
-// logits [B, T, V/K] (columns [vocab_begin, vocab_begin + V/K)); train it with
-// VocabParallelCrossEntropy.
+// The GPT (nn/models.h describes it), the only one there is: split over the
+// group, or whole with no group (TensorParallelism{}: no communication, the
+// model every layout's names and initial values come from, element for
+// element). forward(ids [B, T]) returns this rank's logits [B, T, V/K]
+// (columns [vocab_begin, vocab_begin + V/K)); train it with
+// VocabParallelCrossEntropy (with no group, nn::CrossEntropyLoss is the same).
 //
 // A pipeline stage (StageLayers) holds blocks [begin, end) and: on the first
 // stage the embeddings (its forward takes the ids), on the last ln_f and the

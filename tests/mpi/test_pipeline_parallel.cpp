@@ -167,7 +167,7 @@ TEST(PipelineParallel, StagesGiveTheWholeModelsLossAndGradientsForBothSchedules)
         const MicroBatches data = micro_batches(ctx, m, micro, batch, seed ^ 77);
 
         // The whole model, one process: every micro-batch, gradients accumulated.
-        auto whole = nn::build_model(m, spec);
+        auto whole = parallel::build_model(m, spec);
         const double expected_loss = run_whole_model(*whole, data, micro, seed);
 
         // Four (or two) stages, layers balanced by the partitioner.
@@ -215,7 +215,7 @@ TEST(PipelineParallel, InterleavedChunksGiveTheWholeModelsLossAndGradients) {
       const nn::ModelSpec spec{&ctx, Device::cpu(), DType::f32, seed};
       const MicroBatches data = micro_batches(ctx, m, micro, batch, seed ^ 91);
 
-      auto whole = nn::build_model(m, spec);
+      auto whole = parallel::build_model(m, spec);
       const double expected_loss = run_whole_model(*whole, data, micro, seed);
 
       parallel::StageModel stage = parallel::build_stage_model(m, spec, grid, false, "", v);

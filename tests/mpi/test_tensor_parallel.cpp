@@ -1,5 +1,5 @@
 // Tensor parallelism under mpiexec (2 and 4 ranks): the tensor-parallel GPT
-// against the plain nn::Gpt that every rank also builds from the same seed
+// against the whole GPT (no group) that every rank also builds from the same seed
 // (initial values, logits, loss and every gradient gathered whole), with and
 // without sequence parallelism, dropout and recomputation; the
 // vocabulary-parallel cross-entropy against a double-precision reference;
@@ -127,7 +127,7 @@ TEST(TensorParallelGpt, MatchesOneRankExactlyAtInitAndWithinF32InForwardAndBackw
       parallel::ProcessGrid grid(*comm, sizes);
       const nn::ModelConfig m = small_gpt(variant.dropout, variant.recompute);
       const nn::ModelSpec spec{&ctx, Device::cpu(), DType::f32, seed};
-      nn::Gpt reference(m, spec);
+      parallel::TensorParallelGpt reference(m, spec, parallel::TensorParallelism{});  // the whole GPT
       parallel::TensorParallelGpt split(m, spec, parallel::TensorParallelism{&grid.tp(), variant.sequence_parallel});
 
       std::mt19937_64 rng(seed ^ 0x5eedull);

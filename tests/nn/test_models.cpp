@@ -18,6 +18,7 @@
 #include "kernels/ops.h"
 #include "nn/loss.h"
 #include "nn/models.h"
+#include "parallel/stage_model.h"
 #include "tests/kernels/dtype_params.h"
 #include "tests/support/gradcheck.h"
 #include "tests/support/reference_nn.h"
@@ -141,7 +142,7 @@ TEST(Gpt, MatchesReferenceLossAndEveryGradient) {
   auto rng = make_rng();
   const nn::ModelConfig config = tiny_gpt();
   const int64_t batch = 2, tokens = 7;
-  auto model = nn::build_model(config, spec_for(ctx, DType::f32, rng()));
+  auto model = parallel::build_model(config, spec_for(ctx, DType::f32, rng()));
   const auto randomized = randomize(ctx, *model, rng);
   const std::vector<std::string>& names = randomized.first;
   const Inputs& values = randomized.second;
@@ -178,7 +179,7 @@ TEST(Gpt, MicroBatchGradientsAccumulate) {
   Context ctx;
   auto rng = make_rng();
   const nn::ModelConfig config = tiny_gpt();
-  auto model = nn::build_model(config, spec_for(ctx, DType::f32, rng()));
+  auto model = parallel::build_model(config, spec_for(ctx, DType::f32, rng()));
   randomize(ctx, *model, rng);
   RandomTensor ids[2], targets[2];
   for (int i = 0; i < 2; ++i) {
@@ -211,9 +212,9 @@ TEST(GptRecompute, BitIdenticalGradients) {
   nn::ModelConfig config = tiny_gpt();
   config.dropout = 0.1f;  // recomputation must re-draw the same masks
   const nn::ModelSpec spec = spec_for(ctx, DType::f32, rng());
-  auto plain = nn::build_model(config, spec);
+  auto plain = parallel::build_model(config, spec);
   config.recompute = true;
-  auto recomputed = nn::build_model(config, spec);  // same seed: the same initial values
+  auto recomputed = parallel::build_model(config, spec);  // same seed: the same initial values
   auto ids = random_indices(ctx, Shape{3, 7}, DType::i32, rng, 0, config.vocab_size);
   auto targets = random_indices(ctx, Shape{3, 7}, DType::i32, rng, 0, config.vocab_size);
   const nn::Pass pass{rng(), 5, 1};
@@ -242,7 +243,7 @@ size_t peak_activation_bytes(bool recompute, int64_t& parameter_bytes) {
   config.hidden_size = 64;
   config.dropout = 0.1f;
   config.recompute = recompute;
-  auto model = nn::build_model(config, spec_for(ctx, DType::f32, 7));
+  auto model = parallel::build_model(config, spec_for(ctx, DType::f32, 7));
   std::mt19937_64 rng(11);
   auto ids = random_indices(ctx, Shape{4, 64}, DType::i32, rng, 0, config.vocab_size);
   auto targets = random_indices(ctx, Shape{4, 64}, DType::i32, rng, 0, config.vocab_size);
@@ -281,7 +282,7 @@ TEST(Mlp, MatchesReferenceLossAndEveryGradient) {
   config.width = 5;
   config.num_classes = 4;
   config.hidden = {6, 5};
-  auto model = nn::build_model(config, spec_for(ctx, DType::f32, rng()));
+  auto model = parallel::build_model(config, spec_for(ctx, DType::f32, rng()));
   const auto randomized = randomize(ctx, *model, rng, 1.0);
   const std::vector<std::string>& names = randomized.first;
   const Inputs& values = randomized.second;
@@ -318,7 +319,7 @@ TEST(Cnn, MatchesReferenceLossAndSampledGradients) {
   config.height = 8;
   config.width = 9;  // pools floor 9 → 4 → 2
   config.num_classes = 3;
-  auto model = nn::build_model(config, spec_for(ctx, DType::f32, rng()));
+  auto model = parallel::build_model(config, spec_for(ctx, DType::f32, rng()));
   // The model's own (PyTorch-style, uniform ±1/√fan_in) initial values, from a
   // fresh seed: they keep the logits of order one. Larger weights make the
   // logits large and the predictions confident, and then 1 − p, computed in
@@ -389,7 +390,7 @@ TEST(Init, GptValuesAreTheDocumentedFunctionOfSeedNameAndIndex) {
   const uint64_t seed = rng();
   nn::ModelConfig config = tiny_gpt();
   config.num_layers = 3;
-  auto model = nn::build_model(config, spec_for(ctx, DType::f32, seed));
+  auto model = parallel::build_model(config, spec_for(ctx, DType::f32, seed));
   const float residual_std = 0.02f / std::sqrt(6.0f);
   for (Parameter* p : model->parameters()) {
     const std::string& name = p->name;
@@ -419,8 +420,8 @@ TEST(Init, DependsOnNameNotOnLayoutOrCreationOrder) {
   nn::ModelConfig small = tiny_gpt(), large = tiny_gpt();
   large.num_layers = 4;
   large.seq_length = 9;  // a longer wpe: its first rows are the same
-  auto a = nn::build_model(small, spec_for(ctx, DType::f32, seed));
-  auto b = nn::build_model(large, spec_for(ctx, DType::f32, seed));
+  auto a = parallel::build_model(small, spec_for(ctx, DType::f32, seed));
+  auto b = parallel::build_model(large, spec_for(ctx, DType::f32, seed));
   std::map<std::string, Parameter*> by_name;
   for (Parameter* p : b->parameters()) by_name[p->name] = p;
   for (Parameter* p : a->parameters()) {
@@ -437,14 +438,14 @@ TEST(Init, DependsOnNameNotOnLayoutOrCreationOrder) {
   nn::ModelConfig m1, m2;
   m1.hidden = {16, 8};
   m2.hidden = {16, 32, 4};
-  auto x = nn::build_model(m1, spec_for(ctx, DType::f32, seed));
-  auto y = nn::build_model(m2, spec_for(ctx, DType::f32, seed));
+  auto x = parallel::build_model(m1, spec_for(ctx, DType::f32, seed));
+  auto y = parallel::build_model(m2, spec_for(ctx, DType::f32, seed));
   for (size_t k = 0; k < 2; ++k) {
     EXPECT_EQ(x->parameters()[k]->name, y->parameters()[k]->name);
     EXPECT_EQ(x->parameters()[k]->value.to_vector<float>(), y->parameters()[k]->value.to_vector<float>());
   }
   // Another seed, other values.
-  auto c = nn::build_model(small, spec_for(ctx, DType::f32, seed + 1));
+  auto c = parallel::build_model(small, spec_for(ctx, DType::f32, seed + 1));
   EXPECT_NE(a->parameters()[0]->value.to_vector<float>(), c->parameters()[0]->value.to_vector<float>());
 }
 
@@ -453,8 +454,8 @@ TEST(Init, Bf16ValuesAreTheF32ValuesRounded) {
   Context ctx;
   auto rng = make_rng();
   const uint64_t seed = rng();
-  auto f32 = nn::build_model(tiny_gpt(), spec_for(ctx, DType::f32, seed));
-  auto bf16 = nn::build_model(tiny_gpt(), spec_for(ctx, DType::bf16, seed));
+  auto f32 = parallel::build_model(tiny_gpt(), spec_for(ctx, DType::f32, seed));
+  auto bf16 = parallel::build_model(tiny_gpt(), spec_for(ctx, DType::bf16, seed));
   const auto pf = f32->parameters(), pb = bf16->parameters();
   for (size_t k = 0; k < pf.size(); ++k) {
     EXPECT_EQ(pb[k]->value.dtype(), DType::bf16);
@@ -467,7 +468,7 @@ TEST(Gpt, ParameterNamesAndCount) {
   Context ctx;
   nn::ModelConfig config = tiny_gpt();
   config.num_layers = 1;
-  auto model = nn::build_model(config, spec_for(ctx, DType::f32, 1));
+  auto model = parallel::build_model(config, spec_for(ctx, DType::f32, 1));
   std::vector<std::string> names;
   for (Parameter* p : model->parameters()) names.push_back(p->name);
   EXPECT_EQ(names,
@@ -539,7 +540,7 @@ TEST(ModelConfig, ValidationNamesTheFlag) {
   expect_rejected(cnn, "at least 2");
   // build_model validates too.
   Context ctx;
-  EXPECT_THROW(nn::build_model(c, spec_for(ctx, DType::f32, 1)), Error);
+  EXPECT_THROW(parallel::build_model(c, spec_for(ctx, DType::f32, 1)), Error);
 }
 
 // ---------------------------------------------------------------------------
@@ -557,7 +558,7 @@ TEST(Bf16Model, TrainsAStepWithoutNaN) {
   mlp.width = 6;
   mlp.hidden = {32, 32};
   for (const nn::ModelConfig& config : {gpt, mlp}) {
-    auto model = nn::build_model(config, spec_for(ctx, DType::bf16, rng()));
+    auto model = parallel::build_model(config, spec_for(ctx, DType::bf16, rng()));
     const bool is_gpt = config.kind == nn::ModelKind::gpt;
     // The MLP gets f32 images (InputCast converts them); the GPT token ids.
     const Tensor input = is_gpt ? random_indices(ctx, Shape{4, 7}, DType::i32, rng, 0, 11).tensor
@@ -705,7 +706,7 @@ TEST(LayerCosts, CountTheParametersOfTheBuiltModels) {
   nn::ModelConfig gpt = tiny_gpt();
   gpt.num_layers = 3;
   gpt.ffn_hidden_size = 24;
-  auto model = nn::build_model(gpt, spec_for(ctx, DType::f32, rng()));
+  auto model = parallel::build_model(gpt, spec_for(ctx, DType::f32, rng()));
   const nn::LayerCosts costs = nn::layer_costs(gpt);
   ASSERT_EQ(costs.layers.size(), 3u);
   for (int i = 0; i < 3; ++i)
@@ -719,7 +720,7 @@ TEST(LayerCosts, CountTheParametersOfTheBuiltModels) {
   mlp.height = 3;
   mlp.width = 4;
   mlp.num_classes = 6;
-  auto net = nn::build_model(mlp, spec_for(ctx, DType::f32, rng()));
+  auto net = parallel::build_model(mlp, spec_for(ctx, DType::f32, rng()));
   const nn::LayerCosts layers = nn::layer_costs(mlp);
   ASSERT_EQ(layers.layers.size(), 3u);
   int64_t total = 0;

@@ -1,0 +1,33 @@
+// The model kinds (--model) and what the library and the app ask of each: a
+// table with no dependencies beyond core/error.h, so that the command line
+// (apps/train_config.cpp, and its fuzz harness) can check --model without
+// the layers. nn/models.h builds them.
+#pragma once
+
+#include <iosfwd>
+#include <string_view>
+
+namespace tessera::nn {
+
+// The models this build knows (--model). Adding one: its enumerator, its row
+// in model_traits (nn/model_kind.cpp), its builder (nn::build_model, or parallel::build_model for models with tensor-parallel layers), and its cases
+// in pipeline_layers/layer_costs if it splits into pipeline stages.
+enum class ModelKind { mlp, cnn, gpt };
+
+// What the rest of the library and the app ask of a model kind.
+struct ModelTraits {
+  std::string_view name;                     // as --model spells it
+  bool reads_tokens = false;                 // token ids [B, T] (a tokens dataset) rather than images/features
+  bool splits_into_stages = false;           // --pipeline-parallel > 1 applies
+  bool splits_over_tensor_parallel = false;  // --tensor-parallel > 1 applies
+  std::string_view layer_word;               // what its pipeline layers are called ("blocks", "layers")
+};
+const ModelTraits& model_traits(ModelKind kind);
+inline std::string_view model_name(ModelKind kind) {
+  return model_traits(kind).name;
+}
+std::ostream& operator<<(std::ostream& out, ModelKind kind);  // its name
+// "mlp" | "cnn" | "gpt" (--model); throws naming the flag and the known models otherwise.
+ModelKind parse_model_kind(std::string_view text);
+
+}  // namespace tessera::nn
