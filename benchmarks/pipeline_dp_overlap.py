@@ -22,7 +22,8 @@ that backward to the last bucket seen complete: what the step waits for;
 the timings include oversubscription, so compare within one run only.
 
 Usage: benchmarks/pipeline_dp_overlap.py [--tessera build/bin/tessera] [--baseline OTHER/tessera]
-       [--baseline-library-path DIR] [--rounds 3] [--steps 12] [--bucket-size-mb 1]
+       [--baseline-library-path DIR] [--rounds 3] [--steps 12] [--bucket-size-mb 1] [--num-layers 4]
+       [--vocab-size 4096]
 """
 import argparse
 import glob
@@ -36,8 +37,9 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WARMUP = 2
-GPT = ["--model", "gpt", "--num-layers", "4", "--hidden-size", "256", "--num-heads", "4", "--seq-length", "128",
-       "--vocab-size", "4096", "--micro-batch-size", "4", "--global-batch-size", "32"]
+def gpt_flags(layers, vocab):
+    return ["--model", "gpt", "--num-layers", str(layers), "--hidden-size", "256", "--num-heads", "4", "--seq-length",
+            "128", "--vocab-size", str(vocab), "--micro-batch-size", "4", "--global-batch-size", "32"]
 
 
 def step_times(metrics):
@@ -80,7 +82,7 @@ def run(tessera, library_path, args, tmp, env):
     if library_path:
         run_env["LD_LIBRARY_PATH"] = library_path + ":" + env.get("LD_LIBRARY_PATH", "")
     command = [args.mpirun, "-np", "4", "--bind-to", "none", "--oversubscribe", "-x", "LD_LIBRARY_PATH",
-               tessera, "train", "--synthetic", *GPT, "--pp", "2", "--train-steps",
+               tessera, "train", "--synthetic", *gpt_flags(args.num_layers, args.vocab_size), "--pp", "2", "--train-steps",
                str(args.steps + WARMUP), "--optimizer", "adamw", "--lr", "1e-3", "--threads", "1",
                "--bucket-size-mb", args.bucket_size_mb, "--log-interval", "1000", "--metrics", metrics,
                "--trace", trace]
@@ -102,6 +104,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--bucket-size-mb", default="1")
+    parser.add_argument("--num-layers", type=int, default=4)
+    parser.add_argument("--vocab-size", type=int, default=4096, help="the tied table's rows (its bucket waits for the sum)")
     args = parser.parse_args()
 
     env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
@@ -111,7 +115,8 @@ def main():
     builds = [("new", args.tessera, "")]
     if args.baseline:
         builds.append(("baseline", args.baseline, args.baseline_library_path))
-    print(f"pipeline_dp_overlap: {os.cpu_count()} cores, 4 ranks x 1 thread, GPT {' '.join(GPT[2:])}, "
+    print(f"pipeline_dp_overlap: {os.cpu_count()} cores, 4 ranks x 1 thread, "
+          f"GPT {' '.join(gpt_flags(args.num_layers, args.vocab_size)[2:])}, "
           f"bucket {args.bucket_size_mb} MiB", flush=True)
     times = {name: [] for name, _, _ in builds}
     figures = {}
