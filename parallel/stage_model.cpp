@@ -30,38 +30,51 @@ class StageChunks : public nn::Module {
   }
 };
 
-// Interleaved 1F1B: this rank's V chunks of the GPT, chunk v holding the
-// layers of the model's chunk v·pp + stage.
-StageModel build_interleaved_gpt(const nn::ModelConfig& config, const nn::ModelSpec& spec, ProcessGrid& grid,
-                                 bool sequence_parallel, const std::string& pipeline_split, int virtual_stages) {
-  TESSERA_CHECK(config.kind == nn::ModelKind::gpt, "--virtual-pipeline-stages ", virtual_stages,
-                " interleaves the GPT's Transformer blocks; --model ", nn::model_name(config.kind),
-                " trains with --virtual-pipeline-stages 1");
+// The GPT's part on this rank: V chunks (one without interleaving), local
+// chunk v holding the blocks of the model's chunk v·pp + stage, each split
+// over the tensor-parallel group; with the vocabulary-parallel loss when the
+// model is split, the plain one otherwise.
+StageModel build_gpt_stage(const nn::ModelConfig& config, const nn::ModelSpec& spec, ProcessGrid& grid,
+                           bool sequence_parallel, const std::string& pipeline_split, int virtual_stages) {
   const int p = grid.pp_size(), s = grid.pp_rank(), chunks = p * virtual_stages;
-  TESSERA_CHECK(config.num_layers >= chunks, "--pipeline-parallel ", p, " x --virtual-pipeline-stages ", virtual_stages,
-                " = ", chunks, " chunks need at least one Transformer block each, the model has ", config.num_layers,
+  TESSERA_CHECK(virtual_stages == 1 || config.num_layers >= chunks, "--pipeline-parallel ", p,
+                " x --virtual-pipeline-stages ", virtual_stages, " = ", chunks,
+                " chunks need at least one Transformer block each, the model has ", config.num_layers,
                 " (--num-layers); use fewer virtual stages or more layers");
   StageModel stage;
-  stage.bounds = stage_bounds(config, pipeline_split, chunks);
-  auto holder = std::make_unique<StageChunks>(spec);
+  stage.layers.stage = s;
+  stage.layers.stages = p;
+  if (p > 1) stage.bounds = stage_bounds(config, pipeline_split, chunks);
+  std::unique_ptr<StageChunks> holder = virtual_stages > 1 ? std::make_unique<StageChunks>(spec) : nullptr;
   for (int v = 0; v < virtual_stages; ++v) {
     nn::StageLayers layers;
-    layers.stage = v * p + s;
-    layers.stages = chunks;
-    layers.begin = stage.bounds[size_t(layers.stage)];
-    layers.end = stage.bounds[size_t(layers.stage) + 1];
+    if (p > 1) {
+      layers.stage = v * p + s;
+      layers.stages = chunks;
+      layers.begin = stage.bounds[size_t(layers.stage)];
+      layers.end = stage.bounds[size_t(layers.stage) + 1];
+    }
     auto chunk =
         std::make_unique<TensorParallelGpt>(config, spec, TensorParallelism{&grid.tp(), sequence_parallel}, layers);
     TensorParallelGpt* gpt = chunk.get();
-    if (layers.first() || layers.last()) stage.tied_table = gpt->embedding_table();
+    if (p > 1 && (layers.first() || layers.last())) stage.tied_table = gpt->embedding_table();
     if (v == 0) stage.input_shape = [gpt](const Tensor& ids) { return gpt->hidden_shape(ids.size(0), ids.size(1)); };
-    stage.chunks.push_back(&holder->add(std::move(chunk)));
+    if (holder) {
+      stage.chunks.push_back(&holder->add(std::move(chunk)));
+    } else {
+      stage.layers.begin = layers.begin;
+      stage.layers.end = layers.end;
+      stage.module = std::move(chunk);
+      stage.chunks = {stage.module.get()};
+    }
   }
-  stage.layers.stage = s;
-  stage.layers.stages = p;
+  if (holder) stage.module = std::move(holder);
   const int64_t local_vocab = config.vocab_size / grid.tp_size();
-  stage.loss = std::make_unique<VocabParallelCrossEntropy>(grid.tp(), grid.tp_rank() * local_vocab, config.vocab_size);
-  stage.module = std::move(holder);
+  if (grid.tp_size() > 1 || p > 1)
+    stage.loss =
+        std::make_unique<VocabParallelCrossEntropy>(grid.tp(), grid.tp_rank() * local_vocab, config.vocab_size);
+  else
+    stage.loss = std::make_unique<nn::CrossEntropyLoss>();
   return stage;
 }
 
@@ -81,8 +94,11 @@ StageModel build_stage_model(const nn::ModelConfig& config, const nn::ModelSpec&
   TESSERA_CHECK(virtual_stages >= 1, "--virtual-pipeline-stages must be at least 1, got ", virtual_stages);
   TESSERA_CHECK(virtual_stages == 1 || grid.pp_size() > 1, "--virtual-pipeline-stages ", virtual_stages,
                 " splits each pipeline stage into chunks; it needs --pipeline-parallel > 1");
-  if (virtual_stages > 1)
-    return build_interleaved_gpt(config, spec, grid, sequence_parallel, pipeline_split, virtual_stages);
+  TESSERA_CHECK(virtual_stages == 1 || config.kind == nn::ModelKind::gpt, "--virtual-pipeline-stages ", virtual_stages,
+                " interleaves the GPT's Transformer blocks; --model ", nn::model_name(config.kind),
+                " trains with --virtual-pipeline-stages 1");
+  if (config.kind == nn::ModelKind::gpt)
+    return build_gpt_stage(config, spec, grid, sequence_parallel, pipeline_split, virtual_stages);
   StageModel stage;
   stage.layers.stage = grid.pp_rank();
   stage.layers.stages = grid.pp_size();
@@ -90,22 +106,6 @@ StageModel build_stage_model(const nn::ModelConfig& config, const nn::ModelSpec&
     stage.bounds = stage_bounds(config, pipeline_split, grid.pp_size());
     stage.layers.begin = stage.bounds[size_t(stage.layers.stage)];
     stage.layers.end = stage.bounds[size_t(stage.layers.stage) + 1];
-  }
-  if (config.kind == nn::ModelKind::gpt) {
-    auto gpt = std::make_unique<TensorParallelGpt>(config, spec, TensorParallelism{&grid.tp(), sequence_parallel},
-                                                   stage.layers);
-    const int64_t local_vocab = config.vocab_size / grid.tp_size();
-    if (grid.tp_size() > 1 || grid.pp_size() > 1)
-      stage.loss =
-          std::make_unique<VocabParallelCrossEntropy>(grid.tp(), grid.tp_rank() * local_vocab, config.vocab_size);
-    else
-      stage.loss = std::make_unique<nn::CrossEntropyLoss>();
-    if (grid.pp_size() > 1) stage.tied_table = gpt->embedding_table();
-    const TensorParallelGpt* model = gpt.get();
-    stage.input_shape = [model](const Tensor& ids) { return model->hidden_shape(ids.size(0), ids.size(1)); };
-    stage.module = std::move(gpt);
-    stage.chunks = {stage.module.get()};
-    return stage;
   }
   stage.module = nn::build_model(config, spec, stage.layers);
   stage.loss = std::make_unique<nn::CrossEntropyLoss>();
