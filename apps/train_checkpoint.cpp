@@ -126,8 +126,8 @@ io::TensorPiece parameter_piece(const nn::Parameter& p) {
   return piece;
 }
 
-// Where a piece of optimizer state sits: the parameter's shard, or a ZeRO-1
-// range of that shard's flattening.
+// Where a piece of optimizer state (or a ZeRO-3 value piece) sits: the
+// parameter's shard, or a ZeRO range of that shard's flattening.
 io::TensorPiece state_piece(const parallel::OptimizerStateSlice& slice) {
   io::TensorPiece piece;
   piece.name = slice.name;
@@ -143,16 +143,21 @@ io::TensorPiece state_piece(const parallel::OptimizerStateSlice& slice) {
 std::string save_training_checkpoint(const TrainState& s, const Counters& k) {
   const TrainConfig& c = *s.config;
   std::vector<io::TensorPiece> pieces;
-  for (nn::Parameter* p : s.parameters) {
-    io::TensorPiece piece = parameter_piece(*p);
-    piece.local = p->value;
-    // One writer per element: data-parallel replicas and, for tensors every
-    // tensor-parallel rank holds whole, the tp ranks after the first write
-    // nothing; nor does the last pipeline stage's tied copy of the embedding.
-    piece.owner = s.dp_rank == 0 && (p->shard.split || s.tp_rank == 0) && !p->tied_copy;
-    pieces.push_back(std::move(piece));
+  // ZeRO-3: the values exist only as each rank's pieces, written like the optimizer state's.
+  std::vector<parallel::OptimizerStateSlice> slices = s.replica->value_slices();
+  if (slices.empty()) {
+    for (nn::Parameter* p : s.parameters) {
+      io::TensorPiece piece = parameter_piece(*p);
+      piece.local = p->value;
+      // One writer per element: data-parallel replicas and, for tensors every
+      // tensor-parallel rank holds whole, the tp ranks after the first write
+      // nothing; nor does the last pipeline stage's tied copy of the embedding.
+      piece.owner = s.dp_rank == 0 && (p->shard.split || s.tp_rank == 0) && !p->tied_copy;
+      pieces.push_back(std::move(piece));
+    }
   }
-  for (const parallel::OptimizerStateSlice& slice : s.replica->optimizer_state_slices()) {
+  for (parallel::OptimizerStateSlice& slice : s.replica->optimizer_state_slices()) slices.push_back(std::move(slice));
+  for (const parallel::OptimizerStateSlice& slice : slices) {
     io::TensorPiece piece = state_piece(slice);
     piece.local = *slice.local;
     piece.owner = slice.owner && (slice.parameter->shard.split || s.tp_rank == 0) && !slice.parameter->tied_copy;
@@ -231,12 +236,14 @@ Resumed load_training_checkpoint(const TrainState& s, const std::string& path) {
   TESSERA_CHECK(reader.step() == meta.integer("schedule.iteration"), "--resume: checkpoint ", path, " is for step ",
                 reader.step(), " but records iteration ", meta.integer("schedule.iteration"), "; it is damaged");
 
-  // Parameters whole on every rank; optimizer state as this rank's slices.
-  for (nn::Parameter* p : s.parameters) {
+  // Parameters whole on every rank (ZeRO-3: this rank's pieces); optimizer state as this rank's slices.
+  const std::vector<parallel::OptimizerStateSlice> value_slices = s.replica->value_slices();
+  for (nn::Parameter* p : s.parameters)
     TESSERA_CHECK(reader.has_tensor(p->name), "--resume: checkpoint ", path, " has no tensor '", p->name,
                   "' for the model's parameter of that name");
-    read_into(reader, parameter_piece(*p), p->value);
-  }
+  if (value_slices.empty())
+    for (nn::Parameter* p : s.parameters) read_into(reader, parameter_piece(*p), p->value);
+  for (const parallel::OptimizerStateSlice& slice : value_slices) read_into(reader, state_piece(slice), *slice.local);
   for (const parallel::OptimizerStateSlice& slice : s.replica->optimizer_state_slices()) {
     TESSERA_CHECK(reader.has_tensor(slice.name), "--resume: checkpoint ", path, " has no optimizer state '", slice.name,
                   "'; it was saved with --optimizer ", saved_optimizer, " --sgd-momentum ",
@@ -246,7 +253,7 @@ Resumed load_training_checkpoint(const TrainState& s, const std::string& path) {
   nn::Optimizer& optimizer = s.replica->optimizer();
   optimizer.set_step_count(meta.integer("optimizer.step_count"));
   optimizer.values_from_masters();  // the values are the masters' roundings (no-op for f32)
-  s.replica->gather_values();       // ZeRO-1: every rank's pieces to every rank
+  s.replica->gather_values();       // ZeRO-1/2: every rank's pieces to every rank
   if (s.scaler->enabled()) s.scaler->load_state(meta.real("scaler.scale"), meta.integer("scaler.growth_tracker"));
 
   Resumed out;

@@ -171,8 +171,22 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
       .add_flag("--sequence-parallel", c.sequence_parallel,
                 "With --tensor-parallel K > 1: shard LayerNorm and dropout activations along the sequence")
       ->group(parallel);
-  command.add_option("--zero", c.zero, "0: plain data parallelism; 1: optimizer state sharded over ranks (ZeRO-1)")
-      ->check(CLI::IsMember({0, 1}))
+  command
+      .add_option("--zero", c.zero,
+                  "What is sharded over the data-parallel ranks: 0 nothing; 1 optimizer state (ZeRO-1); 2 and "
+                  "gradients (ZeRO-2); 3 and parameters, gathered per block as used (ZeRO-3, FSDP)")
+      ->check(CLI::IsMember({0, 1, 2, 3}))
+      ->group(parallel);
+  command
+      .add_option("--zero-prefetch", c.zero_prefetch,
+                  "With --zero 2/3: units (blocks, embeddings) gathered ahead of use and gradient reductions left in "
+                  "flight; 0 overlaps nothing and holds the least memory")
+      ->check(whole_number_at_least(0))
+      ->group(parallel);
+  command
+      .add_flag("--estimate-memory", c.estimate_memory,
+                "Print every rank's predicted parameter, gradient and optimizer-state bytes for this configuration "
+                "(launch it as you would train) and exit without training")
       ->group(parallel);
   command
       .add_option("--bucket-size-mb", c.bucket_size_mb,
@@ -421,6 +435,11 @@ constexpr Alias kAliases[] = {
     {"sequence-parallelism", "--sequence-parallel", "", ""},
     {"use-distributed-optimizer", "--zero", "1", "the optimizer state sharded over the data-parallel ranks"},
     {"zero-stage", "--zero", "", ""},
+    {"zero-optimization-stage", "--zero", "", ""},
+    {"fsdp", "--zero", "3", "parameters, gradients and optimizer state sharded over the data-parallel ranks"},
+    {"prefetch-count", "--zero-prefetch", "", ""},
+    {"forward-prefetch", "--zero-prefetch", "", ""},
+    {"backward-prefetch", "--zero-prefetch", "", ""},
     {"bf16", "--precision", "bf16", ""},
     {"fp16", "--precision", "fp16", ""},
     {"fp32", "--precision", "fp32", ""},
@@ -673,6 +692,12 @@ void refuse_unused_settings(const CLI::App& command, const TrainConfig& c, const
             "splits each pipeline stage into chunks, and " +
                 setting("--pipeline-parallel", std::to_string(c.pipeline_parallel)) +
                 " has none; add --pipeline-parallel P (P > 1), or drop it");
+  refuse_if("--zero-prefetch", c.zero < 2,
+            "gathers ZeRO-2/3 units ahead, and " + setting("--zero", std::to_string(c.zero)) +
+                " has none; add --zero 2 or 3, or drop it");
+  refuse_if("--bucket-size-mb", c.zero >= 2,
+            "sizes the gradient buckets, and --zero " + std::to_string(c.zero) +
+                " reduces one unit (a block, an embedding, a layer) at a time; drop it");
   refuse_if("--min-lr", c.lr_decay_style == "constant",
             "where the cosine decay ends, and --lr-decay-style constant keeps --lr after the warm-up; use "
             "--lr-decay-style cosine, or drop it");
@@ -728,7 +753,8 @@ void validate(const TrainConfig& c) {
   TESSERA_CHECK(c.eval_interval >= 0 && c.eval_iters >= 0 && c.log_interval > 0,
                 "--eval-interval and --eval-iters must not be negative and --log-interval must be positive");
   TESSERA_CHECK(c.max_skipped_steps > 0, "--max-skipped-steps must be positive, got ", c.max_skipped_steps);
-  TESSERA_CHECK(c.zero == 0 || c.zero == 1, "--zero must be 0 or 1, got ", c.zero);
+  TESSERA_CHECK(c.zero >= 0 && c.zero <= 3, "--zero must be 0, 1, 2 or 3, got ", c.zero);
+  TESSERA_CHECK(c.zero_prefetch >= 0, "--zero-prefetch must not be negative, got ", c.zero_prefetch);
   TESSERA_CHECK(c.tensor_parallel >= 1, "--tensor-parallel must be at least 1, got ", c.tensor_parallel);
   TESSERA_CHECK(c.pipeline_parallel >= 1, "--pipeline-parallel must be at least 1, got ", c.pipeline_parallel);
   const nn::ModelTraits& model = nn::model_traits(nn::parse_model_kind(c.model));
@@ -787,7 +813,8 @@ std::string describe(const TrainConfig& c) {
       << "\ntensor_parallel=" << c.tensor_parallel << " sequence_parallel=" << c.sequence_parallel
       << " pipeline_parallel=" << c.pipeline_parallel << " pipeline_schedule=" << c.pipeline_schedule
       << " pipeline_split=" << c.pipeline_split << " virtual_pipeline_stages=" << c.virtual_pipeline_stages
-      << " zero=" << c.zero << " bucket_size_mb=" << c.bucket_size_mb << " comm_backend=" << c.comm_backend
+      << " zero=" << c.zero << " zero_prefetch=" << c.zero_prefetch
+      << " bucket_size_mb=" << c.bucket_size_mb << " comm_backend=" << c.comm_backend
       << " comm_timeout=" << c.comm_timeout << "\neval_interval=" << c.eval_interval << " eval_iters=" << c.eval_iters
       << " metrics=" << c.metrics << " trace=" << c.trace;
   if (!c.save.empty() || !c.resume.empty())
@@ -859,6 +886,8 @@ std::vector<std::pair<std::string, std::string>> settings(const TrainConfig& c) 
       {"pipeline-split", c.pipeline_split},
       {"virtual-pipeline-stages", std::to_string(c.virtual_pipeline_stages)},
       {"zero", std::to_string(c.zero)},
+      {"zero-prefetch", std::to_string(c.zero_prefetch)},
+      {"estimate-memory", flag(c.estimate_memory)},
       {"bucket-size-mb", exact(c.bucket_size_mb)},
       {"comm-backend", c.comm_backend},
       {"comm-timeout", exact(c.comm_timeout)},

@@ -66,7 +66,9 @@ struct TrainConfig {
   std::string pipeline_schedule = "1f1b";  // --pipeline-schedule gpipe|1f1b
   std::string pipeline_split;              // --pipeline-split 0,5,9,12: stage boundaries (empty: balanced)
   int virtual_pipeline_stages = 1;         // --virtual-pipeline-stages V: model chunks per stage (interleaved 1F1B)
-  int zero = 0;                            // --zero 0|1: 1 shards the optimizer state over the ranks (ZeRO-1)
+  int zero = 0;                            // --zero 0-3: optimizer state (1), + gradients (2), + parameters (3) sharded
+  int zero_prefetch = 1;                   // --zero-prefetch: ZeRO-2/3 units gathered ahead / reductions in flight
+  bool estimate_memory = false;            // --estimate-memory: print the per-rank model-state bytes, do not train
   double bucket_size_mb = 25.0;            // --bucket-size-mb: gradient all-reduce bucket size (MiB of f32)
   std::string comm_backend = "auto";  // --comm-backend auto|mpi|nccl (auto: NCCL for CUDA devices when built, else MPI)
   double comm_timeout = 300.0;        // --comm-timeout: seconds any collective or transfer may take (0: no limit)

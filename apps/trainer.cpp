@@ -48,6 +48,7 @@
 #include "nn/lr_schedule.h"
 #include "nn/models.h"
 #include "nn/optimizer.h"
+#include "parallel/memory_plan.h"
 #include "parallel/data_parallel.h"
 #include "parallel/library_versions.h"
 #include "parallel/local_communicator.h"
@@ -220,13 +221,12 @@ class BatchSource {
 
 // The name of the first parameter whose gradient holds an inf or NaN (for the
 // message when the run has to stop).
-std::string first_non_finite_gradient(const std::vector<nn::Parameter*>& parameters) {
-  for (nn::Parameter* p : parameters) {
-    Tensor out = p->grad.context().empty(Shape{1}, DType::f32, p->grad.device());
-    ops::sum_squares(p->grad, out);
-    if (!std::isfinite(out.to_vector<float>()[0])) return p->name;
-  }
-  return "(none: the norm itself overflowed)";
+// The tensor to name when a run stops on non-finite gradients (this rank's view).
+std::string non_finite_gradient_text(parallel::DataParallel& replica) {
+  const std::string name = replica.first_non_finite_gradient();
+  if (!name.empty()) return name;
+  return replica.zero_stage() >= 2 ? "(none in this rank's pieces: another rank's, or the norm itself overflowed)"
+                                   : "(none: the norm itself overflowed)";
 }
 
 // Evaluation sharded over the data-parallel ranks: each evaluates its share
@@ -473,15 +473,18 @@ int64_t micro_batches_per_step(const TrainConfig& c, int data_parallel) {
   return c.global_batch_size > 0 ? c.global_batch_size / per_step : 1;
 }
 
-// The replica's options: --zero and --bucket-size-mb, the norm's groups and
+// The replica's options: --zero, its units and --zero-prefetch, --bucket-size-mb, the norm's groups and
 // rule (a tied copy counts nowhere, a replicated parameter on tp rank 0), the
 // tied table reduced after its two copies are summed, events into the trace.
 parallel::DataParallelOptions data_parallel_options(const TrainConfig& c, parallel::ProcessGrid& grid,
                                                     parallel::Communicator* model_group,
-                                                    const nn::Parameter* tied_table, io::TraceWriter& trace) {
+                                                    const nn::Parameter* tied_table, nn::Module& model,
+                                                    io::TraceWriter& trace) {
   parallel::DataParallelOptions options;
   options.zero_stage = c.zero;
   options.bucket_size_mb = c.bucket_size_mb;
+  if (c.zero >= 2) options.units = nn::sharding_units(model);  // blocks, embeddings, ln_f; the MLP's/CNN's layers
+  options.prefetch = int(c.zero_prefetch);
   options.model_parallel = model_group ? model_group : &grid.tp();
   const int tp_rank = grid.tp_rank();
   options.counts_in_norm = [tp_rank](const nn::Parameter& p) {
@@ -493,7 +496,8 @@ parallel::DataParallelOptions data_parallel_options(const TrainConfig& c, parall
   if (trace.enabled()) {
     options.clock = [&trace] { return trace.now_ns(); };
     options.on_event = [&trace](const parallel::CommEvent& event) {
-      trace.complete(event.name + " bucket " + std::to_string(event.bucket), "comm", event.start_ns, event.end_ns);
+      trace.complete(event.name + (event.unit ? " unit " : " bucket ") + std::to_string(event.bucket), event.category,
+                     event.start_ns, event.end_ns);
     };
   }
   return options;
@@ -674,6 +678,12 @@ void print_summary(const TrainConfig& c, const TrainResult& result, const std::s
               result.last_loss, result.median_ms_per_step);
   if (result.skipped_steps) std::printf(", %lld skipped", static_cast<long long>(result.skipped_steps));
   std::printf("\n");
+  const TrainResult::PeakMemory& m = result.peak_memory;
+  std::printf("memory (rank 0, peak of a step): parameters %s, gradients %s, optimizer state %s (together %s), "
+              "activations and workspaces %s\n",
+              parallel::byte_text(m.parameters).c_str(), parallel::byte_text(m.gradients).c_str(),
+              parallel::byte_text(m.optimizer).c_str(), parallel::byte_text(m.model_state).c_str(),
+              parallel::byte_text(m.activations).c_str());
   if (!c.metrics.empty())
     std::printf("metrics: %s (plot with: tessera plot %s -o curves.svg)\n", c.metrics.c_str(), c.metrics.c_str());
   if (!c.trace.empty())
@@ -697,6 +707,73 @@ nn::LrScheduleConfig lr_schedule_config(const TrainConfig& c, int64_t total_step
   schedule.warmup_steps = c.warmup_steps;
   schedule.total_steps = total_steps;
   return schedule;
+}
+
+// --estimate-memory: this rank's predicted model-state bytes
+// (parallel/memory_plan.h) from its sharding units, gathered to every rank;
+// rank 0 prints one line per rank and the formula with its own numbers.
+std::vector<std::array<int64_t, 3>> estimate_memory(const TrainConfig& c, nn::Module& model, int data_parallel,
+                                                    int64_t micro_batches, DType dtype, parallel::Communicator& world,
+                                                    Context& ctx) {
+  parallel::MemoryPlanInput input;
+  for (nn::Module* unit : nn::sharding_units(model)) {
+    // This rank's elements (its tensor-parallel shards), and whether it is the
+    // GPT's table (or its tied copy): used by the head at the start of
+    // backward and by the embedding at its end, its gradient lives throughout.
+    int64_t elements = 0;
+    bool held = false;
+    for (const nn::Parameter* p : unit->parameters()) {
+      elements += p->value.numel();
+      held |= p->name == "wte.weight";
+    }
+    input.unit_elements.push_back(elements);
+    input.unit_held.push_back(held);
+  }
+  input.value_bytes = int64_t(dtype_size(dtype));
+  input.optimizer_bytes = parallel::optimizer_bytes_per_element(optimizer_config(c), dtype);
+  input.data_parallel = data_parallel;
+  input.zero_stage = c.zero;
+  input.prefetch = int(c.zero_prefetch);
+  input.accumulates = micro_batches > 1;
+  const parallel::MemoryPlan plan = parallel::predict_memory(input);
+  Tensor mine = ctx.from_vector(Shape{3}, std::vector<int64_t>{plan.parameters, plan.gradients, plan.optimizer},
+                                Device::cpu());
+  Tensor all = ctx.empty(Shape{3 * int64_t(world.size())}, DType::i64, Device::cpu());
+  world.all_gather(mine, all)->wait();
+  const std::vector<int64_t> values = all.to_vector<int64_t>();
+  std::vector<std::array<int64_t, 3>> out;
+  for (int r = 0; r < world.size(); ++r) out.push_back({values[size_t(3 * r)], values[size_t(3 * r + 1)],
+                                                        values[size_t(3 * r + 2)]});
+  if (world.rank() == 0) {
+    std::printf("predicted memory per rank (--zero %d, --zero-prefetch %lld; parameters + gradients + optimizer "
+                "state, before activations):\n",
+                c.zero, static_cast<long long>(c.zero_prefetch));
+    for (int r = 0; r < world.size(); ++r) {
+      const auto& [parameters, gradients, optimizer] = out[size_t(r)];
+      std::printf("  rank %d: %s = parameters %s + gradients %s + optimizer %s\n", r,
+                  parallel::byte_text(parameters + gradients + optimizer).c_str(),
+                  parallel::byte_text(parameters).c_str(), parallel::byte_text(gradients).c_str(),
+                  parallel::byte_text(optimizer).c_str());
+    }
+    std::printf("rank 0: %s\n", plan.formula.c_str());
+    std::fflush(stdout);
+  }
+  return out;
+}
+
+// This step's peaks (the allocator's counters since the step began) into
+// the metrics record and the run's peaks.
+void record_memory(const AllocatorStats& stats, io::StepRecord& record, TrainResult::PeakMemory& peak) {
+  const auto bytes = [&](MemoryUse use) { return int64_t(stats.peak_by_use[int(use)]); };
+  const int64_t values[5] = {bytes(MemoryUse::parameters), bytes(MemoryUse::gradients), bytes(MemoryUse::optimizer),
+                             bytes(MemoryUse::other), int64_t(stats.peak_model_state_bytes)};
+  const char* names[5] = {"mem_parameters_bytes", "mem_gradients_bytes", "mem_optimizer_bytes",
+                          "mem_activations_bytes", "mem_model_state_bytes"};
+  int64_t* peaks[5] = {&peak.parameters, &peak.gradients, &peak.optimizer, &peak.activations, &peak.model_state};
+  for (int i = 0; i < 5; ++i) {
+    record.extra.emplace_back(names[i], double(values[i]));
+    *peaks[i] = std::max(*peaks[i], values[i]);
+  }
 }
 
 // The MPI and NCCL libraries, and what the topology says this node's rank 0
@@ -797,8 +874,14 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   trace_options.rank = world->rank();
   trace_options.world_size = world->size();
   io::TraceWriter trace(trace_options);
+  if (c.estimate_memory) {
+    TrainResult estimate;
+    estimate.data_parallel_size = dp.size();
+    estimate.memory_estimate = estimate_memory(c, *model, dp.size(), accumulation, dtype, *world, ctx);
+    return estimate;
+  }
   parallel::DataParallel replica(parameters, dp, optimizer_config(c),
-                                 data_parallel_options(c, grid, groups.model.get(), tied_table, trace));
+                                 data_parallel_options(c, grid, groups.model.get(), tied_table, *model, trace));
   nn::GradScaler scaler = nn::GradScaler::for_dtype(dtype);
   // The step: the same driver for every layout (one stage is the degenerate pipeline).
   parallel::TrainStepParts step_parts;
@@ -884,6 +967,7 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
                 static_cast<long long>(counters.step), static_cast<long long>(total_steps));
   for (int64_t step = counters.step; step < total_steps; ++step) {
     inject_step_faults(step + 1, world->rank(), source, device);
+    ctx.allocator(device).reset_peak_stats();  // this step's memory peaks (record_memory)
     const auto start = Clock::now();
     const int64_t trace_start = trace.enabled() ? trace.now_ns() : 0;
     const int64_t tp_bytes_before = grid.tp().counters().total_bytes();
@@ -902,7 +986,7 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
       ++result.skipped_steps;
       TESSERA_CHECK(++consecutive_skips < c.max_skipped_steps, "step ", step + 1, ": non-finite gradients in ",
                     consecutive_skips,
-                    " consecutive steps (first non-finite gradient: ", first_non_finite_gradient(parameters),
+                    " consecutive steps (first non-finite gradient: ", non_finite_gradient_text(replica),
                     "); lower --lr, enable --clip-grad, or check the data; the run stops here");
     } else if (skipped) {
       ++result.skipped_steps;
@@ -920,6 +1004,7 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
     else
       record.samples_per_s = double(samples_per_step) / seconds;
     if (scaler.enabled()) record.loss_scale = outcome.loss_scale;
+    record_memory(ctx.allocator(device).stats(), record, result.peak_memory);
     // Bytes this rank's tensor-parallel group moved in the step (counted by the communicator).
     if (grid.tp_size() > 1)
       record.extra.emplace_back("tp_comm_bytes", double(grid.tp().counters().total_bytes() - tp_bytes_before));

@@ -11,6 +11,7 @@
 // so it can be called several times in one process.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -35,7 +36,16 @@ struct TrainResult {
   double median_ms_per_step = 0.0;
   std::vector<double> losses;         // every step's training loss, averaged over the ranks (same on all)
   int data_parallel_size = 1;         // ranks that trained the model together
-  int64_t optimizer_state_bytes = 0;  // this rank's optimizer state (1/dp of it under --zero 1)
+  int64_t optimizer_state_bytes = 0;  // this rank's optimizer state (1/dp of it under --zero 1-3)
+  // This rank's peak bytes over the steps, by the allocator's counters per
+  // MemoryUse: parameters, gradients, optimizer state, the rest (activations,
+  // workspaces, batches), and parameters + gradients + optimizer at one time.
+  struct PeakMemory {
+    int64_t parameters = 0, gradients = 0, optimizer = 0, activations = 0, model_state = 0;
+  } peak_memory;
+  // --estimate-memory: every rank's predicted parameters, gradients and
+  // optimizer bytes (parallel/memory_plan.h), in rank order; no steps run.
+  std::vector<std::array<int64_t, 3>> memory_estimate;
 
   // Checkpoints and resuming.
   int64_t start_step = 0;    // the step this call began at (the checkpoint's when resumed, else 0)

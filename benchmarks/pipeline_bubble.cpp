@@ -46,7 +46,7 @@ class SleepingStage : public nn::Module {
  public:
   SleepingStage(const nn::ModelSpec& spec, std::chrono::microseconds forward)
       : Module(spec, "sleeping"), forward_(forward) {}
-  Tensor forward(const Tensor& input, nn::Saved& saved, const nn::Pass&) override {
+  Tensor forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass&) override {
     std::this_thread::sleep_for(forward_);
     saved.scalars = {1};
     return input.clone();

@@ -2,6 +2,7 @@
 // pinned memory through an accelerator's runtime.
 #include "core/allocator.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 #include <sstream>
@@ -11,6 +12,29 @@
 #include "core/error.h"
 
 namespace tessera {
+
+namespace {
+thread_local MemoryUse current_memory_use = MemoryUse::other;
+}  // namespace
+
+const char* memory_use_name(MemoryUse use) {
+  switch (use) {
+    case MemoryUse::parameters:
+      return "parameters";
+    case MemoryUse::gradients:
+      return "gradients";
+    case MemoryUse::optimizer:
+      return "optimizer";
+    case MemoryUse::other:
+      break;
+  }
+  return "other";
+}
+
+MemoryUseScope::MemoryUseScope(MemoryUse use) : previous_(current_memory_use) { current_memory_use = use; }
+MemoryUseScope::~MemoryUseScope() { current_memory_use = previous_; }
+MemoryUse MemoryUseScope::current() { return current_memory_use; }
+
 namespace {
 
 size_t round_up(size_t value, size_t multiple) {
@@ -122,8 +146,10 @@ void* CachingAllocator::allocate(size_t bytes, StreamKey stream) {
     free_blocks_.insert(rest);
   }
   block->in_use = true;
+  block->use = MemoryUseScope::current();
   live_blocks_.emplace(block->ptr, block);
   stats_.allocated_bytes += block->size;
+  stats_.allocated_by_use[int(block->use)] += block->size;
   update_peaks();
   return block->ptr;
 }
@@ -177,6 +203,7 @@ void CachingAllocator::deallocate(void* ptr) noexcept {
   Block* block = it->second;
   live_blocks_.erase(it);
   stats_.allocated_bytes -= block->size;
+  stats_.allocated_by_use[int(block->use)] -= block->size;
   block->in_use = false;
   // Merge with free neighbours of the same segment.
   if (Block* next = block->next; next && !next->in_use) {
@@ -227,6 +254,8 @@ void CachingAllocator::reset_peak_stats() {
   std::lock_guard lock(mutex_);
   stats_.peak_allocated_bytes = stats_.allocated_bytes;
   stats_.peak_reserved_bytes = stats_.reserved_bytes;
+  for (int use = 0; use < kMemoryUses; ++use) stats_.peak_by_use[use] = stats_.allocated_by_use[use];
+  stats_.peak_model_state_bytes = stats_.model_state_bytes();
   stats_.allocations = 0;
   stats_.cache_hits = 0;
 }
@@ -234,6 +263,9 @@ void CachingAllocator::reset_peak_stats() {
 void CachingAllocator::update_peaks() {
   if (stats_.allocated_bytes > stats_.peak_allocated_bytes) stats_.peak_allocated_bytes = stats_.allocated_bytes;
   if (stats_.reserved_bytes > stats_.peak_reserved_bytes) stats_.peak_reserved_bytes = stats_.reserved_bytes;
+  for (int use = 0; use < kMemoryUses; ++use)
+    stats_.peak_by_use[use] = std::max(stats_.peak_by_use[use], stats_.allocated_by_use[use]);
+  stats_.peak_model_state_bytes = std::max(stats_.peak_model_state_bytes, stats_.model_state_bytes());
 }
 
 size_t CachingAllocator::block_size(void* ptr) const {

@@ -7,6 +7,11 @@
 //   - a larger cached block is split, and a freed block is merged with free
 //     neighbours from the same segment (one MemorySource allocation);
 //   - allocated / reserved / peak byte counters, with a reset of the peaks;
+//   - the same counters per use (parameters, gradients, optimizer state, the
+//     rest: activations and workspaces), the use set by a MemoryUseScope on
+//     the allocating thread, and the peak of the model state (parameters +
+//     gradients + optimizer state together), which ZeRO's memory tests and
+//     metrics read;
 //   - when the source runs out, unused segments are released and the request
 //     retried before an out-of-memory error is thrown.
 // Because the source is an interface, the whole caching policy is tested on
@@ -29,6 +34,26 @@ namespace tessera {
 // Identifies the stream an allocation is used on (cudaStream_t, or nullptr on the CPU).
 using StreamKey = const void*;
 
+// What an allocation holds. Set for a thread by MemoryUseScope; everything
+// else (activations, workspaces, communication scratch) counts as `other`.
+enum class MemoryUse : uint8_t { other = 0, parameters, gradients, optimizer };
+inline constexpr int kMemoryUses = 4;
+const char* memory_use_name(MemoryUse use);  // "other", "parameters", "gradients", "optimizer"
+
+// Marks the allocations this thread makes while it lives as `use` (nested
+// scopes restore the outer use).
+class MemoryUseScope {
+ public:
+  explicit MemoryUseScope(MemoryUse use);
+  ~MemoryUseScope();
+  MemoryUseScope(const MemoryUseScope&) = delete;
+  MemoryUseScope& operator=(const MemoryUseScope&) = delete;
+  static MemoryUse current();
+
+ private:
+  MemoryUse previous_;
+};
+
 struct AllocatorStats {
   size_t allocated_bytes = 0;       // bytes in blocks handed out and not yet freed
   size_t reserved_bytes = 0;        // bytes obtained from the memory source
@@ -37,6 +62,17 @@ struct AllocatorStats {
   uint64_t allocations = 0;  // allocate() calls since the last reset
   uint64_t cache_hits = 0;   // of which served from cached blocks
   uint64_t segments = 0;     // live allocations from the memory source
+  // Per MemoryUse (indexed by its value): bytes allocated now, and the peak
+  // of each since the last reset.
+  size_t allocated_by_use[kMemoryUses] = {};
+  size_t peak_by_use[kMemoryUses] = {};
+  // The highest parameters + gradients + optimizer bytes held at one time
+  // since the last reset (not the sum of the three peaks).
+  size_t peak_model_state_bytes = 0;
+  size_t model_state_bytes() const {
+    return allocated_by_use[int(MemoryUse::parameters)] + allocated_by_use[int(MemoryUse::gradients)] +
+           allocated_by_use[int(MemoryUse::optimizer)];
+  }
 };
 
 class MemorySource {
@@ -100,6 +136,7 @@ class CachingAllocator final : public Allocator {
     StreamKey stream = nullptr;
     bool small_pool = false;  // cut from a small segment (small requests only)
     bool in_use = false;
+    MemoryUse use = MemoryUse::other;  // while in use
     Block* prev = nullptr;  // neighbours in the same segment
     Block* next = nullptr;
     char* segment = nullptr;  // base of the segment this block was cut from

@@ -20,6 +20,13 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, size_t offset_bytes, Shape shap
                 " bytes");
 }
 
+Tensor Tensor::placeholder(Shape shape, DType dtype) {
+  Tensor out;
+  out.shape_ = shape;
+  out.dtype_ = dtype;
+  return out;
+}
+
 Device Tensor::device() const {
   TESSERA_CHECK(defined(), "device() of an undefined tensor");
   return storage_->device();

@@ -28,6 +28,11 @@ class Tensor {
  public:
   Tensor() = default;  // undefined: holds no storage
   Tensor(std::shared_ptr<Storage> storage, size_t offset_bytes, Shape shape, DType dtype);
+  // An undefined tensor that still knows its shape and dtype (no storage):
+  // what a ZeRO-3 parameter's value is while its unit is not gathered, so
+  // code that counts or describes parameters keeps working and code that
+  // reads data fails (data of an undefined tensor).
+  static Tensor placeholder(Shape shape, DType dtype);
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }

@@ -123,7 +123,7 @@ Tensor linear_rows_backward(const Tensor& dy, const Tensor& x, const Tensor& kep
   return dx;
 }
 
-Tensor Linear::forward(const Tensor& input, Saved& saved, const Pass&) {
+Tensor Linear::forward_impl(const Tensor& input, Saved& saved, const Pass&) {
   check_activation(*this, input);
   check_last_dim(*this, input, in_);
   const Tensor x = input.reshape({-1, in_});
@@ -166,7 +166,7 @@ Conv2d::Conv2d(const ModelSpec& spec, std::string name, int64_t in_channels, int
   }
 }
 
-Tensor Conv2d::forward(const Tensor& input, Saved& saved, const Pass&) {
+Tensor Conv2d::forward_impl(const Tensor& input, Saved& saved, const Pass&) {
   check_activation(*this, input);
   Tensor y = context().empty(ops::conv2d_output_shape(input.shape(), weight_->value.shape(), params_), spec().dtype,
                              spec().device);
@@ -205,7 +205,7 @@ MaxPool2d::MaxPool2d(const ModelSpec& spec, std::string name, int kernel_size, i
   params_.pad_h = params_.pad_w = padding;
 }
 
-Tensor MaxPool2d::forward(const Tensor& input, Saved& saved, const Pass&) {
+Tensor MaxPool2d::forward_impl(const Tensor& input, Saved& saved, const Pass&) {
   check_activation(*this, input);
   const Shape out = ops::maxpool2d_output_shape(input.shape(), params_);
   Tensor y = context().empty(out, input.dtype(), input.device());
@@ -227,7 +227,7 @@ Tensor MaxPool2d::backward_impl(const Tensor& grad_output, Saved& saved) {
   return dx;
 }
 
-Tensor ReLU::forward(const Tensor& input, Saved& saved, const Pass&) {
+Tensor ReLU::forward_impl(const Tensor& input, Saved& saved, const Pass&) {
   check_activation(*this, input);
   Tensor y = empty_like(input);
   ops::relu_forward(input, y);
@@ -244,7 +244,7 @@ Tensor ReLU::backward_impl(const Tensor& grad_output, Saved& saved) {
   return dx;
 }
 
-Tensor GELU::forward(const Tensor& input, Saved& saved, const Pass&) {
+Tensor GELU::forward_impl(const Tensor& input, Saved& saved, const Pass&) {
   check_activation(*this, input);
   Tensor y = empty_like(input);
   ops::gelu_forward(input, y);
@@ -275,7 +275,7 @@ LayerNorm::LayerNorm(const ModelSpec& spec, std::string name, int64_t dim, float
   }
 }
 
-Tensor LayerNorm::forward(const Tensor& input, Saved& saved, const Pass&) {
+Tensor LayerNorm::forward_impl(const Tensor& input, Saved& saved, const Pass&) {
   check_activation(*this, input);
   check_last_dim(*this, input, dim_);
   const int64_t rows = input.numel() / dim_;
@@ -314,7 +314,7 @@ RMSNorm::RMSNorm(const ModelSpec& spec, std::string name, int64_t dim, float eps
   init_constant(*weight_, 1.0f);
 }
 
-Tensor RMSNorm::forward(const Tensor& input, Saved& saved, const Pass&) {
+Tensor RMSNorm::forward_impl(const Tensor& input, Saved& saved, const Pass&) {
   check_activation(*this, input);
   check_last_dim(*this, input, dim_);
   Tensor y = empty_like(input);
@@ -349,7 +349,7 @@ Dropout::Dropout(const ModelSpec& spec, std::string name, float p) : Module(spec
                 "; check --dropout");
 }
 
-Tensor Dropout::forward(const Tensor& input, Saved& saved, const Pass& pass) {
+Tensor Dropout::forward_impl(const Tensor& input, Saved& saved, const Pass& pass) {
   saved.clear();
   if (!training() || p_ == 0.0f) return input;  // no state saved: backward is the identity too
   check_activation(*this, input);
@@ -377,7 +377,7 @@ Embedding::Embedding(const ModelSpec& spec, std::string name, int64_t vocab_size
   init_normal(*weight_, 1.0f);
 }
 
-Tensor Embedding::forward(const Tensor& input, Saved& saved, const Pass&) {
+Tensor Embedding::forward_impl(const Tensor& input, Saved& saved, const Pass&) {
   TESSERA_CHECK(input.dtype() == DType::i32 || input.dtype() == DType::i64, name(), ": ids must be i32 or i64, got ",
                 dtype_name(input.dtype()));
   TESSERA_CHECK(input.device() == spec().device, name(), ": ids are on ", input.device().to_string(),
@@ -412,7 +412,7 @@ PositionEmbedding::PositionEmbedding(const ModelSpec& spec, std::string name, in
 }
 
 // Adding weight[:T] to every sequence is a bias add over rows of T·C values.
-Tensor PositionEmbedding::forward(const Tensor& input, Saved& saved, const Pass&) {
+Tensor PositionEmbedding::forward_impl(const Tensor& input, Saved& saved, const Pass&) {
   check_activation(*this, input);
   TESSERA_CHECK(input.ndim() == 3 && input.size(2) == dim_, name(), ": the input has shape ", input.shape().to_string(),
                 ", expected [B, T, ", dim_, "]");
@@ -441,7 +441,7 @@ Tensor PositionEmbedding::backward_impl(const Tensor& grad_output, Saved& saved)
   return grad_output;
 }
 
-Tensor Flatten::forward(const Tensor& input, Saved& saved, const Pass&) {
+Tensor Flatten::forward_impl(const Tensor& input, Saved& saved, const Pass&) {
   TESSERA_CHECK(input.ndim() >= 1, name(), ": cannot flatten a scalar");
   saved.clear();
   saved.push_shape(input.shape());
@@ -455,7 +455,7 @@ Tensor Flatten::backward_impl(const Tensor& grad_output, Saved& saved) {
   return grad_output.defined() ? grad_output.view(shape) : Tensor();
 }
 
-Tensor InputCast::forward(const Tensor& input, Saved& saved, const Pass&) {
+Tensor InputCast::forward_impl(const Tensor& input, Saved& saved, const Pass&) {
   saved.clear();
   if (input.dtype() == spec().dtype) return input;
   TESSERA_CHECK(is_floating(input.dtype()), name(), ": the input is ", dtype_name(input.dtype()),
@@ -514,7 +514,7 @@ Tensor attention_from_qkv_backward(const Module& self, Module& proj, Module& dro
   return grad_qkv.view(Shape{qkv.size(0), qkv.size(1), 3 * qkv.size(3) * qkv.size(4)});
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& input, Saved& saved, const Pass& pass) {
+Tensor CausalSelfAttention::forward_impl(const Tensor& input, Saved& saved, const Pass& pass) {
   check_activation(*this, input);
   TESSERA_CHECK(input.ndim() == 3 && input.size(2) == hidden_, name(), ": the input has shape ",
                 input.shape().to_string(), ", expected [B, T, ", hidden_, "]");
@@ -536,7 +536,7 @@ MlpBlock::MlpBlock(const ModelSpec& spec, std::string name, int64_t hidden, int6
   dropout_ = &add_child<Dropout>(spec, child_name("dropout"), dropout);
 }
 
-Tensor MlpBlock::forward(const Tensor& input, Saved& saved, const Pass& pass) {
+Tensor MlpBlock::forward_impl(const Tensor& input, Saved& saved, const Pass& pass) {
   Tensor y = fc_->forward(input, saved.child(0), pass);
   y = proj_->forward(y, saved.child(1), pass);
   return dropout_->forward(y, saved.child(2), pass);
@@ -583,7 +583,7 @@ Tensor PreLnBlock::backward_all(const Tensor& grad_output, Saved& saved) {
   return dx;
 }
 
-Tensor PreLnBlock::forward(const Tensor& input, Saved& saved, const Pass& pass) {
+Tensor PreLnBlock::forward_impl(const Tensor& input, Saved& saved, const Pass& pass) {
   saved.clear();
   if (!recompute_) return forward_all(input, saved, pass);
   Tensor y;
@@ -622,7 +622,7 @@ TransformerBlock::TransformerBlock(const ModelSpec& spec, std::string name, int6
 // ---------------------------------------------------------------------------
 // Sequential
 // ---------------------------------------------------------------------------
-Tensor Sequential::forward(const Tensor& input, Saved& saved, const Pass& pass) {
+Tensor Sequential::forward_impl(const Tensor& input, Saved& saved, const Pass& pass) {
   Tensor x = input;
   for (size_t i = 0; i < layers_.size(); ++i) x = layers_[i]->forward(x, saved.child(i), pass);
   return x;

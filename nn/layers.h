@@ -58,7 +58,7 @@ class Linear : public Module {
  public:
   Linear(const ModelSpec& spec, std::string name, int64_t in_features, int64_t out_features, bool bias = true,
          ops::Activation activation = ops::Activation::none);
-  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
 
   // False: backward returns no input gradient (the first layer of a network
@@ -83,7 +83,7 @@ class Conv2d : public Module {
  public:
   Conv2d(const ModelSpec& spec, std::string name, int64_t in_channels, int64_t out_channels, int kernel_size,
          int stride = 1, int padding = 0, bool bias = true);
-  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
   void set_input_grad(bool needed) { input_grad_ = needed; }
   Parameter& weight() { return *weight_; }
@@ -100,7 +100,7 @@ class Conv2d : public Module {
 class MaxPool2d : public Module {
  public:
   MaxPool2d(const ModelSpec& spec, std::string name, int kernel_size, int stride = 0, int padding = 0);
-  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
 
  private:
@@ -110,7 +110,7 @@ class MaxPool2d : public Module {
 class ReLU : public Module {
  public:
   ReLU(const ModelSpec& spec, std::string name) : Module(spec, std::move(name)) {}
-  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
 };
 
@@ -118,7 +118,7 @@ class ReLU : public Module {
 class GELU : public Module {
  public:
   GELU(const ModelSpec& spec, std::string name) : Module(spec, std::move(name)) {}
-  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
 };
 
@@ -126,7 +126,7 @@ class GELU : public Module {
 class LayerNorm : public Module {
  public:
   LayerNorm(const ModelSpec& spec, std::string name, int64_t dim, float eps = 1e-5f, bool bias = true);
-  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
   Parameter& weight() { return *weight_; }
   Parameter* bias() { return bias_; }
@@ -142,7 +142,7 @@ class LayerNorm : public Module {
 class RMSNorm : public Module {
  public:
   RMSNorm(const ModelSpec& spec, std::string name, int64_t dim, float eps = 1e-5f);
-  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
   Parameter& weight() { return *weight_; }
 
@@ -158,7 +158,7 @@ class RMSNorm : public Module {
 class Dropout : public Module {
  public:
   Dropout(const ModelSpec& spec, std::string name, float p);
-  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
   float p() const { return p_; }
 
@@ -171,7 +171,7 @@ class Dropout : public Module {
 class Embedding : public Module {
  public:
   Embedding(const ModelSpec& spec, std::string name, int64_t vocab_size, int64_t dim);
-  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
   Parameter& weight() { return *weight_; }
 
@@ -185,7 +185,7 @@ class Embedding : public Module {
 class PositionEmbedding : public Module {
  public:
   PositionEmbedding(const ModelSpec& spec, std::string name, int64_t max_tokens, int64_t dim);
-  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
   Parameter& weight() { return *weight_; }
   // Sequence parallelism: the input holds positions [r·T', (r+1)·T') of each
@@ -205,7 +205,7 @@ class PositionEmbedding : public Module {
 class Flatten : public Module {
  public:
   Flatten(const ModelSpec& spec, std::string name) : Module(spec, std::move(name)) {}
-  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
 };
 
@@ -214,7 +214,7 @@ class Flatten : public Module {
 class InputCast : public Module {
  public:
   InputCast(const ModelSpec& spec, std::string name) : Module(spec, std::move(name)) {}
-  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
 };
 
@@ -236,7 +236,7 @@ Tensor attention_from_qkv_backward(const Module& self, Module& proj, Module& dro
 class CausalSelfAttention : public Module {
  public:
   CausalSelfAttention(const ModelSpec& spec, std::string name, int64_t hidden, int64_t heads, float dropout = 0.0f);
-  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
   Linear& qkv() { return *qkv_; }
   Linear& proj() { return *proj_; }
@@ -253,7 +253,7 @@ class CausalSelfAttention : public Module {
 class MlpBlock : public Module {
  public:
   MlpBlock(const ModelSpec& spec, std::string name, int64_t hidden, int64_t ffn_hidden, float dropout = 0.0f);
-  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
   Linear& fc() { return *fc_; }
   Linear& proj() { return *proj_; }
@@ -273,10 +273,11 @@ class MlpBlock : public Module {
 // parallel/tensor_parallel.h) as children 0..3 and hand them to set_parts().
 class PreLnBlock : public Module {
  public:
-  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
   void set_recompute(bool recompute) { recompute_ = recompute; }
   bool recompute() const { return recompute_; }
+  bool shards_as_one_unit() const override { return true; }  // ZeRO-3 gathers a block at once
 
  protected:
   PreLnBlock(const ModelSpec& spec, std::string name, bool recompute)
@@ -323,7 +324,7 @@ class Sequential : public Module {
     layers_.push_back(&child);
     return child;
   }
-  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) override;
+  Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
   size_t size() const { return layers_.size(); }
   Module& operator[](size_t index) { return *layers_.at(index); }

@@ -3,6 +3,7 @@
 // function of (seed, name, element index) only.
 #include "nn/module.h"
 
+#include "core/allocator.h"
 #include "core/context.h"
 
 namespace tessera::nn {
@@ -52,11 +53,55 @@ std::vector<Parameter*> Module::parameters() {
   return out;
 }
 
+ParametersInUse::ParametersInUse(Module& module, ParameterPhase phase) : module_(module), phase_(phase) {
+  if (ParameterHooks* hooks = module_.parameter_hooks()) hooks->acquire(module_, phase_);
+}
+
+ParametersInUse::~ParametersInUse() {
+  if (ParameterHooks* hooks = module_.parameter_hooks()) hooks->release(module_, phase_);
+}
+
+Tensor Module::forward(const Tensor& input, Saved& saved, const Pass& pass) {
+  const ParametersInUse in_use(*this, ParameterPhase::forward);
+  return forward_impl(input, saved, pass);
+}
+
 Tensor Module::backward(const Tensor& grad_output, Saved& saved) {
+  const ParametersInUse in_use(*this, ParameterPhase::backward);
   Tensor grad_input = backward_impl(grad_output, saved);
   for (const auto& p : parameters_)
     if (p->on_grad_ready) p->on_grad_ready(*p);
   return grad_input;
+}
+
+std::vector<Module*> Module::children() const {
+  std::vector<Module*> out;
+  for (const auto& child : children_) out.push_back(child.get());
+  return out;
+}
+
+namespace {
+
+void collect_units(Module& module, std::vector<Module*>& units) {
+  const std::vector<Module*> children = module.children();
+  const bool own = module.parameters().size() > [&] {
+    size_t inner = 0;
+    for (Module* child : children) inner += child->parameters().size();
+    return inner;
+  }();
+  if (module.shards_as_one_unit() || own) {
+    if (!module.parameters().empty()) units.push_back(&module);
+    return;
+  }
+  for (Module* child : children) collect_units(*child, units);
+}
+
+}  // namespace
+
+std::vector<Module*> sharding_units(Module& root) {
+  std::vector<Module*> units;
+  collect_units(root, units);
+  return units;
 }
 
 void Module::train(bool training) {
@@ -71,8 +116,14 @@ Parameter& Module::add_parameter(const std::string& local, const Shape& shape, b
   Context& ctx = context();
   auto p = std::make_unique<Parameter>();
   p->name = full;
-  p->value = ctx.empty(shape, spec_.dtype, spec_.device);
-  p->grad = ctx.zeros(shape, DType::f32, spec_.device);
+  {
+    const MemoryUseScope use(MemoryUse::parameters);
+    p->value = ctx.empty(shape, spec_.dtype, spec_.device);
+  }
+  {
+    const MemoryUseScope use(MemoryUse::gradients);
+    p->grad = ctx.zeros(shape, DType::f32, spec_.device);
+  }
   p->weight_decay = weight_decay;
   p->shard.global_shape = shape;
   parameters_.push_back(std::move(p));

@@ -12,6 +12,13 @@
 // Parameters are created at construction with their global name, in the
 // model's dtype and device (see ModelSpec), and initialised from (seed, name,
 // element index) so the same seed gives the same model under any layout.
+//
+// A module may carry ParameterHooks (ZeRO-2/3 installs them on each sharding
+// unit): forward() and backward() call acquire() before the module's own
+// code and release() after it, so parameters can live sharded and be
+// gathered (and gradients allocated) only while a unit runs. A module that
+// uses another unit's parameters outside that unit's calls (the GPT head's
+// tied embedding) holds them with a ParametersInUse of its own.
 #pragma once
 
 #include <cstdint>
@@ -54,6 +61,33 @@ struct ModelSpec {
 };
 
 class Module;
+
+// What a use of a module's parameters needs: values (forward), or values and
+// gradient buffers to add into (backward).
+enum class ParameterPhase { forward, backward };
+
+class ParameterHooks {
+ public:
+  virtual ~ParameterHooks() = default;
+  // Before `module` uses its parameters (they must be usable on return).
+  virtual void acquire(Module& module, ParameterPhase phase) = 0;
+  // After that use; must not throw (it runs while unwinding too).
+  virtual void release(Module& module, ParameterPhase phase) noexcept = 0;
+};
+
+// Holds a module's parameters for a scope through its hooks (nothing without hooks).
+class ParametersInUse {
+ public:
+  ParametersInUse(Module& module, ParameterPhase phase);
+  ~ParametersInUse();
+  ParametersInUse(const ParametersInUse&) = delete;
+  ParametersInUse& operator=(const ParametersInUse&) = delete;
+
+ private:
+  Module& module_;
+  ParameterPhase phase_;
+};
+
 // Throws, naming the module, unless `saved` holds at least the tensors and
 // scalars a forward call of it leaves (a backward without its forward).
 void check_saved(const Module& module, const Saved& saved, size_t tensors, size_t scalars = 0);
@@ -65,13 +99,24 @@ class Module {
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
-  virtual Tensor forward(const Tensor& input, Saved& saved, const Pass& pass) = 0;
+  // The module's forward (forward_impl) between its hooks' acquire and release.
+  Tensor forward(const Tensor& input, Saved& saved, const Pass& pass);
   // Returns the gradient with respect to the input (an undefined Tensor for
   // inputs without one, e.g. token ids) and adds into parameters' .grad;
   // then calls the on_grad_ready hook of each of this module's own
   // parameters (their gradient is complete for this micro-batch: the
-  // data-parallel reducer starts a bucket's all-reduce from there).
+  // data-parallel reducer starts a bucket's all-reduce from there). Between
+  // the hooks' acquire and release, like forward().
   Tensor backward(const Tensor& grad_output, Saved& saved);
+
+  // The hooks called around this module's own forward and backward (null: none).
+  void set_parameter_hooks(ParameterHooks* hooks) { hooks_ = hooks; }
+  ParameterHooks* parameter_hooks() const { return hooks_; }
+  // Direct children, in the order added.
+  std::vector<Module*> children() const;
+  // Whether ZeRO-3 gathers this module's parameters as one unit even though
+  // they sit in children (a Transformer block); see sharding_units().
+  virtual bool shards_as_one_unit() const { return false; }
 
   // This module's parameters, then its children's (depth first, in the order
   // the children were added): a fixed order for a given architecture.
@@ -84,7 +129,8 @@ class Module {
   Context& context() const { return *spec_.context; }
 
  protected:
-  // The module's own backward (see backward()).
+  // The module's own forward and backward (see forward() and backward()).
+  virtual Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) = 0;
   virtual Tensor backward_impl(const Tensor& grad_output, Saved& saved) = 0;
 
   // Creates a parameter named "<this name>.<local>" of `shape` in the spec's
@@ -115,8 +161,18 @@ class Module {
   ModelSpec spec_;
   std::string name_;
   bool training_ = true;
+  ParameterHooks* hooks_ = nullptr;
   std::vector<std::unique_ptr<Parameter>> parameters_;
   std::vector<std::unique_ptr<Module>> children_;
 };
+
+// The modules whose parameters ZeRO-2/3 keeps together (gathered, reduced
+// and freed as one): walking down from `root`, a module that
+// shards_as_one_unit() or holds parameters of its own is a unit with all its
+// descendants' parameters; a module with neither is passed through to its
+// children. For the GPT: the token and position embeddings, each block and
+// the final norm; for the MLP and CNN, each layer with parameters. In
+// parameter order; together they hold every parameter once.
+std::vector<Module*> sharding_units(Module& root);
 
 }  // namespace tessera::nn

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <set>
 
+#include "core/allocator.h"
 #include "core/context.h"
 #include "kernels/ops.h"
 
@@ -73,6 +74,7 @@ Optimizer::Optimizer(std::vector<Parameter*> parameters, const OptimizerConfig& 
     Context& ctx = p->value.context();
     const Device device = p->value.device();
     const Shape& shape = p->value.shape();
+    const MemoryUseScope use(MemoryUse::optimizer);  // moments, momentum and f32 masters
     State state;
     if (config_.kind == OptimizerKind::adamw) {
       state.exp_avg = ctx.zeros(shape, DType::f32, device);

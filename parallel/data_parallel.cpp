@@ -10,7 +10,9 @@
 #include <set>
 #include <sstream>
 
+#include "core/allocator.h"
 #include "core/context.h"
+#include "kernels/ops.h"
 
 namespace tessera::parallel {
 namespace {
@@ -31,8 +33,10 @@ int64_t steady_ns() {
 }  // namespace
 
 void validate(const DataParallelOptions& options) {
-  TESSERA_CHECK(options.zero_stage == 0 || options.zero_stage == 1, "--zero must be 0 (plain data parallelism) or 1 ",
-                "(optimizer state sharded over data-parallel ranks), got ", options.zero_stage);
+  TESSERA_CHECK(options.zero_stage >= 0 && options.zero_stage <= 3, "--zero must be 0 (plain data parallelism), 1 ",
+                "(optimizer state sharded over the data-parallel ranks), 2 (and gradients) or 3 (and parameters, ",
+                "as FSDP), got ", options.zero_stage);
+  TESSERA_CHECK(options.prefetch >= 0, "--zero-prefetch must be 0 (no overlap) or more units, got ", options.prefetch);
   TESSERA_CHECK(std::isfinite(options.bucket_size_mb) && options.bucket_size_mb > 0.0,
                 "--bucket-size-mb must be a positive number of MiB, got ", options.bucket_size_mb);
 }
@@ -42,7 +46,7 @@ DataParallel::DataParallel(std::vector<nn::Parameter*> parameters, Communicator&
     : parameters_(std::move(parameters)), comm_(comm), options_(std::move(options)) {
   validate(options_);
   TESSERA_CHECK(!parameters_.empty(), "data parallel: the model has no parameters to train");
-  const bool zero = options_.zero_stage == 1;
+  const bool zero = shards_optimizer();
   const int ranks = comm_.size(), rank = comm_.rank();
   const nn::Parameter& first = *parameters_.front();
   TESSERA_CHECK(first.value.defined(), "data parallel: parameter '", first.name, "' has no value");
@@ -59,16 +63,18 @@ DataParallel::DataParallel(std::vector<nn::Parameter*> parameters, Communicator&
     TESSERA_CHECK(p->value.device() == device && p->grad.device() == device, "data parallel: parameter '", p->name,
                   "' is on ", p->value.device().to_string(), " but '", first.name, "' on ", device.to_string(),
                   "; one data-parallel replica lives on one device");
-    TESSERA_CHECK(!zero || p->value.dtype() == dtype, "data parallel: --zero 1 keeps all parameters in one flat ",
-                  "buffer, but '", p->name, "' holds ", dtype_name(p->value.dtype()), " and '", first.name, "' ",
+    TESSERA_CHECK(!zero || p->value.dtype() == dtype, "data parallel: --zero ", options_.zero_stage,
+                  " keeps all parameters in one flat layout, but '", p->name, "' holds ", dtype_name(p->value.dtype()), " and '", first.name, "' ",
                   dtype_name(dtype));
     TESSERA_CHECK(!p->on_grad_ready, "data parallel: parameter '", p->name,
                   "' already has a gradient hook; is the model wrapped by two DataParallel objects at once?");
   }
 
+  if (units_mode()) build_units();
+
   // Buckets of whole parameters in reverse order (the order backward
   // completes them); parameters reduced after backward in buckets of their
-  // own, last, so they hold back no other bucket.
+  // own, last, so they hold back no other bucket. ZeRO-2/3: one bucket per unit.
   deferred_.assign(parameters_.size(), false);
   std::vector<size_t> order, later;
   for (size_t k = parameters_.size(); k-- > 0;) {
@@ -78,7 +84,8 @@ DataParallel::DataParallel(std::vector<nn::Parameter*> parameters, Communicator&
   const size_t backward_count = order.size();
   order.insert(order.end(), later.begin(), later.end());
   const int64_t bucket_limit = std::max<int64_t>(1, int64_t(options_.bucket_size_mb * 1024.0 * 1024.0 / 4.0));
-  std::vector<int64_t> offset(parameters_.size());
+  std::vector<int64_t>& offset = offset_;
+  offset.assign(parameters_.size(), 0);
   bucket_of_.assign(parameters_.size(), 0);
   int64_t cursor = 0;
   for (size_t position = 0; position < order.size(); ++position) {
@@ -94,7 +101,9 @@ DataParallel::DataParallel(std::vector<nn::Parameter*> parameters, Communicator&
     bucket.parameters.push_back(k);
     bucket_of_[k] = buckets_.size() - 1;
     const bool group_ends = position + 1 == order.size() || position + 1 == backward_count;
-    if (cursor - bucket.begin >= bucket_limit || group_ends) {
+    const bool unit_ends = units_mode() && (position + 1 == order.size() ||
+                                            unit_of_parameter_[order[position + 1]] != unit_of_parameter_[k]);
+    if (units_mode() ? unit_ends || group_ends : cursor - bucket.begin >= bucket_limit || group_ends) {
       int64_t numel = std::max<int64_t>(cursor - bucket.begin, 1);
       if (zero) numel = align_up(numel, ranks);  // equal pieces, one per rank
       bucket.numel = numel;
@@ -102,17 +111,30 @@ DataParallel::DataParallel(std::vector<nn::Parameter*> parameters, Communicator&
     }
   }
   flat_numel_ = cursor;
+  if (units_mode()) assign_unit_buckets();
 
-  // The flat gradients, then the views (keeping what the gradients held).
-  flat_grads_ = ctx.zeros(Shape{flat_numel_}, DType::f32, device);
-  if (zero) flat_values_ = ctx.zeros(Shape{flat_numel_}, dtype, device);
+  // The flat gradients, then the views (keeping what the gradients held);
+  // ZeRO-2/3 have none: a unit's gradients exist only while its backward
+  // needs them (allocate_gradients).
+  if (!units_mode()) {
+    const MemoryUseScope use(MemoryUse::gradients);
+    flat_grads_ = ctx.zeros(Shape{flat_numel_}, DType::f32, device);
+  }
+  if (zero && !shards_values()) {
+    const MemoryUseScope use(MemoryUse::parameters);
+    flat_values_ = ctx.zeros(Shape{flat_numel_}, dtype, device);
+  }
   for (size_t i = 0; i < parameters_.size(); ++i) {
     nn::Parameter& p = *parameters_[i];
     const int64_t n = p.value.numel();
-    Tensor grad = flat_grads_.slice(offset[i], offset[i] + n).view(p.value.shape());
-    grad.copy_(p.grad);
-    p.grad = grad;
-    if (zero) {
+    if (units_mode()) {
+      p.grad = Tensor::placeholder(p.value.shape(), DType::f32);
+    } else {
+      Tensor grad = flat_grads_.slice(offset[i], offset[i] + n).view(p.value.shape());
+      grad.copy_(p.grad);
+      p.grad = grad;
+    }
+    if (flat_values_.defined()) {
       Tensor value = flat_values_.slice(offset[i], offset[i] + n).view(p.value.shape());
       value.copy_(p.value);
       p.value = value;
@@ -126,8 +148,17 @@ DataParallel::DataParallel(std::vector<nn::Parameter*> parameters, Communicator&
       bucket.shard_begin = shard_total;
       shard_total += piece_numel(bucket);
     }
-    shard_grads_ = ctx.zeros(Shape{shard_total}, DType::f32, device);
-    staging_ = ctx.zeros(Shape{shard_total}, dtype, device);
+    {
+      const MemoryUseScope use(MemoryUse::gradients);
+      shard_grads_ = ctx.zeros(Shape{shard_total}, DType::f32, device);
+    }
+    {
+      const MemoryUseScope use(MemoryUse::parameters);
+      if (shards_values())
+        shard_values_ = ctx.zeros(Shape{shard_total}, dtype, device);
+      else
+        staging_ = ctx.zeros(Shape{shard_total}, dtype, device);
+    }
     optimized.clear();
     for (Bucket& bucket : buckets_) {
       const int64_t piece = piece_numel(bucket);
@@ -139,8 +170,13 @@ DataParallel::DataParallel(std::vector<nn::Parameter*> parameters, Communicator&
         if (end <= begin) continue;
         auto shard = std::make_unique<nn::Parameter>();
         shard->name = p.name + ".shard" + std::to_string(rank);
-        shard->value = flat_values_.slice(begin, end);
         const int64_t at = bucket.shard_begin + (begin - piece_begin);
+        if (shards_values()) {  // the piece moves out of the parameter, which becomes a placeholder below
+          shard->value = shard_values_.slice(at, at + (end - begin));
+          shard->value.copy_(p.value.view(Shape{p.value.numel()}).slice(begin - offset[index], end - offset[index]));
+        } else {
+          shard->value = flat_values_.slice(begin, end);
+        }
         shard->grad = shard_grads_.slice(at, at + (end - begin));
         shard->weight_decay = p.weight_decay;
         optimized.push_back(shard.get());
@@ -149,15 +185,30 @@ DataParallel::DataParallel(std::vector<nn::Parameter*> parameters, Communicator&
       }
     }
   }
+  // ZeRO-3: the whole values are dropped (their memory returns) once every
+  // rank's pieces are in shard_values_.
+  if (shards_values())
+    for (nn::Parameter* p : parameters_) p->value = Tensor::placeholder(p->value.shape(), p->value.dtype());
   optimizer_ = std::make_unique<nn::Optimizer>(optimized, optimizer);
 
   ready_.assign(parameters_.size(), false);
   for (size_t i = 0; i < parameters_.size(); ++i)
     parameters_[i]->on_grad_ready = [this, i](nn::Parameter&) { on_grad_ready(i); };
+  for (Unit& unit : units_) unit.module->set_parameter_hooks(this);
 }
 
 DataParallel::~DataParallel() {
   for (nn::Parameter* p : parameters_) p->on_grad_ready = nullptr;
+  for (Unit& unit : units_) {
+    if (unit.module->parameter_hooks() == this) unit.module->set_parameter_hooks(nullptr);
+    for (CommHandle* handle : {&unit.gather, &unit.reduction}) {
+      try {
+        if (*handle) (*handle)->wait();
+      } catch (const std::exception&) {
+      }
+      handle->reset();
+    }
+  }
   // Unfinished handles wait in their destructors; they must not throw here.
   for (Bucket& bucket : buckets_) {
     try {
@@ -184,18 +235,38 @@ void DataParallel::begin_step() {
   last_micro_batch_ = true;
   reduced_ = false;
   stats_ = ReductionStats{};
-  flat_grads_.fill_(0.0);
+  if (units_mode()) {
+    for (Unit& unit : units_) {
+      TESSERA_CHECK(!unit.reduction && !unit.grads.defined(), "data parallel: begin_step() while unit ",
+                    unit.module->name(), "'s gradients are still held; call finish_backward() after the last ",
+                    "micro-batch's backward");
+      unit.written_this_step = false;
+    }
+    shard_grads_.fill_(0.0);
+  } else {
+    flat_grads_.fill_(0.0);
+  }
 }
 
 void DataParallel::begin_micro_batch(bool last) {
   TESSERA_CHECK(next_launch_ == 0 && !reduced_, "data parallel: a micro-batch began after the step's gradients were ",
                 "reduced; call begin_step() before the next step");
   last_micro_batch_ = last;
+  if (units_mode()) return;  // every micro-batch is reduced, a unit as its backward completes
   std::fill(ready_.begin(), ready_.end(), false);
   for (Bucket& bucket : buckets_) bucket.ready = 0;
 }
 
 void DataParallel::on_grad_ready(size_t index) {
+  if (units_mode() && !reduced_ && !deferred_[index]) {
+    TESSERA_CHECK(!ready_[index], "data parallel: parameter '", parameters_[index]->name,
+                  "' reported a complete gradient twice in one backward (a module used twice in one forward?)");
+    ready_[index] = true;
+    Bucket& bucket = buckets_[bucket_of_[index]];
+    if (++bucket.ready == int(bucket.parameters.size())) launch_unit_reduction(unit_of_parameter_[index], true);
+    progress_units();
+    return;
+  }
   if (!last_micro_batch_ || reduced_ || deferred_[index]) return;
   TESSERA_CHECK(!ready_[index], "data parallel: parameter '", parameters_[index]->name,
                 "' reported a complete gradient twice in one backward (a module used twice in one forward?); its ",
@@ -225,7 +296,7 @@ void DataParallel::launch(size_t index, bool in_backward) {
   ++stats_.buckets;
   if (in_backward) ++stats_.launched_in_backward;
   Tensor grads = flat_grads_.slice(bucket.begin, bucket.begin + bucket.numel);
-  if (options_.zero_stage == 1) {
+  if (shards_optimizer()) {
     Tensor piece = shard_grads_.slice(bucket.shard_begin, bucket.shard_begin + piece_numel(bucket));
     bucket.handle = comm_.reduce_scatter(grads, piece, ReduceOp::avg);
   } else {
@@ -244,7 +315,7 @@ void DataParallel::complete(Bucket& bucket, size_t index) {
   bucket.completed = true;
   if (!options_.on_event) return;
   CommEvent event;
-  event.name = options_.zero_stage == 1 ? "reduce_scatter" : "all_reduce";
+  event.name = shards_optimizer() ? "reduce_scatter" : "all_reduce";
   event.bucket = int(index);
   event.bytes = bucket.numel * 4;
   event.start_ns = bucket.start_ns;
@@ -255,6 +326,10 @@ void DataParallel::complete(Bucket& bucket, size_t index) {
 
 void DataParallel::finish_backward() {
   if (!last_micro_batch_ || reduced_) return;
+  if (units_mode()) {
+    finish_units_backward();
+    return;
+  }
   stats_.backward_end_ns = now();
   while (next_launch_ < buckets_.size()) launch(next_launch_++, false);
   for (size_t i = 0; i < buckets_.size(); ++i) {
@@ -278,7 +353,7 @@ nn::GradNorm DataParallel::grad_norm() {
     return !model_parallel || p.shard.split || model_parallel->rank() == 0;
   };
   std::vector<nn::Parameter*> local;
-  if (options_.zero_stage == 1) {
+  if (shards_optimizer()) {
     for (size_t i = 0; i < shards_.size(); ++i)
       if (counted(*parameters_[shard_origins_[i].parameter])) local.push_back(shards_[i].get());
   } else {
@@ -292,10 +367,11 @@ nn::GradNorm DataParallel::grad_norm() {
   // same averaged gradients on every rank (max keeps them agreeing bit for
   // bit), ZeRO-1 holds disjoint shards (sum). A NaN never travels: MPI's max
   // may drop it.
-  Context& ctx = flat_grads_.context();
+  const Tensor& any_grads = shards_optimizer() ? shard_grads_ : flat_grads_;
+  Context& ctx = any_grads.context();
   Tensor both = ctx.from_vector(Shape{2}, std::vector<float>{finite ? float(sum) : 0.0f, finite ? 0.0f : 1.0f},
-                                flat_grads_.device());
-  if (comm_.size() > 1) comm_.all_reduce(both, options_.zero_stage == 1 ? ReduceOp::sum : ReduceOp::max)->wait();
+                                any_grads.device());
+  if (comm_.size() > 1) comm_.all_reduce(both, shards_optimizer() ? ReduceOp::sum : ReduceOp::max)->wait();
   if (model_parallel) model_parallel->all_reduce(both, ReduceOp::sum)->wait();
   const std::vector<float> global = both.to_vector<float>();
   return {std::sqrt(double(global[0])), global[1] == 0.0f && std::isfinite(global[0])};
@@ -303,12 +379,13 @@ nn::GradNorm DataParallel::grad_norm() {
 
 void DataParallel::step(float lr, float grad_scale) {
   TESSERA_CHECK(reduced_, "data parallel: step() before finish_backward() of the step's last micro-batch");
+  TESSERA_CHECK(!unsharded_, "data parallel: step() after unshard_values(); the sharded values are no longer used");
   optimizer_->step(lr, grad_scale);
   gather_values();
 }
 
 void DataParallel::gather_values() {
-  if (options_.zero_stage != 1) return;
+  if (!flat_values_.defined()) return;  // plain (values whole), ZeRO-3 (gathered per unit when used)
   const int rank = comm_.rank();
   std::vector<CommHandle> handles(buckets_.size());
   std::vector<int64_t> starts(buckets_.size());
@@ -344,7 +421,7 @@ int64_t DataParallel::optimizer_state_bytes() {
 
 std::vector<OptimizerStateSlice> DataParallel::optimizer_state_slices() {
   // Optimizer parameter name -> (the model parameter, first element covered).
-  const bool zero = options_.zero_stage == 1;
+  const bool zero = shards_optimizer();
   std::map<std::string, std::pair<const nn::Parameter*, int64_t>> origin;
   if (zero)
     for (size_t i = 0; i < shards_.size(); ++i)
@@ -372,6 +449,40 @@ std::vector<OptimizerStateSlice> DataParallel::optimizer_state_slices() {
   return out;
 }
 
+std::vector<OptimizerStateSlice> DataParallel::value_slices() {
+  std::vector<OptimizerStateSlice> out;
+  if (!shards_values()) return out;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const nn::Parameter& parameter = *parameters_[shard_origins_[i].parameter];
+    OptimizerStateSlice slice;
+    slice.name = parameter.name;
+    slice.parameter = &parameter;
+    slice.shape = parameter.value.shape();
+    slice.local = &shards_[i]->value;
+    slice.flat_range = true;
+    slice.begin = shard_origins_[i].begin;
+    slice.owner = true;
+    out.push_back(std::move(slice));
+  }
+  return out;
+}
+
+std::string DataParallel::first_non_finite_gradient() {
+  const auto finite = [](const Tensor& grad) {
+    Tensor out = grad.context().empty(Shape{1}, DType::f32, grad.device());
+    ops::sum_squares(grad, out);
+    return std::isfinite(out.to_vector<float>()[0]);
+  };
+  if (units_mode()) {  // no whole gradients: this rank's pieces
+    for (size_t i = 0; i < shards_.size(); ++i)
+      if (!finite(shards_[i]->grad)) return parameters_[shard_origins_[i].parameter]->name;
+    return "";
+  }
+  for (const nn::Parameter* p : parameters_)
+    if (!finite(p->grad)) return p->name;
+  return "";
+}
+
 bool DataParallel::reduced_after_backward(const nn::Parameter& parameter) const {
   for (size_t i = 0; i < parameters_.size(); ++i)
     if (parameters_[i] == &parameter) return deferred_[i];
@@ -389,9 +500,12 @@ std::vector<std::vector<std::string>> DataParallel::bucket_parameter_names() con
 
 std::string DataParallel::describe() {
   std::ostringstream out;
-  out << "dp=" << comm_.size() << " zero=" << options_.zero_stage << " buckets=" << buckets_.size() << " ("
-      << options_.bucket_size_mb << " MiB) flat=" << flat_numel_ << " elements, optimizer state "
-      << optimizer_state_bytes() << " bytes on this rank";
+  out << "dp=" << comm_.size() << " zero=" << options_.zero_stage;
+  if (units_mode())
+    out << " units=" << units_.size() << " (prefetch " << options_.prefetch << ")";
+  else
+    out << " buckets=" << buckets_.size() << " (" << options_.bucket_size_mb << " MiB)";
+  out << " flat=" << flat_numel_ << " elements, optimizer state " << optimizer_state_bytes() << " bytes on this rank";
   return out.str();
 }
 

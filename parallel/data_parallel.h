@@ -23,6 +23,28 @@
 // weight_decay kept), so optimizer state (and f32 masters) take 1/dp of the
 // memory; after the update each bucket's parameter values are all-gathered.
 //
+// ZeRO-2 and ZeRO-3 (zero_stage 2, 3; data_parallel_units.cpp) work per
+// sharding unit (DataParallelOptions::units: a GPT block, an embedding, a
+// layer), one bucket per unit, padded and split in pieces like ZeRO-1:
+//   - ZeRO-2: no flat gradient buffer. A unit's f32 gradient buffer exists
+//     from its backward's start (the unit's ParameterHooks::acquire) until its
+//     reduce-scatter completes; each rank keeps only its pieces
+//     (shard_grads_). Parameter values stay whole (a flat buffer as ZeRO-1,
+//     all-gathered after the step).
+//   - ZeRO-3 (FSDP): values live only as each rank's pieces (shard_values_,
+//     which the optimizer updates in place). A unit's values are all-gathered
+//     into a buffer of their own before its forward or backward and freed
+//     after it (Parameter::value is a placeholder in between); the next
+//     `prefetch` units in the direction of travel are gathered ahead, so
+//     their all-gathers run beside this unit's compute.
+// Under gradient accumulation ZeRO-2/3 reduce-scatter every micro-batch's
+// gradients as its backward completes a unit (adding into the owned pieces):
+// holding the whole gradient until the last micro-batch would need the full
+// f32 gradient buffer that these stages exist to avoid (DeepSpeed does the
+// same). It costs one reduce-scatter per unit per micro-batch instead of per
+// step. A parameter reduced after backward (the pipeline's tied embedding)
+// keeps its unit's gradient buffer across the step and is reduced once.
+//
 // One optimizer step:
 //   dp.begin_step();                                 // zeroes the flat gradients
 //   for (micro = 0; micro < accumulation; ++micro) {
@@ -41,9 +63,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/tensor.h"
+#include "nn/module.h"
 #include "nn/optimizer.h"
 #include "nn/parameter.h"
 #include "parallel/communicator.h"
@@ -51,9 +75,13 @@
 namespace tessera::parallel {
 
 // One bucket's communication: launched at start_ns, seen complete at end_ns
-// (the first poll, test or wait that found it done).
+// (the first poll, test or wait that found it done). Under ZeRO-2/3 also each
+// unit's forward and backward (category "compute": from the unit's acquire
+// to its release), and `bucket` is the unit's index (unit = true).
 struct CommEvent {
-  std::string name;  // "all_reduce", "reduce_scatter" or "all_gather"
+  std::string name;  // "all_reduce", "reduce_scatter", "all_gather"; "forward", "backward"
+  std::string category = "comm";
+  bool unit = false;  // ZeRO-2/3: `bucket` is a sharding unit's index (parameter order)
   int bucket = 0;
   int64_t bytes = 0;  // this rank's contribution (the input)
   int64_t start_ns = 0, end_ns = 0;
@@ -62,7 +90,16 @@ struct CommEvent {
 
 struct DataParallelOptions {
   double bucket_size_mb = 25.0;  // --bucket-size-mb: MiB of f32 gradients per bucket (≥ one parameter)
-  int zero_stage = 0;            // --zero: 0 (plain DP) or 1 (sharded optimizer state)
+  int zero_stage = 0;            // --zero: 0 plain DP; 1 optimizer state, 2 + gradients, 3 + parameters sharded
+  // ZeRO-2/3: the modules whose parameters are gathered, reduced and freed
+  // together (nn::sharding_units of the model, or of each pipeline chunk),
+  // in parameter order; together they must hold every parameter once. The
+  // replica installs its ParameterHooks on them (and removes them when it goes).
+  std::vector<nn::Module*> units{};
+  // ZeRO-2/3 (--zero-prefetch): units gathered ahead of their use, and
+  // gradient reductions left in flight while backward goes on, at most this
+  // many. 0: nothing overlaps, least memory (one unit's values and gradients).
+  int prefetch = 1;
   // Nanoseconds on the caller's timeline (e.g. TraceWriter::now_ns); empty:
   // the steady clock.
   std::function<int64_t()> clock{};
@@ -107,7 +144,7 @@ struct OptimizerStateSlice {
   Tensor* local = nullptr;                   // the optimizer's buffer (reading a checkpoint copies into it)
   // false: `local` is the whole tensor (plain data parallelism); true: it is
   // elements [begin, begin + local->numel()) of the row-major flattening
-  // (a ZeRO-1 shard: the parameter's intersection with this rank's pieces).
+  // (a ZeRO shard: the parameter's intersection with this rank's pieces).
   bool flat_range = false;
   int64_t begin = 0;
   // Whether this rank is the one that writes it: every rank holds the same
@@ -116,7 +153,7 @@ struct OptimizerStateSlice {
   bool owner = true;
 };
 
-class DataParallel {
+class DataParallel : private nn::ParameterHooks {
  public:
   // Re-points every parameter's grad (and, for ZeRO-1, value) to views of the
   // flat buffers, keeping their current contents; installs the gradient hooks;
@@ -165,16 +202,29 @@ class DataParallel {
   // After reading masters into them, call optimizer().values_from_masters()
   // and then gather_values() (ZeRO-1).
   std::vector<OptimizerStateSlice> optimizer_state_slices();
-  // ZeRO-1: all-gathers every rank's pieces of the parameter values (as after
-  // a step), e.g. after values_from_masters() on a resumed run; plain: nothing.
-  // Collective over the communicator.
+  // ZeRO-3: the parameter values as this rank's pieces (name: the
+  // parameter's; flat ranges, each rank the owner of its own), which
+  // checkpoints write and read in place of the (placeholder) values. Other
+  // stages: empty (the values are whole in every parameter).
+  std::vector<OptimizerStateSlice> value_slices();
+  // ZeRO-1/2: all-gathers every rank's pieces of the parameter values (as
+  // after a step), e.g. after values_from_masters() on a resumed run; plain
+  // and ZeRO-3: nothing. Collective over the communicator.
   void gather_values();
+  // ZeRO-3: gives every parameter its whole value again, each a tensor of its
+  // own (as FSDP's full parameters: for tests, export and evaluation after
+  // training; the replica takes no further steps). Collective; others: nothing.
+  void unshard_values();
   // Elements of the flat buffers (padding included) and bucket count.
   int64_t flat_numel() const { return flat_numel_; }
   int bucket_count() const { return int(buckets_.size()); }
   // Whether `parameter` is one of this replica's and waits for finish_backward()
   // (DataParallelOptions::reduced_after_backward).
   bool reduced_after_backward(const nn::Parameter& parameter) const;
+  // The first parameter whose reduced gradient (under ZeRO-2/3, this rank's
+  // pieces of it) holds an inf or NaN, for the message of a run that stops
+  // on non-finite gradients; empty if none on this rank.
+  std::string first_non_finite_gradient();
   // The names of each bucket's parameters, in buffer order (for tests and logs).
   std::vector<std::vector<std::string>> bucket_parameter_names() const;
   const ReductionStats& last_reduction() const { return stats_; }
@@ -184,15 +234,52 @@ class DataParallel {
  private:
   struct Bucket {
     std::vector<size_t> parameters;  // indices into parameters_, buffer order
-    int64_t begin = 0, numel = 0;    // range of the flat buffers (padded for ZeRO-1)
-    int64_t shard_begin = 0;         // ZeRO-1: this rank's piece in shard_grads_ / staging_
-    int ready = 0;                   // parameters whose gradient is complete this step
+    int64_t begin = 0, numel = 0;    // range of the flat buffers (padded for ZeRO)
+    int64_t shard_begin = 0;         // ZeRO: this rank's piece in shard_grads_ / staging_ / shard_values_
+    int ready = 0;                   // parameters whose gradient is complete this step (ZeRO-2/3: micro-batch)
     bool launched = false, completed = false, in_backward = false;
     int64_t start_ns = 0;
     CommHandle handle;
   };
+  // ZeRO-2/3: one sharding unit's live state (its bucket holds its parameters).
+  struct Unit {
+    nn::Module* module = nullptr;
+    size_t bucket = 0;
+    int holds = 0;                // acquires not yet released
+    int64_t use_start_ns = 0;     // when the outermost acquire began
+    nn::ParameterPhase phase = nn::ParameterPhase::forward;
+    Tensor values;                // ZeRO-3: the gathered values (undefined when freed)
+    CommHandle gather;            // ZeRO-3: the all-gather filling `values`, until seen complete
+    int64_t gather_start_ns = 0;
+    bool prefetched = false;      // gathered ahead and not used yet
+    Tensor grads;                 // the whole f32 gradient, from backward's start to its reduction
+    Tensor reduced;               // where the reduce-scatter writes (a temporary when adding in)
+    CommHandle reduction;         // in flight
+    bool written_this_step = false;  // this rank's pieces hold a reduction of this step already
+  };
 
   void on_grad_ready(size_t index);
+  // ZeRO-2/3 (data_parallel_units.cpp).
+  void build_units();
+  void assign_unit_buckets();  // after the layout: each unit's bucket
+  void acquire(nn::Module& module, nn::ParameterPhase phase) override;
+  void release(nn::Module& module, nn::ParameterPhase phase) noexcept override;
+  Unit& unit_of(const nn::Module& module);
+  void gather_unit(size_t unit);           // launches the all-gather of a freed unit's values
+  void wait_gathered(size_t unit);         // until its values are there; points the parameters at them
+  void free_values(size_t unit) noexcept;  // back to placeholders
+  void prefetch_after(size_t unit, nn::ParameterPhase phase);
+  void allocate_gradients(size_t unit);
+  void launch_unit_reduction(size_t unit, bool in_backward);
+  void finish_unit_reduction(size_t unit);
+  void progress_units();                   // polls; completes what is done
+  void wait_reductions_above(int in_flight);
+  void finish_units_backward();
+  void unit_event(const char* name, const char* category, size_t unit, int64_t start, int64_t bytes,
+                  bool in_backward = false);
+  bool units_mode() const { return options_.zero_stage >= 2; }
+  bool shards_values() const { return options_.zero_stage == 3; }
+  bool shards_optimizer() const { return options_.zero_stage >= 1; }
   void launch(size_t bucket, bool in_backward);
   void launch_ready_in_order(bool in_backward);
   void check_completions();
@@ -213,7 +300,15 @@ class DataParallel {
   int64_t flat_numel_ = 0;
   Tensor flat_grads_;                                   // [flat_numel_] f32
   Tensor flat_values_;                                  // ZeRO-1: [flat_numel_] model dtype
-  Tensor shard_grads_, staging_;                        // ZeRO-1: this rank's pieces, f32 and model dtype
+  Tensor shard_grads_, staging_;                        // ZeRO: this rank's pieces, f32 and model dtype
+  Tensor shard_values_;                                 // ZeRO-3: this rank's pieces of the values
+  std::vector<int64_t> offset_;                         // per parameter: first element in the flat layout
+  std::vector<Unit> units_;                             // ZeRO-2/3, in parameter order
+  std::vector<size_t> unit_of_parameter_;               // ZeRO-2/3: per parameter
+  std::unordered_map<const nn::Module*, size_t> unit_index_;  // ZeRO-2/3: module -> index into units_
+  std::vector<size_t> reductions_in_flight_;            // ZeRO-2/3: units, oldest first
+  std::vector<size_t> prefetched_;                      // ZeRO-3: units gathered ahead, oldest first
+  bool unsharded_ = false;                              // ZeRO-3: unshard_values() ran
   std::vector<std::unique_ptr<nn::Parameter>> shards_;  // ZeRO-1 pseudo-parameters
   struct ShardOrigin {
     size_t parameter = 0;  // index into parameters_
@@ -224,7 +319,8 @@ class DataParallel {
   ReductionStats stats_;
 };
 
-// Parses --zero (0 or 1) and --bucket-size-mb (> 0); throws naming the flag.
+// Checks --zero (0 to 3), --zero-prefetch (>= 0) and --bucket-size-mb (> 0);
+// throws naming the flag.
 void validate(const DataParallelOptions& options);
 
 }  // namespace tessera::parallel

@@ -20,7 +20,7 @@ class StageChunks : public nn::Module {
  public:
   explicit StageChunks(const nn::ModelSpec& spec) : Module(spec, "") {}
   nn::Module& add(std::unique_ptr<nn::Module> chunk) { return adopt_child(std::move(chunk)); }
-  Tensor forward(const Tensor&, nn::Saved&, const nn::Pass&) override {
+  Tensor forward_impl(const Tensor&, nn::Saved&, const nn::Pass&) override {
     TESSERA_THROW("an interleaved pipeline stage runs its chunks through the PipelineEngine, not as one module");
   }
 

@@ -6,6 +6,7 @@
 #include "parallel/tensor_parallel.h"
 
 #include <cmath>
+#include <memory>
 #include <sstream>
 
 #include "core/context.h"
@@ -178,7 +179,7 @@ ColumnParallelLinear::ColumnParallelLinear(const nn::ModelSpec& spec, std::strin
   }
 }
 
-Tensor ColumnParallelLinear::forward(const Tensor& input, nn::Saved& saved, const nn::Pass&) {
+Tensor ColumnParallelLinear::forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass&) {
   Tensor whole = input;
   if (tp_.sequence_parallel) whole = gather_sequence_in(tp_, input);
   TESSERA_CHECK(whole.ndim() >= 1 && whole.shape()[-1] == in_, name(), ": the input has shape ",
@@ -230,7 +231,7 @@ RowParallelLinear::RowParallelLinear(const nn::ModelSpec& spec, std::string name
   }
 }
 
-Tensor RowParallelLinear::forward(const Tensor& input, nn::Saved& saved, const nn::Pass&) {
+Tensor RowParallelLinear::forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass&) {
   TESSERA_CHECK(input.ndim() >= 1 && input.shape()[-1] == local_in_, name(), ": the input has shape ",
                 input.shape().to_string(), ", expected [..., ", local_in_, "] (this rank's ", local_in_, " of ", in_,
                 " features)");
@@ -285,7 +286,7 @@ VocabParallelEmbedding::VocabParallelEmbedding(const nn::ModelSpec& spec, std::s
   init_normal(*weight_, 1.0f);
 }
 
-Tensor VocabParallelEmbedding::forward(const Tensor& ids, nn::Saved& saved, const nn::Pass&) {
+Tensor VocabParallelEmbedding::forward_impl(const Tensor& ids, nn::Saved& saved, const nn::Pass&) {
   TESSERA_CHECK(ids.dtype() == DType::i32 || ids.dtype() == DType::i64, name(), ": ids must be i32 or i64, got ",
                 dtype_name(ids.dtype()));
   std::vector<int64_t> sizes(ids.shape().sizes().begin(), ids.shape().sizes().end());
@@ -343,7 +344,7 @@ Tensor TensorParallelDropout::apply(const Tensor& x, uint64_t seed, int64_t toke
   return y;
 }
 
-Tensor TensorParallelDropout::forward(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) {
+Tensor TensorParallelDropout::forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) {
   saved.clear();
   if (!training() || p_ == 0.0f) return input;
   if (tp_.sequence_parallel && region_ == Region::replicated) check_sequence(input, name());
@@ -421,7 +422,7 @@ ParallelSelfAttention::ParallelSelfAttention(const nn::ModelSpec& spec, std::str
   dropout_ = &add_child<TensorParallelDropout>(spec, child_name("dropout"), tp, dropout);
 }
 
-Tensor ParallelSelfAttention::forward(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) {
+Tensor ParallelSelfAttention::forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) {
   Tensor packed = qkv_->forward(input, saved.child(0), pass);  // [B, T, 3·H'·Dh], whole sequence
   TESSERA_CHECK(packed.ndim() == 3, name(), ": the input must be [B, T, ", hidden_, "], got ",
                 input.shape().to_string());
@@ -443,7 +444,7 @@ ParallelMlp::ParallelMlp(const nn::ModelSpec& spec, std::string name, TensorPara
   dropout_ = &add_child<TensorParallelDropout>(spec, child_name("dropout"), tp, dropout);
 }
 
-Tensor ParallelMlp::forward(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) {
+Tensor ParallelMlp::forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) {
   Tensor y = fc_->forward(input, saved.child(0), pass);
   y = proj_->forward(y, saved.child(1), pass);
   return dropout_->forward(y, saved.child(2), pass);
@@ -571,7 +572,7 @@ Shape TensorParallelGpt::hidden_shape(int64_t batch, int64_t tokens) const {
   return Shape{batch, tp_.sequence_parallel ? tokens / tp_.size() : tokens, config_.hidden_size};
 }
 
-Tensor TensorParallelGpt::forward(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) {
+Tensor TensorParallelGpt::forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) {
   const size_t head = 3 + blocks_.size();
   Tensor x = input;
   int64_t batch = 0, tokens = 0;
@@ -602,7 +603,10 @@ Tensor TensorParallelGpt::forward(const Tensor& input, nn::Saved& saved, const n
   Tensor logits = context().empty(Shape{batch * tokens, local_vocab}, spec().dtype, spec().device);
   ops::MatmulOptions options;
   options.transpose_b = true;
-  ops::matmul(features, wte_->weight().value, logits, options);
+  {
+    const nn::ParametersInUse table(*wte_, nn::ParameterPhase::forward);  // the head outside the embedding's calls
+    ops::matmul(features, wte_->weight().value, logits, options);
+  }
   saved.tensors = {features};
   saved.scalars = {batch, tokens};
   return logits.view(Shape{batch, tokens, local_vocab});
@@ -610,6 +614,13 @@ Tensor TensorParallelGpt::forward(const Tensor& input, nn::Saved& saved, const n
 
 Tensor TensorParallelGpt::backward_impl(const Tensor& grad_output, nn::Saved& saved) {
   const size_t head = 3 + blocks_.size();
+  // Sequence parallelism sums wpe's and ln_f's gradients over the group after
+  // this whole backward: under ZeRO-2/3 their gradient buffers must exist
+  // from here to there (nothing is held without parameter hooks).
+  std::vector<std::unique_ptr<nn::ParametersInUse>> summed_later;
+  if (partial_)
+    for (nn::Module* module : {static_cast<nn::Module*>(wpe_), static_cast<nn::Module*>(ln_f_)})
+      if (module) summed_later.push_back(std::make_unique<nn::ParametersInUse>(*module, nn::ParameterPhase::backward));
   if (partial_) partial_->begin();
   Tensor grad = grad_output;
   if (stage_.last()) {
@@ -623,9 +634,12 @@ Tensor TensorParallelGpt::backward_impl(const Tensor& grad_output, nn::Saved& sa
     TESSERA_CHECK(grad_output.numel() == rows * local_vocab, "gpt: the logits gradient has shape ",
                   grad_output.shape().to_string(), ", expected ", rows, " rows of ", local_vocab);
     const Tensor dlogits = grad_output.view(Shape{rows, local_vocab});
-    ops::matmul_backward(dlogits, features, wte.value, nullptr, &wte.grad, false, true, /*accumulate=*/true);
     grad = context().empty(features.shape(), spec().dtype, spec().device);
-    ops::matmul_backward(dlogits, features, wte.value, &grad, nullptr, false, true, /*accumulate=*/false);
+    {
+      const nn::ParametersInUse table(*wte_, nn::ParameterPhase::backward);  // the head outside the embedding's calls
+      ops::matmul_backward(dlogits, features, wte.value, nullptr, &wte.grad, false, true, /*accumulate=*/true);
+      ops::matmul_backward(dlogits, features, wte.value, &grad, nullptr, false, true, /*accumulate=*/false);
+    }
     grad = grad.view(Shape{batch, tokens, c});
     // The features were the same on every rank: sum the ranks' parts of their gradient.
     if (tp_.sequence_parallel)

@@ -103,7 +103,7 @@ class ColumnParallelLinear : public nn::Module {
   ColumnParallelLinear(const nn::ModelSpec& spec, std::string name, TensorParallelism tp, int64_t in_features,
                        int64_t out_features, bool bias = true, ops::Activation activation = ops::Activation::none,
                        OutputSplit split = {}, bool gather_output = false);
-  Tensor forward(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
+  Tensor forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, nn::Saved& saved) override;
   nn::Parameter& weight() { return *weight_; }
   nn::Parameter* bias() { return bias_; }
@@ -127,7 +127,7 @@ class RowParallelLinear : public nn::Module {
  public:
   RowParallelLinear(const nn::ModelSpec& spec, std::string name, TensorParallelism tp, int64_t in_features,
                     int64_t out_features, bool bias = true);
-  Tensor forward(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
+  Tensor forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, nn::Saved& saved) override;
   nn::Parameter& weight() { return *weight_; }
   nn::Parameter* bias() { return bias_; }
@@ -145,7 +145,7 @@ class VocabParallelEmbedding : public nn::Module {
  public:
   VocabParallelEmbedding(const nn::ModelSpec& spec, std::string name, TensorParallelism tp, int64_t vocab_size,
                          int64_t dim);
-  Tensor forward(const Tensor& ids, nn::Saved& saved, const nn::Pass& pass) override;
+  Tensor forward_impl(const Tensor& ids, nn::Saved& saved, const nn::Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, nn::Saved& saved) override;
   nn::Parameter& weight() { return *weight_; }
   int64_t vocab_begin() const { return vocab_begin_; }
@@ -168,7 +168,7 @@ class TensorParallelDropout : public nn::Module {
   enum class Region { replicated, split };
   TensorParallelDropout(const nn::ModelSpec& spec, std::string name, TensorParallelism tp, float p,
                         Region region = Region::replicated);
-  Tensor forward(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
+  Tensor forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, nn::Saved& saved) override;
 
  private:
@@ -207,7 +207,7 @@ class ParallelSelfAttention : public nn::Module {
  public:
   ParallelSelfAttention(const nn::ModelSpec& spec, std::string name, TensorParallelism tp, int64_t hidden,
                         int64_t heads, float dropout);
-  Tensor forward(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
+  Tensor forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, nn::Saved& saved) override;
   ColumnParallelLinear& qkv() { return *qkv_; }
   RowParallelLinear& proj() { return *proj_; }
@@ -224,7 +224,7 @@ class ParallelMlp : public nn::Module {
  public:
   ParallelMlp(const nn::ModelSpec& spec, std::string name, TensorParallelism tp, int64_t hidden, int64_t ffn_hidden,
               float dropout);
-  Tensor forward(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
+  Tensor forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, nn::Saved& saved) override;
   ColumnParallelLinear& fc() { return *fc_; }
   RowParallelLinear& proj() { return *proj_; }
@@ -277,7 +277,7 @@ class TensorParallelGpt : public nn::Module {
  public:
   TensorParallelGpt(const nn::ModelConfig& config, const nn::ModelSpec& spec, TensorParallelism tp,
                     const nn::StageLayers& stage = {});
-  Tensor forward(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
+  Tensor forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, nn::Saved& saved) override;
   void set_recompute(bool recompute);
   int64_t vocab_begin() const { return wte_->vocab_begin(); }

@@ -315,6 +315,9 @@ TEST(UnusedSettings, AreRefusedWithTheReasonAndTheFix) {
       {{"--lr-decay-style", "constant", "--min-lr", "0.0001"}, {"--min-lr 0.0001", "constant"}},
       {{"--eval-interval", "5"}, {"--eval-interval 5", "--eval-data"}},
       {{"--eval-iters", "5"}, {"--eval-iters 5", "--eval-data"}},
+      {{"--zero-prefetch", "2"}, {"--zero-prefetch 2", "--zero 0 (the default)", "add --zero 2 or 3"}},
+      {{"--zero", "1", "--zero-prefetch", "0"}, {"--zero-prefetch 0", "--zero 1 has none"}},
+      {{"--zero", "3", "--bucket-size-mb", "4"}, {"--bucket-size-mb 4", "--zero 3 reduces one unit"}},
       // Several at once: all named.
       {{"--hidden-size", "64", "--nesterov"}, {"these settings", "--hidden-size 64", "--nesterov"}},
   };
@@ -361,6 +364,8 @@ TEST(UnusedSettings, DefaultsAndUsedSettingsPass) {
       {"--min-lr", "0.0001"},
       {"--eval-data", "x.h5", "--eval-iters", "5", "--eval-interval", "10"},
       {"--model", "cnn"},
+      {"--zero", "3", "--zero-prefetch", "2"},
+      {"--zero", "1", "--bucket-size-mb", "4"},
   };
   for (const std::vector<std::string>& args : cases) {
     SCOPED_TRACE(::testing::PrintToString(args));
@@ -390,6 +395,9 @@ TEST(FlagSuggestions, TyposAndOtherTrainersNames) {
       {"--recompute-activations", "did you mean `--recompute`?"},
       {"--gradient-accumulation-steps", "did you mean `--global-batch-size`?"},
       {"--nproc-per-node", "mpirun -np N"},
+      {"--fsdp", "did you mean `--zero 3`?"},
+      {"--zero-stage", "did you mean `--zero`?"},
+      {"--forward-prefetch", "did you mean `--zero-prefetch`?"},
       {"--lerning-rate", "did you mean `--lr`?"},
   };
   for (const auto& [unknown, text] : cases) {

@@ -9,8 +9,9 @@
 // sent to rank 0's host buffer: the checkpoint deadlock of a GPU job) never
 // matches and fails at the deadline here, in CI.
 //
-// For each layout (data parallel with ZeRO-1 and gradient accumulation,
-// pipeline, tensor parallel with sequence parallelism, dp × tp, tp × pp, and
+// For each layout (data parallel with ZeRO-1 and ZeRO-2 and gradient
+// accumulation, pipeline, tensor parallel with sequence parallelism, dp × tp,
+// tp × pp, dp × pp with ZeRO-3 (units gathered over the device channel), and
 // 16-bit precisions): the emulated run saves, evaluates and resumes, its
 // checkpoints equal the CPU run's bit for bit (the kernels are the same, only
 // the paths differ), and 4 steps + a new job resuming for 4 more equal 8
@@ -49,13 +50,17 @@ TEST_P(EmulatedDeviceRun, SavesResumesAndEqualsTheCpuRun) {
   ScratchDirectory dir("tessera_emulated_");
   std::mt19937_64 rng = make_rng();
   const std::string data = write_text_dataset(dir.path, 6000, rng);
+  // ZeRO-2/3 reduce per unit (and refuse a bucket size); the others get small buckets.
+  bool units = false;
+  for (size_t i = 0; i + 1 < layout.flags.size(); ++i)
+    units |= layout.flags[i] == "--zero" && (layout.flags[i + 1] == "2" || layout.flags[i + 1] == "3");
   const auto args =
       joined(joined(words("--model gpt --vocab-size 256 --seq-length 16 --num-layers 2 --num-heads 2 --hidden-size 32 "
                           "--hidden-dropout 0.1 --micro-batch-size 2 --lr 2e-3 --warmup-steps 2 --weight-decay 0.1 "
-                          "--clip-grad 1.0 --threads 1 --bucket-size-mb 0.01 --train-steps 8 --save-interval 4 "
+                          "--clip-grad 1.0 --threads 1 --train-steps 8 --save-interval 4 "
                           "--eval-interval 4 --eval-iters 2 --comm-timeout 60"),
                     {"--data", data, "--eval-data", data, "--seed", std::to_string(rng())}),
-             layout.flags);
+             joined(units ? std::vector<std::string>{} : words("--bucket-size-mb 0.01"), layout.flags));
   run_training(layout.ranks, joined(args, {"--device", "cpu", "--save", dir / "cpu"}), dir / "cpu.log");
   const std::string straight =
       run_training(layout.ranks, joined(args, {"--device", "emu", "--save", dir / "emu"}), dir / "emu.log");
@@ -79,6 +84,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"Pipeline", 2, {"--pp", "2", "--global-batch-size", "8"}},
                       Layout{"TensorSequenceParallel", 2, {"--tp", "2", "--sequence-parallel"}},
                       Layout{"DataTensorParallelZero1", 4, {"--tp", "2", "--zero", "1"}},
+                      Layout{"DataParallelZero2Accumulating", 2, {"--zero", "2", "--global-batch-size", "8"}},
+                      Layout{"DataPipelineParallelZero3Bf16", 4, {"--pp", "2", "--zero", "3", "--precision", "bf16"}},
                       Layout{"TensorPipelineParallel", 4, {"--tp", "2", "--pp", "2", "--global-batch-size", "4"}}),
     layout_name);
 
