@@ -140,7 +140,7 @@ io::TensorPiece state_piece(const parallel::OptimizerStateSlice& slice) {
 
 }  // namespace
 
-std::string save_training_checkpoint(const TrainState& s, const Counters& k) {
+SavedCheckpoint save_training_checkpoint(const TrainState& s, const Counters& k) {
   const TrainConfig& c = *s.config;
   std::vector<io::TensorPiece> pieces;
   // ZeRO-3: the values exist only as each rank's pieces, written like the optimizer state's.
@@ -197,7 +197,11 @@ std::string save_training_checkpoint(const TrainState& s, const Counters& k) {
   const std::string rng = "seed=" + std::to_string(c.seed) + " next_step=" + std::to_string(k.step) +
                           " dp_rank=" + std::to_string(s.dp_rank) + " dp_size=" + std::to_string(s.dp);
   options.rank_state["rng"] = std::vector<uint8_t>(rng.begin(), rng.end());
-  return io::save_checkpoint(*s.world, c.save, k.step, pieces, meta, options);
+  SavedCheckpoint saved;
+  for (const io::TensorPiece& piece : pieces)
+    if (piece.owner) saved.bytes += int64_t(piece.local.nbytes());
+  saved.path = io::save_checkpoint(*s.world, c.save, k.step, pieces, meta, options);
+  return saved;
 }
 
 std::optional<std::string> checkpoint_to_resume(const TrainConfig& c) {

@@ -74,8 +74,13 @@ struct Counters {
 };
 
 // Collective over state.world: writes --save DIR/step_<step> (keeping the
-// newest --keep-checkpoints) and returns its path.
-std::string save_training_checkpoint(const TrainState& state, const Counters& counters);
+// newest --keep-checkpoints) and returns its path and the bytes of the
+// tensors this rank owns in it (what it contributes; rank 0 writes them all).
+struct SavedCheckpoint {
+  std::string path;
+  int64_t bytes = 0;
+};
+SavedCheckpoint save_training_checkpoint(const TrainState& state, const Counters& counters);
 
 // The checkpoint --resume names: the newest complete one in --save DIR for
 // `auto` (nothing if there is none), the newest in PATH when PATH is a --save

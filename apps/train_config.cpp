@@ -223,6 +223,11 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
   command
       .add_option("--save-interval", c.save_interval, "Steps between checkpoints (0: only at the end and on a signal)")
       ->group(checkpoints);
+  command
+      .add_option("--save-interval-minutes", c.save_interval_minutes,
+                  "Also save at the first step boundary M minutes after the last save (or the start), by rank 0's "
+                  "clock, every rank at the same step (0: off)")
+      ->group(checkpoints);
   command.add_option("--keep-checkpoints", c.keep_checkpoints, "Keep only the newest K checkpoints (0: keep all)")
       ->group(checkpoints);
   command
@@ -780,8 +785,13 @@ void validate(const TrainConfig& c) {
   TESSERA_CHECK(c.keep_checkpoints >= 0, "--keep-checkpoints must not be negative (0: keep all), got ",
                 c.keep_checkpoints);
   TESSERA_CHECK(c.exit_interval >= 0, "--exit-interval must not be negative (0: off), got ", c.exit_interval);
-  TESSERA_CHECK(!c.save.empty() || (c.save_interval == 0 && c.keep_checkpoints == 0),
-                "--save-interval and --keep-checkpoints need --save DIR (where checkpoints go)");
+  TESSERA_CHECK(std::isfinite(c.save_interval_minutes) && c.save_interval_minutes >= 0 &&
+                    c.save_interval_minutes <= kMaxTimeoutSeconds / 60.0,
+                "--save-interval-minutes must be a number of minutes from 0 (off) to 525600 (a year), got ",
+                c.save_interval_minutes);
+  TESSERA_CHECK(!c.save.empty() || (c.save_interval == 0 && c.save_interval_minutes == 0 && c.keep_checkpoints == 0),
+                "--save-interval, --save-interval-minutes and --keep-checkpoints need --save DIR (where checkpoints "
+                "go)");
   TESSERA_CHECK(c.resume != "auto" || !c.save.empty(),
                 "--resume auto looks for the newest checkpoint in the --save directory; give --save DIR too (or "
                 "--resume PATH to a checkpoint)");
@@ -818,7 +828,8 @@ std::string describe(const TrainConfig& c) {
       << " comm_timeout=" << c.comm_timeout << "\neval_interval=" << c.eval_interval << " eval_iters=" << c.eval_iters
       << " metrics=" << c.metrics << " trace=" << c.trace;
   if (!c.save.empty() || !c.resume.empty())
-    out << "\nsave=" << c.save << " save_interval=" << c.save_interval << " save_timeout=" << c.save_timeout
+    out << "\nsave=" << c.save << " save_interval=" << c.save_interval
+        << " save_interval_minutes=" << c.save_interval_minutes << " save_timeout=" << c.save_timeout
         << " keep_checkpoints=" << c.keep_checkpoints << " resume=" << c.resume << " exit_interval=" << c.exit_interval;
   return out.str();
 }
@@ -899,6 +910,7 @@ std::vector<std::pair<std::string, std::string>> settings(const TrainConfig& c) 
       {"config", c.config_file},
       {"save", c.save},
       {"save-interval", std::to_string(c.save_interval)},
+      {"save-interval-minutes", exact(c.save_interval_minutes)},
       {"keep-checkpoints", std::to_string(c.keep_checkpoints)},
       {"save-timeout", exact(c.save_timeout)},
       {"resume", c.resume},

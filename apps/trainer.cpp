@@ -363,18 +363,27 @@ Error explain_device_fault(const Error& error, const Context& ctx, Device device
           "a bad access");
 }
 
-// The first preemption signal any rank received ({signal, the highest rank
-// that got one}), the same on every rank: one tiny all-reduce (max) at a step
-// boundary, issued by every rank at the same point of the step. The tensors
-// live on the training device, which every --comm-backend can move.
-std::pair<int, int> agree_on_signal(parallel::Communicator& world, Context& ctx, Device device,
-                                    const PreemptionSignals& signals) {
+// What the ranks agree on at a step boundary, the same on every rank: the
+// first preemption signal any rank received, the highest rank that got one,
+// and whether rank 0's clock says a --save-interval-minutes save is due (one
+// clock decides, so every rank saves at the same step). One tiny all-reduce
+// (max), issued by every rank at the same point of the step; the tensor
+// lives on the training device, which every --comm-backend can move.
+struct StepBoundary {
+  int signal = 0, signal_rank = -1;
+  bool time_save_due = false;
+};
+
+StepBoundary agree_at_step_boundary(parallel::Communicator& world, Context& ctx, Device device,
+                                    const PreemptionSignals& signals, bool time_save_due) {
   const int local = signals.received();
-  if (world.size() == 1) return {local, local ? world.rank() : -1};
-  Tensor flags = ctx.from_vector(Shape{2}, std::vector<int32_t>{local, local ? world.rank() : -1}, device);
-  world.all_reduce(flags, parallel::ReduceOp::max)->wait();
-  const std::vector<int32_t> agreed = flags.to_vector<int32_t>();
-  return {agreed[0], agreed[1]};
+  std::vector<int32_t> flags = {local, local ? world.rank() : -1, world.rank() == 0 && time_save_due ? 1 : 0};
+  if (world.size() > 1) {
+    Tensor agreed = ctx.from_vector(Shape{3}, flags, device);
+    world.all_reduce(agreed, parallel::ReduceOp::max)->wait();
+    flags = agreed.to_vector<int32_t>();
+  }
+  return {flags[0], flags[1], flags[2] != 0};
 }
 
 // Rank 0's `text` on every rank of `world` (e.g. which checkpoint to resume:
@@ -962,6 +971,9 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   std::vector<double> step_ms;
   int64_t consecutive_skips = counters.consecutive_skips;
   std::string stop_reason;  // why the loop ended before total_steps
+  auto last_save = Clock::now();  // --save-interval-minutes counts from here (rank 0's clock decides)
+  // The last save's figures, reported with the next step's metrics (the save follows its step's record).
+  std::vector<std::pair<std::string, double>> checkpoint_figures;
   if (root && counters.step >= total_steps)
     std::printf("nothing to do: the checkpoint is at step %lld and --train-steps/--epochs ask for %lld\n",
                 static_cast<long long>(counters.step), static_cast<long long>(total_steps));
@@ -1005,6 +1017,8 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
       record.samples_per_s = double(samples_per_step) / seconds;
     if (scaler.enabled()) record.loss_scale = outcome.loss_scale;
     record_memory(ctx.allocator(device).stats(), record, result.peak_memory);
+    record.extra.insert(record.extra.end(), checkpoint_figures.begin(), checkpoint_figures.end());
+    checkpoint_figures.clear();
     // Bytes this rank's tensor-parallel group moved in the step (counted by the communicator).
     if (grid.tp_size() > 1)
       record.extra.emplace_back("tp_comm_bytes", double(grid.tp().counters().total_bytes() - tp_bytes_before));
@@ -1032,26 +1046,40 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
     // Step boundary: stop (saving first) when any rank got a preemption
     // signal or --exit-interval says so; save on --save-interval and at the
     // end (a signal during the last step changes nothing: the run is done).
-    auto [signal, signal_rank] = agree_on_signal(*world, ctx, device, signals);
-    if (last) signal = 0;
+    const bool clock_due = c.save_interval_minutes > 0 &&
+                           std::chrono::duration<double>(Clock::now() - last_save).count() >= 60.0 * c.save_interval_minutes;
+    const StepBoundary boundary = agree_at_step_boundary(*world, ctx, device, signals, clock_due);
+    int signal = last ? 0 : boundary.signal, signal_rank = boundary.signal_rank;
     const bool exit_due = c.exit_interval > 0 && (step + 1) % c.exit_interval == 0 && !last;
     bool stop = signal != 0 || exit_due;
-    const bool save_due =
-        !c.save.empty() && (last || stop || (c.save_interval > 0 && (step + 1) % c.save_interval == 0));
+    const bool save_due = !c.save.empty() && (last || stop || boundary.time_save_due ||
+                                              (c.save_interval > 0 && (step + 1) % c.save_interval == 0));
     if (save_due) {
       const auto save_start = Clock::now();
+      SavedCheckpoint saved;
       {
         auto scope = trace.scope("checkpoint", "io");
-        result.checkpoint = save_training_checkpoint(state, counters);
+        saved = save_training_checkpoint(state, counters);
       }
+      last_save = Clock::now();
+      result.checkpoint = saved.path;
+      const double save_seconds = std::chrono::duration<double>(last_save - save_start).count();
+      // The save is synchronous: the step loop waits for the whole write (stall = write time).
+      checkpoint_figures = {{"checkpoint_stall_ms", save_seconds * 1e3},
+                            {"checkpoint_write_s", save_seconds},
+                            {"checkpoint_bytes", double(saved.bytes)}};
+      result.checkpoint_stall_ms += save_seconds * 1e3;
       if (root) {
-        char line[64];
-        std::snprintf(line, sizeof line, " (%.2f s)", std::chrono::duration<double>(Clock::now() - save_start).count());
+        char line[96];
+        std::snprintf(line, sizeof line, " (%.2f s, %s from rank 0)", save_seconds,
+                      parallel::byte_text(saved.bytes).c_str());
         progress.print_above("checkpoint: " + result.checkpoint + line);
       }
       if (!stop && !last) {
         // A signal that arrived during the save: the checkpoint just written serves.
-        std::tie(signal, signal_rank) = agree_on_signal(*world, ctx, device, signals);
+        const StepBoundary during = agree_at_step_boundary(*world, ctx, device, signals, false);
+        signal = during.signal;
+        signal_rank = during.signal_rank;
         stop = signal != 0;
       }
     }

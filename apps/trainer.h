@@ -52,6 +52,7 @@ struct TrainResult {
   int64_t final_step = 0;    // the step it reached
   std::string resumed_from;  // the checkpoint it resumed from (empty: a fresh start)
   std::string checkpoint;    // the last checkpoint it wrote (empty: none)
+  double checkpoint_stall_ms = 0.0;  // time the step loop waited for saves, all together
   int stop_signal = 0;       // SIGTERM or SIGUSR1 that stopped the run before the end (0: none)
   // The process's exit status: 0, or 128 + the signal when a signal stopped a
   // run that had no --save directory (so the job is not mistaken for done).

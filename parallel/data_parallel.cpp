@@ -45,14 +45,30 @@ DataParallel::DataParallel(std::vector<nn::Parameter*> parameters, Communicator&
                            const nn::OptimizerConfig& optimizer, DataParallelOptions options)
     : parameters_(std::move(parameters)), comm_(comm), options_(std::move(options)) {
   validate(options_);
+  check_parameters();
+  if (units_mode()) build_units();
+  lay_out_buckets();
+  if (units_mode()) assign_unit_buckets();
+  create_flat_buffers();
+  const std::vector<nn::Parameter*> optimized = shards_optimizer() ? create_shards() : parameters_;
+  // ZeRO-3: the whole values are dropped (their memory returns) once every
+  // rank's pieces are in shard_values_.
+  if (shards_values())
+    for (nn::Parameter* p : parameters_) p->value = Tensor::placeholder(p->value.shape(), p->value.dtype());
+  optimizer_ = std::make_unique<nn::Optimizer>(optimized, optimizer);
+
+  ready_.assign(parameters_.size(), false);
+  for (size_t i = 0; i < parameters_.size(); ++i)
+    parameters_[i]->on_grad_ready = [this, i](nn::Parameter&) { on_grad_ready(i); };
+  for (Unit& unit : units_) unit.module->set_parameter_hooks(this);
+}
+
+void DataParallel::check_parameters() const {
   TESSERA_CHECK(!parameters_.empty(), "data parallel: the model has no parameters to train");
-  const bool zero = shards_optimizer();
-  const int ranks = comm_.size(), rank = comm_.rank();
   const nn::Parameter& first = *parameters_.front();
   TESSERA_CHECK(first.value.defined(), "data parallel: parameter '", first.name, "' has no value");
   const Device device = first.value.device();
   const DType dtype = first.value.dtype();
-  Context& ctx = first.value.context();
   std::set<std::string> names;
   for (const nn::Parameter* p : parameters_) {
     TESSERA_CHECK(p != nullptr, "data parallel: a null parameter pointer was passed");
@@ -63,15 +79,15 @@ DataParallel::DataParallel(std::vector<nn::Parameter*> parameters, Communicator&
     TESSERA_CHECK(p->value.device() == device && p->grad.device() == device, "data parallel: parameter '", p->name,
                   "' is on ", p->value.device().to_string(), " but '", first.name, "' on ", device.to_string(),
                   "; one data-parallel replica lives on one device");
-    TESSERA_CHECK(!zero || p->value.dtype() == dtype, "data parallel: --zero ", options_.zero_stage,
-                  " keeps all parameters in one flat layout, but '", p->name, "' holds ", dtype_name(p->value.dtype()), " and '", first.name, "' ",
-                  dtype_name(dtype));
+    TESSERA_CHECK(!shards_optimizer() || p->value.dtype() == dtype, "data parallel: --zero ", options_.zero_stage,
+                  " keeps all parameters in one flat layout, but '", p->name, "' holds ",
+                  dtype_name(p->value.dtype()), " and '", first.name, "' ", dtype_name(dtype));
     TESSERA_CHECK(!p->on_grad_ready, "data parallel: parameter '", p->name,
                   "' already has a gradient hook; is the model wrapped by two DataParallel objects at once?");
   }
+}
 
-  if (units_mode()) build_units();
-
+void DataParallel::lay_out_buckets() {
   // Buckets of whole parameters in reverse order (the order backward
   // completes them); parameters reduced after backward in buckets of their
   // own, last, so they hold back no other bucket. ZeRO-2/3: one bucket per unit.
@@ -84,8 +100,7 @@ DataParallel::DataParallel(std::vector<nn::Parameter*> parameters, Communicator&
   const size_t backward_count = order.size();
   order.insert(order.end(), later.begin(), later.end());
   const int64_t bucket_limit = std::max<int64_t>(1, int64_t(options_.bucket_size_mb * 1024.0 * 1024.0 / 4.0));
-  std::vector<int64_t>& offset = offset_;
-  offset.assign(parameters_.size(), 0);
+  offset_.assign(parameters_.size(), 0);
   bucket_of_.assign(parameters_.size(), 0);
   int64_t cursor = 0;
   for (size_t position = 0; position < order.size(); ++position) {
@@ -96,7 +111,7 @@ DataParallel::DataParallel(std::vector<nn::Parameter*> parameters, Communicator&
     }
     Bucket& bucket = buckets_.back();
     cursor = align_up(cursor, kAlignElements);
-    offset[k] = cursor;
+    offset_[k] = cursor;
     cursor += parameters_[k]->value.numel();
     bucket.parameters.push_back(k);
     bucket_of_[k] = buckets_.size() - 1;
@@ -105,24 +120,27 @@ DataParallel::DataParallel(std::vector<nn::Parameter*> parameters, Communicator&
                                             unit_of_parameter_[order[position + 1]] != unit_of_parameter_[k]);
     if (units_mode() ? unit_ends || group_ends : cursor - bucket.begin >= bucket_limit || group_ends) {
       int64_t numel = std::max<int64_t>(cursor - bucket.begin, 1);
-      if (zero) numel = align_up(numel, ranks);  // equal pieces, one per rank
+      if (shards_optimizer()) numel = align_up(numel, comm_.size());  // equal pieces, one per rank
       bucket.numel = numel;
       cursor = align_up(bucket.begin + numel, kAlignElements);
     }
   }
   flat_numel_ = cursor;
-  if (units_mode()) assign_unit_buckets();
+}
 
+void DataParallel::create_flat_buffers() {
   // The flat gradients, then the views (keeping what the gradients held);
   // ZeRO-2/3 have none: a unit's gradients exist only while its backward
   // needs them (allocate_gradients).
+  const Tensor& first = parameters_.front()->value;
+  Context& ctx = first.context();
   if (!units_mode()) {
     const MemoryUseScope use(MemoryUse::gradients);
-    flat_grads_ = ctx.zeros(Shape{flat_numel_}, DType::f32, device);
+    flat_grads_ = ctx.zeros(Shape{flat_numel_}, DType::f32, first.device());
   }
-  if (zero && !shards_values()) {
+  if (shards_optimizer() && !shards_values()) {
     const MemoryUseScope use(MemoryUse::parameters);
-    flat_values_ = ctx.zeros(Shape{flat_numel_}, dtype, device);
+    flat_values_ = ctx.zeros(Shape{flat_numel_}, first.dtype(), first.device());
   }
   for (size_t i = 0; i < parameters_.size(); ++i) {
     nn::Parameter& p = *parameters_[i];
@@ -130,71 +148,62 @@ DataParallel::DataParallel(std::vector<nn::Parameter*> parameters, Communicator&
     if (units_mode()) {
       p.grad = Tensor::placeholder(p.value.shape(), DType::f32);
     } else {
-      Tensor grad = flat_grads_.slice(offset[i], offset[i] + n).view(p.value.shape());
+      Tensor grad = flat_grads_.slice(offset_[i], offset_[i] + n).view(p.value.shape());
       grad.copy_(p.grad);
       p.grad = grad;
     }
     if (flat_values_.defined()) {
-      Tensor value = flat_values_.slice(offset[i], offset[i] + n).view(p.value.shape());
+      Tensor value = flat_values_.slice(offset_[i], offset_[i] + n).view(p.value.shape());
       value.copy_(p.value);
       p.value = value;
     }
   }
+}
 
-  std::vector<nn::Parameter*> optimized = parameters_;
-  if (zero) {
-    int64_t shard_total = 0;
-    for (Bucket& bucket : buckets_) {
-      bucket.shard_begin = shard_total;
-      shard_total += piece_numel(bucket);
-    }
-    {
-      const MemoryUseScope use(MemoryUse::gradients);
-      shard_grads_ = ctx.zeros(Shape{shard_total}, DType::f32, device);
-    }
-    {
-      const MemoryUseScope use(MemoryUse::parameters);
-      if (shards_values())
-        shard_values_ = ctx.zeros(Shape{shard_total}, dtype, device);
-      else
-        staging_ = ctx.zeros(Shape{shard_total}, dtype, device);
-    }
-    optimized.clear();
-    for (Bucket& bucket : buckets_) {
-      const int64_t piece = piece_numel(bucket);
-      const int64_t piece_begin = bucket.begin + int64_t(rank) * piece, piece_end = piece_begin + piece;
-      for (size_t index : bucket.parameters) {
-        const nn::Parameter& p = *parameters_[index];
-        const int64_t begin = std::max(offset[index], piece_begin);
-        const int64_t end = std::min(offset[index] + p.value.numel(), piece_end);
-        if (end <= begin) continue;
-        auto shard = std::make_unique<nn::Parameter>();
-        shard->name = p.name + ".shard" + std::to_string(rank);
-        const int64_t at = bucket.shard_begin + (begin - piece_begin);
-        if (shards_values()) {  // the piece moves out of the parameter, which becomes a placeholder below
-          shard->value = shard_values_.slice(at, at + (end - begin));
-          shard->value.copy_(p.value.view(Shape{p.value.numel()}).slice(begin - offset[index], end - offset[index]));
-        } else {
-          shard->value = flat_values_.slice(begin, end);
-        }
-        shard->grad = shard_grads_.slice(at, at + (end - begin));
-        shard->weight_decay = p.weight_decay;
-        optimized.push_back(shard.get());
-        shards_.push_back(std::move(shard));
-        shard_origins_.push_back({index, begin - offset[index]});
+std::vector<nn::Parameter*> DataParallel::create_shards() {
+  const Tensor& first = parameters_.front()->value;
+  Context& ctx = first.context();
+  int64_t shard_total = 0;
+  for (Bucket& bucket : buckets_) {
+    bucket.shard_begin = shard_total;
+    shard_total += piece_numel(bucket);
+  }
+  {
+    const MemoryUseScope use(MemoryUse::gradients);
+    shard_grads_ = ctx.zeros(Shape{shard_total}, DType::f32, first.device());
+  }
+  {
+    const MemoryUseScope use(MemoryUse::parameters);
+    (shards_values() ? shard_values_ : staging_) = ctx.zeros(Shape{shard_total}, first.dtype(), first.device());
+  }
+  // One pseudo-parameter per intersection of a parameter with this rank's piece of a bucket.
+  const int rank = comm_.rank();
+  std::vector<nn::Parameter*> optimized;
+  for (Bucket& bucket : buckets_) {
+    const int64_t piece = piece_numel(bucket);
+    const int64_t piece_begin = bucket.begin + int64_t(rank) * piece, piece_end = piece_begin + piece;
+    for (size_t index : bucket.parameters) {
+      const nn::Parameter& p = *parameters_[index];
+      const int64_t begin = std::max(offset_[index], piece_begin);
+      const int64_t end = std::min(offset_[index] + p.value.numel(), piece_end);
+      if (end <= begin) continue;
+      auto shard = std::make_unique<nn::Parameter>();
+      shard->name = p.name + ".shard" + std::to_string(rank);
+      const int64_t at = bucket.shard_begin + (begin - piece_begin);
+      if (shards_values()) {  // the piece moves out of the parameter (a placeholder once all are moved)
+        shard->value = shard_values_.slice(at, at + (end - begin));
+        shard->value.copy_(p.value.view(Shape{p.value.numel()}).slice(begin - offset_[index], end - offset_[index]));
+      } else {
+        shard->value = flat_values_.slice(begin, end);
       }
+      shard->grad = shard_grads_.slice(at, at + (end - begin));
+      shard->weight_decay = p.weight_decay;
+      optimized.push_back(shard.get());
+      shards_.push_back(std::move(shard));
+      shard_origins_.push_back({index, begin - offset_[index]});
     }
   }
-  // ZeRO-3: the whole values are dropped (their memory returns) once every
-  // rank's pieces are in shard_values_.
-  if (shards_values())
-    for (nn::Parameter* p : parameters_) p->value = Tensor::placeholder(p->value.shape(), p->value.dtype());
-  optimizer_ = std::make_unique<nn::Optimizer>(optimized, optimizer);
-
-  ready_.assign(parameters_.size(), false);
-  for (size_t i = 0; i < parameters_.size(); ++i)
-    parameters_[i]->on_grad_ready = [this, i](nn::Parameter&) { on_grad_ready(i); };
-  for (Unit& unit : units_) unit.module->set_parameter_hooks(this);
+  return optimized;
 }
 
 DataParallel::~DataParallel() {

@@ -258,6 +258,12 @@ class DataParallel : private nn::ParameterHooks {
     bool written_this_step = false;  // this rank's pieces hold a reduction of this step already
   };
 
+  // Construction, in this order.
+  void check_parameters() const;
+  void lay_out_buckets();               // bucket_of_, offset_, buckets_, flat_numel_, deferred_
+  void create_flat_buffers();           // flat gradients (not ZeRO-2/3), flat values (ZeRO-1/2); views
+  std::vector<nn::Parameter*> create_shards();  // ZeRO: the pieces and their pseudo-parameters, for the optimizer
+
   void on_grad_ready(size_t index);
   // ZeRO-2/3 (data_parallel_units.cpp).
   void build_units();

@@ -26,6 +26,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -319,6 +320,42 @@ TEST(Zero, EstimateMemoryPredictsTheMeasuredPeak) {
     EXPECT_LE(measured, 1.03 * predicted) << estimate;
     EXPECT_GE(measured, 0.9 * predicted) << estimate;
   }
+}
+
+// --save-interval-minutes: rank 0's clock decides, and every rank saves at
+// the same step boundary (the save is collective: a rank that disagreed would
+// leave the others waiting until --comm-timeout). An interval shorter than a
+// step saves at every boundary, a long one only at the end; each save's stall,
+// write time and bytes reach the next step's metrics.
+TEST(CheckpointCadence, MinutesSaveAtTheSameStepOnEveryRank) {
+  TESSERA_SEED_TRACE();
+  ScratchDirectory dir("tessera_processes_");
+  std::mt19937_64 rng = make_rng();
+  const auto args = joined(mlp_args(write_image_dataset(dir.path, 512, 6, 5, 4, rng), rng()),
+                           {"--train-steps", "6", "--comm-timeout", "30"});
+  run_training(2, joined(args, {"--save", dir / "often", "--save-interval-minutes", "1e-6", "--metrics",
+                                dir / "often.jsonl"}),
+               dir / "often.log");
+  const std::vector<std::string> often = io::list_checkpoints(dir / "often");
+  ASSERT_EQ(often.size(), 6u);
+  for (const std::string& path : often) EXPECT_EQ(io::CheckpointReader(path).ranks_saved(), 2) << path;
+  int reported = 0;
+  for (const io::StepRecord& record : io::read_metrics(dir / "often.jsonl").steps) {
+    std::map<std::string, double> extra(record.extra.begin(), record.extra.end());
+    if (record.step == 1) {
+      EXPECT_EQ(extra.count("checkpoint_stall_ms"), 0u) << "no save before step 1";
+      continue;
+    }
+    ++reported;
+    EXPECT_GT(extra["checkpoint_stall_ms"], 0.0) << "step " << record.step;
+    EXPECT_NEAR(extra["checkpoint_write_s"] * 1e3, extra["checkpoint_stall_ms"], 1e-6) << "synchronous save";
+    EXPECT_GT(extra["checkpoint_bytes"], 0.0) << "step " << record.step;
+  }
+  EXPECT_EQ(reported, 5);
+  run_training(2, joined(args, {"--save", dir / "rarely", "--save-interval-minutes", "60"}), dir / "rarely.log");
+  const std::vector<std::string> rarely = io::list_checkpoints(dir / "rarely");
+  ASSERT_EQ(rarely.size(), 1u);
+  EXPECT_EQ(fs::path(rarely.front()).filename().string(), step_name(6));
 }
 
 // Interleaved 1F1B through `tessera train` (2 stages x 2 chunks, 4 blocks,
