@@ -96,7 +96,9 @@ class Communicator {
   virtual CommHandle all_reduce(Tensor& tensor, ReduceOp op) = 0;
   // input [size() · n] → output [n]: rank r gets block r of the reduction.
   virtual CommHandle reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) = 0;
-  // input [n] → output [size() · n], block r from rank r.
+  // input [n] → output [size() · n], block r from rank r. In place when
+  // `input` is this rank's block of `output` (MPI_IN_PLACE, NCCL's in-place
+  // all-gather): ZeRO-1/2 gather their updated pieces that way.
   virtual CommHandle all_gather(const Tensor& input, Tensor& output) = 0;
   virtual CommHandle broadcast(Tensor& tensor, int root) = 0;
   virtual CommHandle send(const Tensor& tensor, int peer) = 0;

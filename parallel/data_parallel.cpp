@@ -174,7 +174,9 @@ std::vector<nn::Parameter*> DataParallel::create_shards() {
   }
   {
     const MemoryUseScope use(MemoryUse::parameters);
-    (shards_values() ? shard_values_ : staging_) = ctx.zeros(Shape{shard_total}, first.dtype(), first.device());
+    // ZeRO-1/2 update their pieces inside the flat values (gathered in place);
+    // ZeRO-3 keeps only its pieces.
+    if (shards_values()) shard_values_ = ctx.zeros(Shape{shard_total}, first.dtype(), first.device());
   }
   // One pseudo-parameter per intersection of a parameter with this rank's piece of a bucket.
   const int rank = comm_.rank();
@@ -402,8 +404,8 @@ void DataParallel::gather_values() {
     const Bucket& bucket = buckets_[i];
     const int64_t piece = piece_numel(bucket);
     const int64_t own = bucket.begin + int64_t(rank) * piece;
-    Tensor send = staging_.slice(bucket.shard_begin, bucket.shard_begin + piece);
-    send.copy_(flat_values_.slice(own, own + piece));
+    // In place: this rank's piece is block `rank` of the bucket (Communicator::all_gather).
+    const Tensor send = flat_values_.slice(own, own + piece);
     Tensor values = flat_values_.slice(bucket.begin, bucket.begin + bucket.numel);
     starts[i] = now();
     handles[i] = comm_.all_gather(send, values);

@@ -235,7 +235,7 @@ class DataParallel : private nn::ParameterHooks {
   struct Bucket {
     std::vector<size_t> parameters;  // indices into parameters_, buffer order
     int64_t begin = 0, numel = 0;    // range of the flat buffers (padded for ZeRO)
-    int64_t shard_begin = 0;         // ZeRO: this rank's piece in shard_grads_ / staging_ / shard_values_
+    int64_t shard_begin = 0;         // ZeRO: this rank's piece in shard_grads_ / shard_values_
     int ready = 0;                   // parameters whose gradient is complete this step (ZeRO-2/3: micro-batch)
     bool launched = false, completed = false, in_backward = false;
     int64_t start_ns = 0;
@@ -306,7 +306,7 @@ class DataParallel : private nn::ParameterHooks {
   int64_t flat_numel_ = 0;
   Tensor flat_grads_;                                   // [flat_numel_] f32
   Tensor flat_values_;                                  // ZeRO-1: [flat_numel_] model dtype
-  Tensor shard_grads_, staging_;                        // ZeRO: this rank's pieces, f32 and model dtype
+  Tensor shard_grads_;                                  // ZeRO: this rank's pieces of the gradients (f32)
   Tensor shard_values_;                                 // ZeRO-3: this rank's pieces of the values
   std::vector<int64_t> offset_;                         // per parameter: first element in the flat layout
   std::vector<Unit> units_;                             // ZeRO-2/3, in parameter order

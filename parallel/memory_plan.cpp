@@ -68,16 +68,16 @@ MemoryPlan predict_memory(const MemoryPlanInput& in) {
       f << "bP, gradients 4P, optimizer SP";
       break;
     case 1:
-      plan.parameters = b * p + b * p / d;
+      plan.parameters = b * p;
       plan.gradients = 4 * p + 4 * p / d;
       plan.optimizer = s * p / d;
-      f << "bP + bP/D, gradients 4P + 4P/D, optimizer SP/D";
+      f << "bP, gradients 4P + 4P/D, optimizer SP/D";
       break;
     case 2:
-      plan.parameters = b * p + b * p / d;
+      plan.parameters = b * p;
       plan.gradients = 4 * p / d + 4 * w.gradients + 4 * h + (in.accumulates ? 4 * w.gradients / d : 0);
       plan.optimizer = s * p / d;
-      f << "bP + bP/D, gradients 4P/D + 4G + 4H" << (in.accumulates ? " + 4G/D" : "") << ", optimizer SP/D";
+      f << "bP, gradients 4P/D + 4G + 4H" << (in.accumulates ? " + 4G/D" : "") << ", optimizer SP/D";
       break;
     default:
       plan.parameters = b * p / d + b * w.values;

@@ -15,14 +15,14 @@
 // U and G are those values' and gradients' elements (H left out) at the i
 // where they weigh most (ZeRO-2 holds whole values: G alone decides):
 //   zero 0: values bP,          gradients 4P,               optimizer SP
-//   zero 1: values bP + bP/D,   gradients 4P + 4P/D,        optimizer SP/D
-//   zero 2: values bP + bP/D,   gradients 4P/D + 4G + 4H,   optimizer SP/D
+//   zero 1: values bP,          gradients 4P + 4P/D,        optimizer SP/D
+//   zero 2: values bP,          gradients 4P/D + 4G + 4H,   optimizer SP/D
 //   zero 3: values bP/D + bU,   gradients 4P/D + 4G + 4H,   optimizer SP/D
 // and with gradient accumulation ZeRO-2/3 add 4G/D to the gradients: a
 // later micro-batch's reduce-scatter lands in a temporary piece, added to the
 // rank's own after it completes.
-// (bP/D under ZeRO-1/2: each rank's pieces staged for the all-gather after
-// the step.) Pieces are padded to whole multiples of D; that padding is left
+// (4P/D under ZeRO-1: the reduce-scatter's output beside the whole gradient;
+// ZeRO-1/2 gather their values in place.) Pieces are padded to whole multiples of D; that padding is left
 // out (at most D - 1 elements per bucket or unit).
 #pragma once
 

@@ -347,9 +347,8 @@ TEST(DataParallel, ZeroOneShardsOptimizerMemory) {
 // measured by the allocator's counters (each run in a context of its own,
 // counted from after the model and replica are built): ZeRO-3 holds at most
 // plain DP's 1/dp plus one unit's values and gradients with --zero-prefetch 0
-// (one unit more with 1); ZeRO-2 holds the values whole (and its pieces
-// staged for the all-gather), the gradients and optimizer state as its 1/dp
-// share plus one unit's gradients.
+// (one unit more with 1); ZeRO-2 holds the values whole, the gradients and
+// optimizer state as its 1/dp share plus one unit's gradients.
 TEST(DataParallel, ZeroThreeHoldsItsShareAndOneGatheredUnit) {
   auto comm = world();
   const int ranks = comm->size();
@@ -414,9 +413,9 @@ TEST(DataParallel, ZeroThreeHoldsItsShareAndOneGatheredUnit) {
     const double slack = 8192.0;
     EXPECT_LE(double(zero3.peak_model_state_bytes), plain_bytes / ranks + unit_bytes + slack);
     EXPECT_LE(double(zero3_prefetch.peak_model_state_bytes), plain_bytes / ranks + 2.0 * unit_bytes + slack);
-    // ZeRO-2's values: whole, and this rank's pieces staged for the all-gather after the step.
+    // ZeRO-2's values stay whole (gathered in place after the step).
     EXPECT_LE(double(zero2.peak_model_state_bytes),
-              plain_values * (1.0 + 1.0 / ranks) + (plain_bytes - plain_values) / ranks + double(largest) * 4.0 + slack);
+              plain_values + (plain_bytes - plain_values) / ranks + double(largest) * 4.0 + slack);
     // Not just under the bound: the sharded state really is there (1/dp of plain DP's at least).
     EXPECT_GE(double(zero3.peak_model_state_bytes), plain_bytes / ranks);
     if (comm->rank() == 0)
