@@ -391,17 +391,20 @@ TEST(DataParallel, ZeroThreeHoldsItsShareAndOneGatheredUnit) {
     const std::vector<std::pair<int, int>> configurations = {{0, 0}, {1, 0}, {2, 0}, {2, 1}, {3, 0}, {3, 1}, {3, 2}};
     for (const auto& [zero, prefetch] : configurations) {
       plan.zero_stage = zero;
+      plan.prefetch = 0;
+      // What must be there whatever finishes early: the units that run, nothing ahead or in flight.
+      const double floor = double(parallel::predict_memory(plan).model_state());
       plan.prefetch = prefetch;
       const parallel::MemoryPlan predicted = parallel::predict_memory(plan);
       const AllocatorStats measured = measure(zero, prefetch);
       const double model_state = double(measured.peak_model_state_bytes);
       // An upper bound (in-flight reductions may finish before the limit
-      // forces them), off by the allocator's rounding and the pieces'
-      // padding, and close: within 10%.
+      // forces them, so with prefetch > 0 the peak varies from run to run),
+      // off by the allocator's rounding and the pieces' padding; and at
+      // least what prefetch 0 predicts (exact there: within 3%).
       EXPECT_LE(model_state, 1.03 * double(predicted.model_state()) + 8192.0)
           << "zero " << zero << " prefetch " << prefetch << ": " << predicted.formula;
-      EXPECT_GE(model_state, 0.9 * double(predicted.model_state()))
-          << "zero " << zero << " prefetch " << prefetch << ": " << predicted.formula;
+      EXPECT_GE(model_state, 0.97 * floor) << "zero " << zero << " prefetch " << prefetch << ": " << predicted.formula;
       if (comm->rank() == 0)
         std::printf("zero %d prefetch %d (%s, dp=%d): predicted %lld, measured %.0f bytes (%s)\n", zero, prefetch,
                     std::string(dtype_name(dtype)).c_str(), ranks, static_cast<long long>(predicted.model_state()),
