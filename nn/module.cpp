@@ -83,17 +83,11 @@ std::vector<Module*> Module::children() const {
 namespace {
 
 void collect_units(Module& module, std::vector<Module*>& units) {
-  const std::vector<Module*> children = module.children();
-  const bool own = module.parameters().size() > [&] {
-    size_t inner = 0;
-    for (Module* child : children) inner += child->parameters().size();
-    return inner;
-  }();
-  if (module.shards_as_one_unit() || own) {
+  if (module.shards_as_one_unit() || module.has_own_parameters()) {
     if (!module.parameters().empty()) units.push_back(&module);
     return;
   }
-  for (Module* child : children) collect_units(*child, units);
+  for (Module* child : module.children()) collect_units(*child, units);
 }
 
 }  // namespace

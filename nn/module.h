@@ -114,6 +114,8 @@ class Module {
   ParameterHooks* parameter_hooks() const { return hooks_; }
   // Direct children, in the order added.
   std::vector<Module*> children() const;
+  // Whether this module creates parameters itself (not only its children).
+  bool has_own_parameters() const { return !parameters_.empty(); }
   // Whether ZeRO-3 gathers this module's parameters as one unit even though
   // they sit in children (a Transformer block); see sharding_units().
   virtual bool shards_as_one_unit() const { return false; }
