@@ -59,6 +59,8 @@ int inspect(const std::string& given) {
   std::printf("checkpoint %s\n", reader.path().c_str());
   std::printf("step: %lld\n", static_cast<long long>(reader.step()));
   std::printf("saved by: %d rank%s\n", reader.ranks_saved(), reader.ranks_saved() == 1 ? "" : "s");
+  std::printf("format: %lld (%s)\n", static_cast<long long>(reader.format()),
+              reader.format() >= 2 ? "every rank's file and an index of whole tensors" : "one file written by rank 0");
   std::printf("layout: %s\n", layout_of(reader.metadata()).c_str());
   std::printf("metadata: %zu key%s\n", reader.metadata().size(), reader.metadata().size() == 1 ? "" : "s");
   for (const auto& [key, value] : reader.metadata()) std::printf("  %s = %s\n", key.c_str(), shorten(value).c_str());
@@ -82,14 +84,20 @@ int inspect(const std::string& given) {
     total += double(tensor.shape.numel()) * double(dtype_size(tensor.dtype));
   }
   std::printf("tensors: %zu (%s)\n", reader.tensors().size(), human_bytes(total).c_str());
+  const bool pieces = reader.format() >= 2;  // a CRC per stored piece, not per tensor
   std::printf("  %-*s  %-*s  %-5s  %10s  %-10s  %s\n", int(name_width), "name", int(shape_width), "shape", "dtype",
-              "size", "crc32", "checksum");
+              "size", pieces ? "crc32s" : "crc32", "checksum");
   for (const io::StoredTensor& tensor : reader.tensors()) {
     const bool ok = std::find(bad.begin(), bad.end(), tensor.name) == bad.end();
     const double bytes = double(tensor.shape.numel()) * double(dtype_size(tensor.dtype));
-    std::printf("  %-*s  %-*s  %-5s  %10s  0x%08x  %s\n", int(name_width), tensor.name.c_str(), int(shape_width),
+    char crc[32];
+    if (pieces)
+      std::snprintf(crc, sizeof crc, "%d piece%s", tensor.pieces, tensor.pieces == 1 ? "" : "s");
+    else
+      std::snprintf(crc, sizeof crc, "0x%08x", tensor.crc32);
+    std::printf("  %-*s  %-*s  %-5s  %10s  %-10s  %s\n", int(name_width), tensor.name.c_str(), int(shape_width),
                 tensor.shape.to_string().c_str(), std::string(dtype_name(tensor.dtype)).c_str(),
-                human_bytes(bytes).c_str(), tensor.crc32, ok ? "ok" : "MISMATCH");
+                human_bytes(bytes).c_str(), crc, ok ? "ok" : "MISMATCH");
   }
   for (const auto& [name, complaint] : reader.damaged())
     std::printf("  %-*s  DAMAGED: HDF5 cannot read its header (%s)\n", int(name_width), name.c_str(),

@@ -1,15 +1,20 @@
 // Training checkpoints: the trainer's state as io::TensorPiece lists and
-// metadata (written by save_checkpoint), and back (model and precision
+// metadata, saved through io::CheckpointSaver (synchronously, or in the
+// background with --async-save, published at a later step boundary) with
+// the figures and lines each save reports, and back (model and precision
 // checks, each rank reading its own slices, counters and scaler state).
 #include "apps/train_checkpoint.h"
 
 #include <charconv>
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <sstream>
+#include <utility>
 
 #include "core/error.h"
 #include "io/checkpoint.h"
+#include "parallel/memory_plan.h"
 
 namespace tessera::app {
 namespace {
@@ -138,10 +143,8 @@ io::TensorPiece state_piece(const parallel::OptimizerStateSlice& slice) {
   return piece;
 }
 
-}  // namespace
-
-SavedCheckpoint save_training_checkpoint(const TrainState& s, const Counters& k) {
-  const TrainConfig& c = *s.config;
+// This rank's pieces of the training state (one owner per element).
+std::vector<io::TensorPiece> training_pieces(const TrainState& s) {
   std::vector<io::TensorPiece> pieces;
   // ZeRO-3: the values exist only as each rank's pieces, written like the optimizer state's.
   std::vector<parallel::OptimizerStateSlice> slices = s.replica->value_slices();
@@ -163,7 +166,11 @@ SavedCheckpoint save_training_checkpoint(const TrainState& s, const Counters& k)
     piece.owner = slice.owner && (slice.parameter->shard.split || s.tp_rank == 0) && !slice.parameter->tied_copy;
     pieces.push_back(std::move(piece));
   }
+  return pieces;
+}
 
+io::CheckpointMetadata training_metadata(const TrainState& s, const Counters& k) {
+  const TrainConfig& c = *s.config;
   io::CheckpointMetadata meta;
   for (const auto& [key, value] : settings(c)) meta["config." + key] = value;
   for (const ModelField& field : model_fields(*s.model, s.dtype)) meta[field.key] = field.value;
@@ -190,18 +197,91 @@ SavedCheckpoint save_training_checkpoint(const TrainState& s, const Counters& k)
   meta["train.skipped_steps"] = std::to_string(k.skipped_steps);
   meta["train.consecutive_skips"] = std::to_string(k.consecutive_skips);
   meta["rng.kind"] = "philox4x32-10: (seed, stream, index); dropout streams by (step, micro-batch·dp + dp rank)";
+  return meta;
+}
 
+io::SaveOptions training_save_options(const TrainState& s, const Counters& k) {
+  const TrainConfig& c = *s.config;
   io::SaveOptions options;
   options.keep = c.keep_checkpoints;
   options.timeout_s = c.save_timeout;
+  options.writers = c.ckpt_format == "gathered" ? io::CheckpointWriters::rank_zero : io::CheckpointWriters::every_rank;
   const std::string rng = "seed=" + std::to_string(c.seed) + " next_step=" + std::to_string(k.step) +
                           " dp_rank=" + std::to_string(s.dp_rank) + " dp_size=" + std::to_string(s.dp);
   options.rank_state["rng"] = std::vector<uint8_t>(rng.begin(), rng.end());
-  SavedCheckpoint saved;
-  for (const io::TensorPiece& piece : pieces)
-    if (piece.owner) saved.bytes += int64_t(piece.local.nbytes());
-  saved.path = io::save_checkpoint(*s.world, c.save, k.step, pieces, meta, options);
-  return saved;
+  return options;
+}
+
+}  // namespace
+
+TrainingCheckpoints::TrainingCheckpoints(const TrainState& state, std::function<void(const std::string&)> say)
+    : state_(state), say_(std::move(say)), saver_(*state.world) {}
+
+void TrainingCheckpoints::save(const Counters& counters, bool final) {
+  using Clock = std::chrono::steady_clock;
+  const TrainConfig& c = *state_.config;
+  if (saver_.pending()) publish();  // the previous save first (waiting for its writes if need be)
+  const auto start = Clock::now();
+  // A final save goes the same way (host copy, background write) and is
+  // published at once: every checkpoint of an --async-save run is written by
+  // one mechanism.
+  const bool async = c.async_save && c.ckpt_format != "gathered";
+  const std::optional<io::PublishedCheckpoint> published =
+      saver_.save(c.save, counters.step, training_pieces(state_), training_metadata(state_, counters),
+                  training_save_options(state_, counters), async);
+  const double stall = std::chrono::duration<double>(Clock::now() - start).count();
+  if (published) {
+    report(*published, stall, stall, false);
+  } else {
+    add_stall(stall);  // the loop's wait to start it, reported now; publishing it adds its own
+    pending_stall_s_ = stall;
+    if (final) publish();
+  }
+}
+
+void TrainingCheckpoints::publish() {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const io::PublishedCheckpoint published = saver_.finish();
+  const double stall = std::chrono::duration<double>(Clock::now() - start).count();
+  report(published, stall, pending_stall_s_ + stall, true);
+  pending_stall_s_ = 0.0;
+}
+
+void TrainingCheckpoints::add_stall(double seconds) {
+  total_stall_ms_ += seconds * 1e3;
+  add_figure("checkpoint_stall_ms", seconds * 1e3);
+}
+
+// `stall`: the loop's wait now; `save_stall`: the whole save's (an
+// asynchronous one: starting it and publishing it), for the line.
+void TrainingCheckpoints::report(const io::PublishedCheckpoint& published, double stall, double save_stall,
+                                 bool background) {
+  last_published_ = published.path;
+  add_stall(stall);
+  add_figure("checkpoint_write_s", published.write_seconds);
+  add_figure("checkpoint_bytes", double(published.bytes));
+  char line[160];
+  if (!background)
+    std::snprintf(line, sizeof line, " (%.3f s, %s from rank 0)", save_stall,
+                  parallel::byte_text(published.bytes).c_str());
+  else
+    std::snprintf(line, sizeof line, " (written in %.3f s in the background; training waited %.1f ms; %s from rank 0)",
+                  published.write_seconds, save_stall * 1e3, parallel::byte_text(published.bytes).c_str());
+  if (say_) say_("checkpoint: " + published.path + line);
+}
+
+void TrainingCheckpoints::add_figure(const std::string& name, double value) {
+  for (auto& [key, sum] : figures_)
+    if (key == name) {
+      sum += value;
+      return;
+    }
+  figures_.emplace_back(name, value);
+}
+
+std::vector<std::pair<std::string, double>> TrainingCheckpoints::take_figures() {
+  return std::exchange(figures_, {});
 }
 
 std::optional<std::string> checkpoint_to_resume(const TrainConfig& c) {

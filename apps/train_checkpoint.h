@@ -19,21 +19,24 @@
 //   per rank: rng  ("seed=S next_step=N dp_rank=r dp_size=n": every random
 //                   draw is a pure function of these, see core/rng.h)
 //
-// Each element is written once: tensors every rank holds whole by world rank
-// 0, tensor-parallel shards (Parameter::shard) by the tp ranks of data-parallel
-// rank 0, and under ZeRO-1 each rank its own ranges of the optimizer state
-// (DataParallel::optimizer_state_slices). Restoring reads each rank's own
-// slices, so a checkpoint loads under another dp size, tp size or --zero
-// setting.
+// Each element is written once, by the rank that owns it (--ckpt-format
+// sharded: into its own file; gathered: through rank 0): tensors every rank
+// holds whole by world rank 0, tensor-parallel shards (Parameter::shard) by
+// the tp ranks of data-parallel rank 0, and under ZeRO each rank its own
+// ranges of the optimizer state (DataParallel::optimizer_state_slices) and,
+// under ZeRO-3, of the values. Restoring reads each rank's own slices, so a
+// checkpoint loads under another dp size, tp size or --zero setting.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "apps/train_config.h"
 #include "core/dtype.h"
+#include "io/checkpoint.h"
 #include "nn/grad_scaler.h"
 #include "nn/lr_schedule.h"
 #include "nn/models.h"
@@ -73,14 +76,45 @@ struct Counters {
   int64_t skipped_steps = 0, consecutive_skips = 0;
 };
 
-// Collective over state.world: writes --save DIR/step_<step> (keeping the
-// newest --keep-checkpoints) and returns its path and the bytes of the
-// tensors this rank owns in it (what it contributes; rank 0 writes them all).
-struct SavedCheckpoint {
-  std::string path;
-  int64_t bytes = 0;
+// The run's checkpoints (--save): each save synchronous or, with
+// --async-save, written by every rank's background thread while training
+// goes on (io::CheckpointSaver) and published at a later step boundary; the
+// figures each save adds to the next metrics line; the line a person reads
+// when one is published (rank 0, through `say`).
+class TrainingCheckpoints {
+ public:
+  TrainingCheckpoints(const TrainState& state, std::function<void(const std::string&)> say);
+
+  // Collective: saves after counters.step. `final`: the run ends after it
+  // (the end, a signal, --exit-interval), so it is published before this
+  // returns; otherwise asynchronous when --async-save is on.
+  void save(const Counters& counters, bool final);
+  bool pending() const { return saver_.pending(); }
+  // Local: this rank's background write is still running / ended in an error
+  // (what the ranks agree on at each step boundary).
+  bool writing() const { return !saver_.written(); }
+  bool failed() const { return saver_.write_failed(); }
+  // Collective, while pending(): waits for the writes and publishes (or
+  // throws naming the rank and file that failed).
+  void publish();
+
+  // checkpoint_stall_ms, checkpoint_write_s, checkpoint_bytes since the last call.
+  std::vector<std::pair<std::string, double>> take_figures();
+  const std::string& last_published() const { return last_published_; }
+  double total_stall_ms() const { return total_stall_ms_; }
+
+ private:
+  void add_figure(const std::string& name, double value);
+  void add_stall(double seconds);
+  void report(const io::PublishedCheckpoint& published, double stall, double save_stall, bool background);
+
+  const TrainState& state_;
+  std::function<void(const std::string&)> say_;
+  io::CheckpointSaver saver_;
+  std::vector<std::pair<std::string, double>> figures_;
+  std::string last_published_;
+  double total_stall_ms_ = 0.0, pending_stall_s_ = 0.0;
 };
-SavedCheckpoint save_training_checkpoint(const TrainState& state, const Counters& counters);
 
 // The checkpoint --resume names: the newest complete one in --save DIR for
 // `auto` (nothing if there is none), the newest in PATH when PATH is a --save

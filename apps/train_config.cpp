@@ -231,6 +231,19 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
   command.add_option("--keep-checkpoints", c.keep_checkpoints, "Keep only the newest K checkpoints (0: keep all)")
       ->group(checkpoints);
   command
+      .add_option("--ckpt-format", c.ckpt_format,
+                  "sharded: every rank writes the elements it owns into its own file and rank 0 an index that shows "
+                  "each tensor whole (needs a --save directory every rank can write); gathered: rank 0 receives "
+                  "everything and writes one file (a --save directory only rank 0's node sees)")
+      ->check(CLI::IsMember({"sharded", "gathered"}))
+      ->group(checkpoints);
+  command
+      .add_flag("--async-save,!--no-async-save", c.async_save,
+                "Write sharded checkpoints on a background thread from a host copy of what each rank owns (costs "
+                "that copy's memory until written) while training goes on; the final save and saves on a signal "
+                "are synchronous (default: on)")
+      ->group(checkpoints);
+  command
       .add_option("--save-timeout", c.save_timeout,
                   "Seconds a checkpoint save may take (every rank waits for rank 0's writes) before the job stops, in "
                   "place of --comm-timeout during saves (0: no limit)")
@@ -459,6 +472,8 @@ constexpr Alias kAliases[] = {
     {"save-steps", "--save-interval", "", ""},
     {"checkpoint-interval", "--save-interval", "", ""},
     {"save-total-limit", "--keep-checkpoints", "", ""},
+    {"use-dist-ckpt", "--ckpt-format", "sharded", "every rank writes what it owns"},
+    {"ckpt-fully-parallel-save", "--ckpt-format", "sharded", "every rank writes what it owns"},
     {"eval-steps", "--eval-interval", "", ""},
     {"logging-steps", "--log-interval", "", ""},
     {"data-path", "--data", "", "a file made by `tessera prepare`"},
@@ -697,6 +712,9 @@ void refuse_unused_settings(const CLI::App& command, const TrainConfig& c, const
             "splits each pipeline stage into chunks, and " +
                 setting("--pipeline-parallel", std::to_string(c.pipeline_parallel)) +
                 " has none; add --pipeline-parallel P (P > 1), or drop it");
+  refuse_if("--async-save", c.ckpt_format == "gathered",
+            "writes sharded checkpoints in the background, and --ckpt-format gathered is written by rank 0 while "
+            "every rank waits; use --ckpt-format sharded, or drop --async-save");
   refuse_if("--zero-prefetch", c.zero < 2,
             "gathers ZeRO-2/3 units ahead, and " + setting("--zero", std::to_string(c.zero)) +
                 " has none; add --zero 2 or 3, or drop it");
@@ -912,6 +930,8 @@ std::vector<std::pair<std::string, std::string>> settings(const TrainConfig& c) 
       {"save-interval", std::to_string(c.save_interval)},
       {"save-interval-minutes", exact(c.save_interval_minutes)},
       {"keep-checkpoints", std::to_string(c.keep_checkpoints)},
+      {"ckpt-format", c.ckpt_format},
+      {"async-save", flag(c.async_save)},
       {"save-timeout", exact(c.save_timeout)},
       {"resume", c.resume},
       {"exit-interval", std::to_string(c.exit_interval)},

@@ -365,25 +365,29 @@ Error explain_device_fault(const Error& error, const Context& ctx, Device device
 
 // What the ranks agree on at a step boundary, the same on every rank: the
 // first preemption signal any rank received, the highest rank that got one,
-// and whether rank 0's clock says a --save-interval-minutes save is due (one
-// clock decides, so every rank saves at the same step). One tiny all-reduce
+// whether rank 0's clock says a --save-interval-minutes save is due (one
+// clock decides, so every rank saves at the same step), and whether any
+// rank's background checkpoint write still runs or failed. One tiny all-reduce
 // (max), issued by every rank at the same point of the step; the tensor
 // lives on the training device, which every --comm-backend can move.
 struct StepBoundary {
   int signal = 0, signal_rank = -1;
   bool time_save_due = false;
+  bool save_writing = false, save_failed = false;  // a background checkpoint write still runs / failed on some rank
 };
 
 StepBoundary agree_at_step_boundary(parallel::Communicator& world, Context& ctx, Device device,
-                                    const PreemptionSignals& signals, bool time_save_due) {
+                                    const PreemptionSignals& signals, bool time_save_due,
+                                    const TrainingCheckpoints& checkpoints) {
   const int local = signals.received();
-  std::vector<int32_t> flags = {local, local ? world.rank() : -1, world.rank() == 0 && time_save_due ? 1 : 0};
+  std::vector<int32_t> flags = {local, local ? world.rank() : -1, world.rank() == 0 && time_save_due ? 1 : 0,
+                                checkpoints.writing() ? 1 : 0, checkpoints.failed() ? 1 : 0};
   if (world.size() > 1) {
-    Tensor agreed = ctx.from_vector(Shape{3}, flags, device);
+    Tensor agreed = ctx.from_vector(Shape{int64_t(flags.size())}, flags, device);
     world.all_reduce(agreed, parallel::ReduceOp::max)->wait();
     flags = agreed.to_vector<int32_t>();
   }
-  return {flags[0], flags[1], flags[2] != 0};
+  return {flags[0], flags[1], flags[2] != 0, flags[3] != 0, flags[4] != 0};
 }
 
 // Rank 0's `text` on every rank of `world` (e.g. which checkpoint to resume:
@@ -972,8 +976,11 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   int64_t consecutive_skips = counters.consecutive_skips;
   std::string stop_reason;  // why the loop ended before total_steps
   auto last_save = Clock::now();  // --save-interval-minutes counts from here (rank 0's clock decides)
-  // The last save's figures, reported with the next step's metrics (the save follows its step's record).
-  std::vector<std::pair<std::string, double>> checkpoint_figures;
+  // Saves (synchronous, or written in the background and published at a
+  // later step boundary); their figures go into the next step's metrics.
+  TrainingCheckpoints checkpoints(state, [&](const std::string& line) {
+    if (root) progress.print_above(line);
+  });
   if (root && counters.step >= total_steps)
     std::printf("nothing to do: the checkpoint is at step %lld and --train-steps/--epochs ask for %lld\n",
                 static_cast<long long>(counters.step), static_cast<long long>(total_steps));
@@ -996,6 +1003,8 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
     if (skipped) ++counters.skipped_steps;
     if (skipped && !scaler.enabled()) {
       ++result.skipped_steps;
+      // Every rank stops here together (the skip is agreed): a background save is published first.
+      if (consecutive_skips + 1 >= c.max_skipped_steps && checkpoints.pending()) checkpoints.publish();
       TESSERA_CHECK(++consecutive_skips < c.max_skipped_steps, "step ", step + 1, ": non-finite gradients in ",
                     consecutive_skips,
                     " consecutive steps (first non-finite gradient: ", non_finite_gradient_text(replica),
@@ -1017,8 +1026,7 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
       record.samples_per_s = double(samples_per_step) / seconds;
     if (scaler.enabled()) record.loss_scale = outcome.loss_scale;
     record_memory(ctx.allocator(device).stats(), record, result.peak_memory);
-    record.extra.insert(record.extra.end(), checkpoint_figures.begin(), checkpoint_figures.end());
-    checkpoint_figures.clear();
+    for (const auto& figure : checkpoints.take_figures()) record.extra.push_back(figure);
     // Bytes this rank's tensor-parallel group moved in the step (counted by the communicator).
     if (grid.tp_size() > 1)
       record.extra.emplace_back("tp_comm_bytes", double(grid.tp().counters().total_bytes() - tp_bytes_before));
@@ -1048,41 +1056,31 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
     // end (a signal during the last step changes nothing: the run is done).
     const bool clock_due = c.save_interval_minutes > 0 &&
                            std::chrono::duration<double>(Clock::now() - last_save).count() >= 60.0 * c.save_interval_minutes;
-    const StepBoundary boundary = agree_at_step_boundary(*world, ctx, device, signals, clock_due);
+    const StepBoundary boundary = agree_at_step_boundary(*world, ctx, device, signals, clock_due, checkpoints);
+    // A background save every rank has written (or one that failed: the run stops here, naming it) is published.
+    if (checkpoints.pending() && (!boundary.save_writing || boundary.save_failed)) checkpoints.publish();
     int signal = last ? 0 : boundary.signal, signal_rank = boundary.signal_rank;
     const bool exit_due = c.exit_interval > 0 && (step + 1) % c.exit_interval == 0 && !last;
     bool stop = signal != 0 || exit_due;
     const bool save_due = !c.save.empty() && (last || stop || boundary.time_save_due ||
                                               (c.save_interval > 0 && (step + 1) % c.save_interval == 0));
     if (save_due) {
-      const auto save_start = Clock::now();
-      SavedCheckpoint saved;
       {
         auto scope = trace.scope("checkpoint", "io");
-        saved = save_training_checkpoint(state, counters);
+        checkpoints.save(counters, last || stop);
       }
       last_save = Clock::now();
-      result.checkpoint = saved.path;
-      const double save_seconds = std::chrono::duration<double>(last_save - save_start).count();
-      // The save is synchronous: the step loop waits for the whole write (stall = write time).
-      checkpoint_figures = {{"checkpoint_stall_ms", save_seconds * 1e3},
-                            {"checkpoint_write_s", save_seconds},
-                            {"checkpoint_bytes", double(saved.bytes)}};
-      result.checkpoint_stall_ms += save_seconds * 1e3;
-      if (root) {
-        char line[96];
-        std::snprintf(line, sizeof line, " (%.2f s, %s from rank 0)", save_seconds,
-                      parallel::byte_text(saved.bytes).c_str());
-        progress.print_above("checkpoint: " + result.checkpoint + line);
-      }
       if (!stop && !last) {
         // A signal that arrived during the save: the checkpoint just written serves.
-        const StepBoundary during = agree_at_step_boundary(*world, ctx, device, signals, false);
+        const StepBoundary during = agree_at_step_boundary(*world, ctx, device, signals, false, checkpoints);
         signal = during.signal;
         signal_rank = during.signal_rank;
         stop = signal != 0;
+        if (stop) checkpoints.publish();
       }
     }
+    result.checkpoint = checkpoints.last_published();
+    result.checkpoint_stall_ms = checkpoints.total_stall_ms();
     if (stop) {
       if (signal != 0) result.stop_signal = signal;
       stop_reason = describe_stop(c, signal, signal_rank, step + 1, result);

@@ -29,13 +29,14 @@ Usage: benchmarks/zero_memory.py [--tessera build/bin/tessera] [--ranks 1 2 4] [
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+
+from machine import cpu_description, mpi_environment
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WARMUP = 2
@@ -87,17 +88,6 @@ def predicted(args, ranks, zero, env):
     return int(match.group(1))
 
 
-def cpu_description():
-    try:
-        with open("/proc/cpuinfo") as f:
-            text = f.read()
-        model = re.search(r"^model name\s*:\s*(.*)$", text, re.MULTILINE)
-        flags = re.search(r"^flags\s*:\s*(.*)$", text, re.MULTILINE)
-        isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if flags and f in flags.group(1).split()]
-        return f"{model.group(1) if model else platform.processor()}, {os.cpu_count()} cores, {' '.join(isa)}"
-    except OSError:
-        return platform.processor()
-
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -112,9 +102,7 @@ def main():
     parser.add_argument("--zero-prefetch", type=int, default=1)
     args = parser.parse_args()
 
-    env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
-    if os.geteuid() == 0:  # Open MPI refuses to run as root unless told
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env = mpi_environment()
     configurations = [(ranks, zero) for ranks in args.ranks for zero in args.zero]
     print(f"zero_memory: {cpu_description()}; GPT {' '.join(gpt_flags(args)[2:])}, "
           f"--zero-prefetch {args.zero_prefetch}, {args.steps} timed steps x {args.rounds} rounds", flush=True)

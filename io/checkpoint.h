@@ -1,20 +1,26 @@
-// Checkpoints: one directory per step, `DIR/step_00000100/`, holding one HDF5
-// file in which every logical tensor (a parameter, an optimizer moment, a
-// master weight) is stored WHOLE under its name with its global shape and a
-// CRC-32 checksum, plus the run's metadata (step, config, the layout it was
-// saved under, data-sampler position, scheduler and loss-scaler state, each
-// rank's RNG state) as attributes and small datasets. Because tensors are
-// stored whole, any layout reads back its own slices: resharding (dp, ZeRO,
-// tp and their combinations; later pp) is a read with another slice
-// description.
+// Checkpoints: one directory per step, `DIR/step_00000100/`, in which every
+// logical tensor (a parameter, an optimizer moment, a master weight) is
+// readable WHOLE under its name with its global shape and CRC-32 checksums,
+// plus the run's metadata (step, config, the layout it was saved under,
+// data-sampler position, scheduler and loss-scaler state, each rank's RNG
+// state) as attributes and small datasets. Because tensors are whole, any
+// layout reads back its own slices: resharding (dp, ZeRO, tp, pp and their
+// combinations) is a read with another slice description.
 //
-// Writing is collective and gathers to one writer (world rank 0): each rank
-// sends the pieces it owns (one owner per piece: replicas are written once)
-// and rank 0 assembles each logical tensor in host memory and writes it.
-// This works with the serial HDF5 Debian ships and keeps one self-contained
-// file; its cost is one tensor at a time in rank 0's memory and rank 0's
-// write bandwidth (fine at the model sizes a CPU cluster trains; parallel HDF5
-// hyperslab writes are the way up).
+// Two ways to write (SaveOptions::writers, io/README.md has the formats):
+//   every_rank (format 2, the default): each rank writes the elements it owns
+//     into its own file `rank_<r>.h5` in the step directory, in parallel,
+//     with a CRC per piece; rank 0 then writes `checkpoint.h5`, an index in
+//     which each tensor is an HDF5 virtual dataset stitching the ranks'
+//     pieces into the whole tensor (so h5py, h5dump and HDF5 tools read it
+//     whole), and the table of pieces the reader uses to read only what a
+//     rank needs. No gather: no rank holds more than it owns. Needs a save
+//     directory every rank can write (a shared filesystem across nodes).
+//     With CheckpointSaver it can run asynchronously: the pieces are copied
+//     to host memory and a background thread writes them.
+//   rank_zero (format 1): the owners send their pieces to world rank 0,
+//     which assembles each tensor in host memory and writes one
+//     self-contained file (for save directories only rank 0's node sees).
 //
 // Atomic publish: the directory is written as `DIR/.step_00000100.tmp`,
 // every file fsynced, renamed to `step_00000100`, the parent fsynced, and
@@ -26,6 +32,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,7 +43,9 @@
 
 namespace tessera::io {
 
-inline constexpr int64_t kCheckpointFormat = 1;
+// The newest format this build reads and writes (2: a file per rank and an
+// index; 1, one file written by rank 0, is still written and read).
+inline constexpr int64_t kCheckpointFormat = 2;
 
 // Which part of a logical tensor `local` holds. Five forms (examples on a
 // tensor W), each built by a helper or the constructor {kind, begin, dim}:
@@ -140,24 +149,82 @@ struct TensorPiece {
 // the step, the sampler position, scheduler and loss-scaler state.
 using CheckpointMetadata = std::map<std::string, std::string>;
 
+// Who writes the data (see the top of this file).
+enum class CheckpointWriters {
+  every_rank,  // format 2: each rank its own file, rank 0 the index (parallel; may be asynchronous)
+  rank_zero,   // format 1: everything gathered to world rank 0, one file
+};
+
 struct SaveOptions {
   int keep = 0;  // keep the newest `keep` checkpoints (0: keep all)
+  CheckpointWriters writers = CheckpointWriters::every_rank;
   // Per-rank blobs (e.g. RNG states), gathered and stored as
   // /ranks/<world rank>/<key>; every rank passes its own.
   std::map<std::string, std::vector<uint8_t>> rank_state;
-  // The deadline of the save's communication (every rank waits for rank 0's
-  // writes) in seconds, in place of the communicator's own for the save's
+  // The deadline of the save's communication (every rank waits for the
+  // slowest writer) in seconds, in place of the communicator's own for the save's
   // duration (--save-timeout; 0: none); unset keeps the communicator's.
   std::optional<double> timeout_s;
 };
 
 // Collective over `world`: writes DIR/step_<step> atomically and updates
 // DIR/latest; returns the checkpoint's path (on every rank). Throws
-// tessera::Error naming the directory on any failure, leaving the previous
-// checkpoint and `latest` untouched.
+// tessera::Error naming the directory (and the rank and file that failed) on
+// any failure, leaving the previous checkpoint and `latest` untouched.
 std::string save_checkpoint(parallel::Communicator& world, const std::string& dir, int64_t step,
                             const std::vector<TensorPiece>& pieces, const CheckpointMetadata& metadata,
                             const SaveOptions& options = {});
+
+// What a published save wrote, as this rank saw it.
+struct PublishedCheckpoint {
+  std::string path;            // DIR/step_N
+  int64_t step = 0;
+  int64_t bytes = 0;           // tensor bytes this rank wrote (every_rank) or owned (rank_zero)
+  double write_seconds = 0.0;  // this rank's write of its file (every_rank), or the whole save (rank_zero)
+};
+
+// Saves, synchronously or asynchronously, one at a time. An asynchronous
+// save (every_rank writers only) costs the step loop the descriptors'
+// all-gather and a copy of what this rank owns into host memory (pinned for
+// device tensors): that copy is the memory cost, held until the rank's file
+// is written. A background thread writes the file (no MPI on it: MPI runs
+// with MPI_THREAD_FUNNELED); publishing (rank 0's index, the rename,
+// `latest`) happens in finish(), collective, which the caller runs when
+// every rank's write has ended (written() everywhere, e.g. agreed in an
+// all-reduce it already does each step) or any failed, and before the next
+// save, the end of training or an exit on a signal. Until then `latest`
+// names the previous checkpoint. The destructor waits for a running write
+// but publishes nothing (the next save removes the leftover temporary).
+class CheckpointSaver {
+ public:
+  explicit CheckpointSaver(parallel::Communicator& world);
+  ~CheckpointSaver();
+  CheckpointSaver(const CheckpointSaver&) = delete;
+  CheckpointSaver& operator=(const CheckpointSaver&) = delete;
+
+  // Collective. Publishes a pending save first. Synchronous (`async` false,
+  // or rank_zero writers): returns the published checkpoint. Asynchronous:
+  // returns nothing once this rank's pieces are copied; pending() is true.
+  // Throws (every rank) as save_checkpoint does.
+  std::optional<PublishedCheckpoint> save(const std::string& dir, int64_t step, const std::vector<TensorPiece>& pieces,
+                                          const CheckpointMetadata& metadata, const SaveOptions& options = {},
+                                          bool async = false);
+  bool pending() const;  // an asynchronous save not published yet
+  // Local, no communication: this rank's background write has ended
+  // (true when nothing is pending) ...
+  bool written() const;
+  // ... and ended with an error (the file and the reason are in finish()'s error).
+  bool write_failed() const;
+  // Collective (every rank, while pending()): waits for this rank's write,
+  // learns every rank's outcome, and rank 0 writes the index and publishes.
+  // Returns what was published; throws on every rank naming the rank(s) and
+  // file(s) that failed, the previous checkpoint and `latest` untouched.
+  PublishedCheckpoint finish();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 // Creates the save directory `dir` if needed and writes (then removes) a
 // probe file in it, so a run finds out at its start, not at its first
@@ -178,7 +245,8 @@ struct StoredTensor {
   std::string name;
   Shape shape;
   DType dtype;
-  uint32_t crc32 = 0;
+  uint32_t crc32 = 0;  // format 1: of the whole tensor
+  int pieces = 1;      // format 2: stored pieces (each with its CRC-32 and rank file); format 1: 1
 };
 
 // Reads a checkpoint directory (or its HDF5 file). Opening validates the
@@ -197,19 +265,22 @@ class CheckpointReader {
   const std::vector<StoredTensor>& tensors() const;
   bool has_tensor(const std::string& name) const;
   int ranks_saved() const;  // world size of the run that saved it
+  int64_t format() const;   // 1: one file written by rank 0; 2: a file per rank and an index
   std::optional<std::vector<uint8_t>> rank_state(int world_rank, const std::string& key) const;
   std::vector<std::string> rank_state_keys(int world_rank) const;  // sorted; empty if that rank stored none
 
   // Fills piece.local (allocated by the caller, on any device, with as many
   // elements as the slice holds: see TensorSlice) with its slice of the
   // stored tensor, converting nothing: dtype and global shape must match,
-  // else a clear error. Reads the whole tensor and verifies its checksum,
-  // keeping it as a one-entry cache (name → verified bytes): consecutive
+  // else a clear error. Format 2 reads only the stored pieces that overlap
+  // the slice (each whole, its checksum verified): a rank resuming under the
+  // layout that saved reads just its own pieces. Format 1 reads the whole
+  // tensor and verifies its checksum. What was read is kept for the current
+  // tensor (format 1: the tensor; format 2: the pieces read), so consecutive
   // reads of pieces of one tensor (several shards or sub-ranges of it listed
-  // one after another) read and check it once. Reading another tensor replaces the entry (the cache holds at most
-  // one tensor); destroying the reader frees it. A failed check caches
-  // nothing. Not for concurrent use from several threads (nor is serial
-  // HDF5).
+  // one after another) read and check it once; reading another tensor
+  // replaces it, destroying the reader frees it, a failed check caches
+  // nothing. Not for concurrent use from several threads.
   void read(TensorPiece& piece) const;
   // Recomputes every tensor's checksum; returns the names that do not match
   // (and those whose HDF5 header is damaged, see damaged()).

@@ -158,6 +158,54 @@ void publish_directory(const fs::path& temporary, const fs::path& final_path) {
   fs::remove_all(aside, error);
 }
 
+// Rank 0, before any rank writes: the save directory created (and its
+// parent fsynced when new), leftovers of crashed saves removed, the room for
+// `needed` bytes checked, the empty temporary directory created.
+void prepare_save_directory(const fs::path& save_dir, const fs::path& temporary, int64_t needed) {
+  std::error_code error;
+  const bool existed = fs::is_directory(save_dir, error);
+  fs::create_directories(save_dir, error);
+  TESSERA_CHECK(!error, "cannot create the directory ", save_dir.string(), ": ", error.message());
+  if (!existed) fsync_path(save_dir.has_parent_path() ? save_dir.parent_path() : fs::path("."), true);
+  remove_stale_temporaries(save_dir);
+  // Before writing anything: a checkpoint that cannot fit fails now, with a message saying so.
+  TESSERA_CHECK(has_room(save_dir, needed), no_room_message(save_dir, needed, false));
+  fs::create_directory(temporary, error);
+  TESSERA_CHECK(!error, "cannot create ", temporary.string(), ": ", error.message());
+}
+
+std::string publish_checkpoint(const fs::path& save_dir, const fs::path& temporary, const fs::path& final_path,
+                               int keep) {
+  bool published = false;
+  try {
+    fsync_path(temporary, true);
+    publish_directory(temporary, final_path);
+    published = true;
+    fsync_path(save_dir, true);
+    write_file_atomically(save_dir / kLatestFile, final_path.filename().string() + "\n");
+    prune(save_dir, keep, final_path.filename().string());
+    return {};
+  } catch (const std::exception& error) {
+    std::string failure = message_of(error);
+    if (published)
+      failure += " (" + final_path.string() +
+                 " itself is complete, but 'latest' still names the previous checkpoint, which --resume auto uses)";
+    return failure;
+  }
+}
+
+std::string abandon_checkpoint(const fs::path& save_dir, const fs::path& temporary, int64_t needed,
+                               std::string failure) {
+  std::error_code ignored;
+  fs::remove_all(temporary, ignored);
+  // A write that ran out of room (more than estimated, or another writer
+  // filled the disk) says so first; HDF5's stack follows.
+  if (failure.find("No space left on device") != std::string::npos &&
+      failure.find("free space there") == std::string::npos)
+    failure = no_room_message(save_dir, needed, true) + ". " + failure;
+  return failure;
+}
+
 // Keeps the newest `keep` checkpoints and the one `latest` names; a
 // checkpoint that cannot be removed is reported on stderr (the new one is
 // already safe, so this is no reason to fail the save).

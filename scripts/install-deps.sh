@@ -14,6 +14,7 @@ packages=(
   slurm-wlm munge libpmix-dev         # the `slurm` tests: a real single-host Slurm cluster (srun --mpi=pmix)
   util-linux                          # taskset: CPU binding in scripts/tessera-rank
   libhdf5-dev                         # datasets and checkpoints
+  python3-h5py hdf5-tools             # the checkpoint tests: h5py and h5dump read sharded checkpoints' tensors whole
   libcli11-dev                        # the command line
   libtomlplusplus-dev                 # the --config TOML files of `tessera train`
   libopenblas-openmp-dev              # f32 GEMM, sharing OpenMP with our kernels

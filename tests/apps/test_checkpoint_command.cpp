@@ -113,6 +113,7 @@ TEST(CheckpointCommand, InspectPrintsTensorsAndVerifiesChecksums) {
     EXPECT_CONTAINS(run.out, "  model = mlp\n");
     EXPECT_CONTAINS(run.out, "rank 0: rng (4 B)");
     EXPECT_CONTAINS(run.out, "tensors: 3");
+    EXPECT_CONTAINS(run.out, "format: 2 (every rank's file and an index of whole tensors)");
     for (const auto& [name, shape, dtype] :
          {std::tuple<std::string, std::string, std::string>{"layers.0.weight", "[33, 17]", "f32"},
           {"layers.0.bias", "[17]", "bf16"},
@@ -127,8 +128,9 @@ TEST(CheckpointCommand, InspectPrintsTensorsAndVerifiesChecksums) {
     EXPECT_CONTAINS(run.out, "checksums: all 3 tensors verified");
   }
 
-  // Flip one byte of the pattern in the file.
-  const std::string file = path + "/checkpoint.h5";
+  // Flip one byte of the pattern where it is stored: rank 0's file (the
+  // index, checkpoint.h5, holds no tensor data).
+  const std::string file = path + "/rank_00000.h5";
   std::vector<char> bytes;
   {
     std::ifstream in(file, std::ios::binary);
@@ -142,7 +144,7 @@ TEST(CheckpointCommand, InspectPrintsTensorsAndVerifiesChecksums) {
 
   const CliRun corrupt = run_cli({"checkpoint", "inspect", path});
   EXPECT_EQ(corrupt.exit_code, 1);
-  EXPECT_CONTAINS(corrupt.err, "checksum mismatch in 1 tensor of " + file + ": blob");
+  EXPECT_CONTAINS(corrupt.err, "checksum mismatch in 1 tensor of " + path + "/checkpoint.h5: blob");
   EXPECT_CONTAINS(corrupt.out, "MISMATCH");
   EXPECT_CONTAINS(corrupt.out, "checksums: 1 of 3 tensors do not match");
 

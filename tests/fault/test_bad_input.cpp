@@ -244,9 +244,10 @@ TEST_F(BadInput, TruncatedCheckpoint) {
 }
 
 TEST_F(BadInput, CheckpointChecksumMismatch) {
-  const std::string file = newest_checkpoint_file();
+  // The bytes of wte.weight: a piece in a rank's file (a sharded checkpoint's index holds none).
+  const auto [file, dataset] = stored_tensor_data(newest_checkpoint_file(), "wte.weight");
   std::mt19937_64 rng(std::random_device{}());
-  ASSERT_TRUE(flip_random_stored_bit(file, "/tensors/wte.weight", rng));  // what a bad disk or copy does
+  ASSERT_TRUE(flip_random_stored_bit(file, dataset, rng));  // what a bad disk or copy does
   expect_refused({}, {"checksum mismatch in tensor wte.weight of " + file,
                       "resume from an earlier one: --resume " + (fs::path(save) / "step_00000002").string()});
 }

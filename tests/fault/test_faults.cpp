@@ -142,8 +142,11 @@ TEST(Faults, NcclHangIsReportedByTheWatchdogAndEndsTheJob) {
 
 TEST(Faults, CrashOfOneRankEndsTheJobAndTheLastCheckpointResumes) {
   ScratchDirectory dir("tessera_faults_");
-  const auto args =
-      joined(gpt_args(), {"--train-steps", "8", "--save", dir / "ckpt", "--save-interval", "2", "--resume", "auto"});
+  // Synchronous saves: the step-4 checkpoint is published before step 5
+  // begins (an asynchronous one is published at a later step boundary, so a
+  // crash in the step after it may find it unpublished: see below).
+  const auto args = joined(gpt_args(), {"--train-steps", "8", "--save", dir / "ckpt", "--save-interval", "2",
+                                        "--resume", "auto", "--no-async-save"});
   {
     const FaultEnvironment fault("crash@5:1");  // rank 1 dies as step 5 begins, after the step-4 checkpoint
     const Outcome out = run_job(2, args, dir / "crash.log", seconds(60));
@@ -154,17 +157,38 @@ TEST(Faults, CrashOfOneRankEndsTheJobAndTheLastCheckpointResumes) {
 }
 
 TEST(Faults, DeathInTheMiddleOfACheckpointWriteLeavesThePreviousOneIntact) {
-  ScratchDirectory dir("tessera_faults_");
-  const auto args = joined(gpt_args(), {"--train-steps", "6", "--save", dir / "ckpt", "--save-interval", "2",
-                                        "--resume", "auto", "--comm-timeout", "10"});
-  {
-    // Rank 0 writes checkpoints (gathered to it): it dies after some of step 4's tensors, before the rename.
-    const FaultEnvironment fault("checkpoint_crash@4:0");
-    const Outcome out = run_job(2, args, dir / "crash.log", seconds(60));
-    expect_ended_by_fault(out, 10.0, {"TESSERA_FAULT: checkpoint_crash while writing the step-4 checkpoint on rank 0"});
+  // A rank dies while writing the step-4 checkpoint, after some of its
+  // pieces, before anything is published: rank 1 on its background thread
+  // (sharded, asynchronous: training had gone on), rank 1 in a synchronous
+  // sharded save, rank 0 gathering everything (format 1). --zero 1 gives
+  // rank 1 optimizer state of its own to write.
+  struct Case {
+    std::string name, fault;
+    std::vector<std::string> flags;
+  };
+  const std::vector<Case> cases = {
+      {"async", "checkpoint_crash@4:1", {"--async-save"}},
+      {"sync", "checkpoint_crash@4:1", {"--no-async-save"}},
+      {"gathered", "checkpoint_crash@4:0", {"--ckpt-format", "gathered"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    ScratchDirectory dir("tessera_faults_");
+    const auto args = joined(gpt_args(), joined({"--train-steps", "6", "--save", dir / "ckpt", "--save-interval", "2",
+                                                 "--resume", "auto", "--comm-timeout", "10", "--zero", "1"},
+                                                c.flags));
+    {
+      const FaultEnvironment fault(c.fault);
+      const Outcome out = run_job(2, args, dir / "crash.log", seconds(60));
+      const std::string rank = c.fault.substr(c.fault.size() - 1);
+      expect_ended_by_fault(
+          out, 10.0, {"TESSERA_FAULT: checkpoint_crash while writing the step-4 checkpoint on rank " + rank});
+    }
+    EXPECT_FALSE(std::filesystem::exists(dir / "ckpt/step_00000004")) << "a half-written checkpoint was published";
+    std::ifstream latest(dir / "ckpt/latest");
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(latest), {}), "step_00000002\n");
+    expect_newest_checkpoint_resumes(dir / "ckpt", 2, 2, args, 6, dir / "resumed.log");
   }
-  EXPECT_FALSE(std::filesystem::exists(dir / "ckpt/step_00000004")) << "a half-written checkpoint was published";
-  expect_newest_checkpoint_resumes(dir / "ckpt", 2, 2, args, 6, dir / "resumed.log");
 }
 
 TEST(Faults, ATruncatedDataFileInTheMiddleOfARunNamesTheRankAndTheFile) {
@@ -173,7 +197,9 @@ TEST(Faults, ATruncatedDataFileInTheMiddleOfARunNamesTheRankAndTheFile) {
   const std::string data = write_text_dataset(dir.path, 4000, rng);
   const auto args = words(
       "--model gpt --seq-length 8 --num-layers 2 --num-heads 4 --hidden-size 16 --micro-batch-size 2 --threads 1 "
-      "--train-steps 6 --save-interval 2 --resume auto --comm-timeout 10");
+      "--train-steps 6 --save-interval 2 --resume auto --comm-timeout 10 --no-async-save");
+  // Synchronous saves: the step-4 checkpoint is published before step 5's
+  // failure (an asynchronous one races the abort: DeathInTheMiddle... has it).
   const auto run_args = joined(args, {"--data", data, "--save", dir / "ckpt"});
   {
     const FaultEnvironment fault("truncated_data@5:1");  // rank 1's data file is cut as step 5 begins
@@ -330,20 +356,30 @@ Outcome run_on_small_filesystem(const ScratchDirectory& dir, const std::string& 
 TEST(Faults, AFullDiskStopsTheSaveSayingSoAndKeepsThePreviousCheckpoint) {
   if (::geteuid() != 0 || !std::filesystem::exists("/usr/bin/unshare"))
     GTEST_SKIP() << "needs root and util-linux's unshare to mount a small tmpfs in a private mount namespace";
-  // Each checkpoint of this model is about 123 KiB: 300 KiB hold two, the
-  // third (step 6) does not fit; 9 inodes (the save directory's lock file
-  // takes one) are used up by then as well.
+  // Sharded (the default, asynchronous): each checkpoint of this model is
+  // about 210 KiB in 4 inodes (the directory, rank 0's file, rank 1's, the
+  // index); 500 KiB hold two, and so do 13 inodes (the save directory, its
+  // lock file and `latest` take 3, `latest.tmp` one more while it is
+  // replaced). The inodes run out as the ranks create their step-6 files: the
+  // write itself fails, on the background threads, and the run stops at the
+  // next step boundary naming the ranks and the files. Gathered (format 1):
+  // about 123 KiB in 2 inodes; 300 KiB and 9 inodes hold two.
   struct Case {
     std::string mount_options, message;
+    std::vector<std::string> format, parts;
   };
+  const std::vector<std::string> gathered = {"--ckpt-format", "gathered"};
   const std::vector<Case> cases = {
-      {"size=300k", "the checkpoint needs about"},
-      {"size=10m,nr_inodes=9", "no room for more files (inodes)"},
+      {"size=500k", "the checkpoint needs about", {}, {}},
+      {"size=10m,nr_inodes=13", "no room for more files (inodes)", {}, {"could not write ", ".step_00000006.tmp/rank_0000"}},
+      {"size=300k", "the checkpoint needs about", gathered, {}},
+      {"size=10m,nr_inodes=9", "no room for more files (inodes)", gathered, {}},
   };
   for (const Case& c : cases) {
-    SCOPED_TRACE(c.mount_options);
+    SCOPED_TRACE(c.mount_options + (c.format.empty() ? " sharded" : " gathered"));
     ScratchDirectory dir("tessera_faults_");
-    const auto args = joined(gpt_args(), {"--train-steps", "8", "--save-interval", "2", "--comm-timeout", "10"});
+    const auto args =
+        joined(gpt_args(), joined({"--train-steps", "8", "--save-interval", "2", "--comm-timeout", "10"}, c.format));
     const Outcome out = run_on_small_filesystem(dir, c.mount_options, args, dir / "after");
     ASSERT_NE(out.status, 97) << "could not mount a tmpfs:\n" << out.output;
     expect_ended_by_fault(
@@ -352,6 +388,7 @@ TEST(Faults, AFullDiskStopsTheSaveSayingSoAndKeepsThePreviousCheckpoint) {
          "step_00000006 failed (the previous "
          "checkpoint and 'latest' are untouched)",
          c.message, "keep fewer checkpoints (--keep-checkpoints N), or --save to a larger filesystem"});
+    for (const std::string& part : c.parts) EXPECT_TRUE(contains(out.output, part)) << part << " not in:\n" << out.output;
     EXPECT_FALSE(contains(out.output, "HDF5-DIAG")) << "HDF5's own error stack printed:\n" << out.output;
     // What was on the small filesystem: the step-4 checkpoint, complete, and nothing half-written.
     EXPECT_FALSE(std::filesystem::exists(dir / "after/.step_00000006.tmp"));

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tessera::testing {
@@ -168,6 +169,35 @@ inline bool flip_random_stored_bit(const std::string& path, const std::string& n
   if (stored == 0) return false;
   return flip_stored_bit(path, name, std::uniform_int_distribution<hsize_t>(0, stored - 1)(rng),
                          std::uniform_int_distribution<int>(0, 7)(rng));
+}
+
+// Where the bytes of tensor `name` of the checkpoint whose index (or only
+// file) is `index_file` are stored: format 1, /tensors/<name> of that file;
+// format 2, the first stored piece the index's `tessera_pieces` table lists
+// (row: rank, index in the rank's list, ...): tensors/<name>/<index> of
+// rank_<rank>.h5 beside it. Read with the raw C API.
+inline std::pair<std::string, std::string> stored_tensor_data(const std::string& index_file, const std::string& name) {
+  const std::string dataset_name = "/tensors/" + name;
+  const hid_t file = H5Fopen(index_file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  const hid_t set = H5Dopen2(file, dataset_name.c_str(), H5P_DEFAULT);
+  std::pair<std::string, std::string> where = {index_file, dataset_name};
+  if (H5Aexists(set, "tessera_pieces") > 0) {
+    const hid_t attribute = H5Aopen(set, "tessera_pieces", H5P_DEFAULT);
+    const hid_t space = H5Aget_space(attribute);
+    hsize_t dims[2] = {0, 0};
+    H5Sget_simple_extent_dims(space, dims, nullptr);
+    std::vector<int64_t> rows(dims[0] * dims[1]);
+    H5Aread(attribute, H5T_NATIVE_INT64, rows.data());
+    H5Sclose(space);
+    H5Aclose(attribute);
+    char rank_file[32];
+    std::snprintf(rank_file, sizeof rank_file, "rank_%05d.h5", int(rows.at(0)));
+    where = {(std::filesystem::path(index_file).parent_path() / rank_file).string(),
+             dataset_name + "/" + std::to_string(rows.at(1))};
+  }
+  H5Dclose(set);
+  H5Fclose(file);
+  return where;
 }
 
 // Inverts 8 bytes starting `offset` bytes into the header of HDF5 object

@@ -8,17 +8,26 @@
 // at the file level) and compares, byte for byte, with the values it computes
 // itself from the shared seed. Ownership gaps and overlaps across ranks, and
 // an error on one rank, make every rank throw without publishing anything.
+// Sharded checkpoints (format 2): each rank reads its own slices from its own
+// file only (the others' files hidden); an asynchronous save writes what the
+// pieces held when it was called, publishes only in finish(), and no save
+// holds more than what the rank owns plus a bounded buffer (the pieces'
+// allocator and the process's resident-set high-water mark, measured).
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <thread>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/context.h"
 #include "core/error.h"
 #include "io/checkpoint.h"
@@ -369,6 +378,168 @@ TEST_F(CheckpointMpi, GapsOverlapsAndOneRanksErrorStopEveryRank) {
   world->barrier();  // rank 0 has finished every save before anyone looks
   EXPECT_FALSE(fs::exists(fs::path(dir.path()) / "step_00000002"));
   EXPECT_FALSE(fs::exists(fs::path(dir.path()) / ".step_00000002.tmp"));
+}
+
+
+// --- Sharded checkpoints: reads of one's own file, asynchronous saves, memory ---
+
+// This rank's even share [n·r/R, n·(r+1)/R) of each tensor as flat ranges.
+std::vector<TensorPiece> even_flat_pieces(Context& ctx, const std::vector<Logical>& tensors, int rank, int ranks) {
+  std::vector<TensorPiece> pieces;
+  for (const Logical& t : tensors) {
+    const int64_t n = t.shape.numel();
+    pieces.push_back(flat_piece(ctx, t, n * rank / ranks, n * (rank + 1) / ranks));
+  }
+  return pieces;
+}
+
+// Until every rank's background write has ended (agreed as a trainer does at its step boundaries).
+void wait_until_written_everywhere(const io::CheckpointSaver& saver) {
+  for (;;) {
+    int writing = saver.written() ? 0 : 1;
+    MPI_Allreduce(MPI_IN_PLACE, &writing, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (writing == 0) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+TEST_F(CheckpointMpi, EachRankReadsItsOwnSlicesFromItsOwnFileOnly) {
+  TESSERA_SEED_TRACE();
+  SharedDir dir(*world);
+  const std::vector<Logical> tensors = make_tensors(rng);
+  std::vector<TensorPiece> pieces = even_flat_pieces(ctx, tensors, rank, ranks);
+  const std::string path = io::save_checkpoint(*world, dir.path(), 5, pieces, {});
+  // A private copy holding the index and this rank's file only.
+  const fs::path mine = fs::path(dir.path()) / ("rank" + std::to_string(rank)) / "step_00000005";
+  fs::create_directories(mine);
+  char rank_file[32];
+  std::snprintf(rank_file, sizeof rank_file, "rank_%05d.h5", rank);
+  for (const char* name : {"checkpoint.h5", static_cast<const char*>(rank_file)})
+    fs::copy_file(fs::path(path) / name, mine / name);
+  io::CheckpointReader reader(mine.string());
+  EXPECT_EQ(reader.format(), 2);
+  for (TensorPiece& load : pieces) {
+    if (load.local.numel() == 0) continue;
+    const std::vector<uint8_t> expected = bytes_of(load.local);
+    load.local.copy_(poisoned(ctx, load.local.shape(), load.dtype));
+    reader.read(load);
+    EXPECT_EQ(bytes_of(load.local), expected) << load.name;
+  }
+  // A tensor whole needs the other ranks' files: the one missing is named.
+  TensorPiece whole = whole_piece(ctx, tensors[0], true);
+  std::string message = "(no error)";
+  try {
+    reader.read(whole);
+  } catch (const Error& error) {
+    message = error.what();
+  }
+  EXPECT_NE(message.find("is incomplete: "), std::string::npos) << message;
+  EXPECT_NE(message.find("rank_0000" + std::to_string(rank == 0 ? 1 : 0) + ".h5"), std::string::npos) << message;
+  EXPECT_NE(message.find("is missing"), std::string::npos) << message;
+}
+
+TEST_F(CheckpointMpi, AnAsynchronousSaveWritesWhatThePiecesHeldAndPublishesInFinish) {
+  TESSERA_SEED_TRACE();
+  SharedDir dir(*world);
+  const std::vector<Logical> tensors = make_tensors(rng);
+  std::vector<TensorPiece> pieces = even_flat_pieces(ctx, tensors, rank, ranks);
+  std::vector<std::vector<uint8_t>> saved;
+  for (const TensorPiece& piece : pieces) saved.push_back(bytes_of(piece.local));
+  io::CheckpointSaver saver(*world);
+  io::SaveOptions options;
+  options.rank_state = {{"rng", rank_blob(rank)}};
+  const std::string first = io::save_checkpoint(*world, dir.path(), 1, pieces, {}, options);
+  EXPECT_FALSE(saver.save(dir.path(), 2, pieces, {{"note", "async"}}, options, true).has_value());
+  EXPECT_TRUE(saver.pending());
+  // Training goes on: the pieces change under the background write.
+  for (TensorPiece& piece : pieces) piece.local.copy_(poisoned(ctx, piece.local.shape(), piece.dtype));
+  EXPECT_EQ(io::find_latest_checkpoint(dir.path()), first) << "published before finish()";
+  wait_until_written_everywhere(saver);
+  EXPECT_FALSE(saver.write_failed());
+  const io::PublishedCheckpoint published = saver.finish();
+  EXPECT_FALSE(saver.pending());
+  EXPECT_EQ(published.path, (fs::path(dir.path()) / "step_00000002").string());
+  EXPECT_EQ(io::find_latest_checkpoint(dir.path()), published.path);
+  int64_t owned = 0;
+  for (const std::vector<uint8_t>& bytes : saved) owned += int64_t(bytes.size());
+  EXPECT_EQ(published.bytes, owned);
+  io::CheckpointReader reader(published.path);
+  EXPECT_TRUE(reader.verify().empty());
+  EXPECT_EQ(reader.metadata().at("note"), "async");
+  for (int r = 0; r < ranks; ++r) EXPECT_EQ(reader.rank_state(r, "rng"), rank_blob(r)) << "rank " << r;
+  for (const Logical& t : tensors) {  // every rank reads every tensor whole: the values at save time
+    TensorPiece load = whole_piece(ctx, t, true);
+    load.local.copy_(poisoned(ctx, load.local.shape(), load.dtype));
+    reader.read(load);
+    EXPECT_EQ(bytes_of(load.local), t.bytes) << t.name;
+  }
+}
+
+// /proc/self/status fields in bytes ("VmRSS", "VmHWM").
+int64_t status_bytes(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
+  return -1;
+}
+
+// The resident-set high-water mark back to the current resident set.
+bool reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return bool(out);
+}
+
+TEST_F(CheckpointMpi, NoSaveHoldsMoreThanTheRankOwnsPlusABoundedBuffer) {
+  TESSERA_SEED_TRACE();
+  SharedDir dir(*world);
+  // Four f32 tensors of 1 Mi elements (4 MiB each), each split evenly over the ranks.
+  constexpr int64_t n = int64_t(1) << 20;
+  std::vector<TensorPiece> pieces;
+  for (int i = 0; i < 4; ++i) {
+    TensorPiece piece;
+    piece.name = "layers." + std::to_string(i) + ".weight";
+    piece.global_shape = Shape{n};
+    piece.dtype = DType::f32;
+    piece.slice = TensorSlice::flat(n * rank / ranks);
+    piece.local = random_tensor(ctx, Shape{n * (rank + 1) / ranks - n * rank / ranks}, DType::f32, rng).tensor;
+    pieces.push_back(std::move(piece));
+  }
+  int64_t owned = 0;
+  for (const TensorPiece& piece : pieces) owned += int64_t(piece.local.nbytes());
+  constexpr int64_t kBuffer = int64_t(16) << 20;  // HDF5's buffers, descriptors, page-cache bookkeeping
+  Allocator& allocator = ctx.allocator(Device::cpu());
+  const bool rss_measured = reset_peak_rss();
+  int64_t step = 0;
+  for (const bool async : {false, true}) {
+    SCOPED_TRACE(async ? "asynchronous" : "synchronous");
+    io::CheckpointSaver saver(*world);
+    allocator.reset_peak_stats();
+    const int64_t allocated = int64_t(allocator.stats().allocated_bytes);
+    reset_peak_rss();
+    const int64_t rss = status_bytes("VmRSS");
+    saver.save(dir.path(), ++step, pieces, {}, {}, async);
+    if (async) {
+      wait_until_written_everywhere(saver);
+      saver.finish();
+    }
+    const int64_t tensor_growth = int64_t(allocator.stats().peak_allocated_bytes) - allocated;
+    const int64_t rss_growth = status_bytes("VmHWM") - rss;
+    // Tensors: nothing at all synchronously (CPU pieces are written from
+    // where they are), exactly a copy of what the rank owns asynchronously.
+    EXPECT_EQ(tensor_growth, async ? owned : 0) << "rank " << rank;
+    if (rss_measured) {
+      EXPECT_LE(rss_growth, (async ? owned : 0) + kBuffer) << "rank " << rank;
+    }
+    if (rank == 0)
+      std::printf("save of %lld bytes owned per rank (%s): tensor memory +%lld, resident set +%lld bytes\n",
+                  static_cast<long long>(owned), async ? "async" : "sync", static_cast<long long>(tensor_growth),
+                  static_cast<long long>(rss_growth));
+  }
+  io::CheckpointReader reader(io::find_latest_checkpoint(dir.path()).value());
+  EXPECT_TRUE(reader.verify().empty());
 }
 
 }  // namespace

@@ -1,0 +1,26 @@
+"""What the benchmarks print about the machine they ran on (the CPU model, its cores and the ISA
+extensions that change kernel choices), and the environment they run `mpirun` with."""
+import os
+import platform
+import re
+
+
+def cpu_description():
+    """'AMD EPYC ..., 2 cores, avx2 avx512f avx512_bf16' (amx_tile when there is AMX)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+        model = re.search(r"^model name\s*:\s*(.*)$", text, re.MULTILINE)
+        flags = re.search(r"^flags\s*:\s*(.*)$", text, re.MULTILINE)
+        isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if flags and f in flags.group(1).split()]
+        return f"{model.group(1) if model else platform.processor()}, {os.cpu_count()} cores, {' '.join(isa)}"
+    except OSError:
+        return platform.processor()
+
+
+def mpi_environment():
+    """The environment for `mpirun` with one OpenMP thread per rank (as root, Open MPI's permission too)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
+    if os.geteuid() == 0:  # Open MPI refuses to run as root unless told
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return env
