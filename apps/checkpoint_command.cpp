@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "io/checkpoint.h"
+#include "io/export.h"
 
 namespace tessera::app {
 namespace {
@@ -160,6 +161,36 @@ void register_checkpoint_command(CLI::App& app, int& exit_code) {
   auto* list_command = checkpoint->add_subcommand("list", "List a save directory's checkpoints and which is latest");
   list_command->add_option("dir", *list_dir, "The save directory (train --save DIR)")->required();
   list_command->callback([list_dir, &exit_code] { exit_code = list(*list_dir); });
+}
+
+void register_export_command(CLI::App& app, int& exit_code) {
+  struct Arguments {
+    std::string checkpoint, output, format = "tessera";
+  };
+  auto args = std::make_shared<Arguments>();
+  auto* command =
+      app.add_subcommand("export",
+                         "Write a checkpoint's weights as safetensors (Tessera's names, or Hugging Face GPT-2's with a "
+                         "config.json beside them)");
+  command
+      ->add_option("checkpoint", args->checkpoint,
+                   "A step directory, its checkpoint.h5, or a save directory (its latest)")
+      ->required();
+  command->add_option("-o,--output", args->output, "The safetensors file to write (hf-gpt2: DIR/model.safetensors)")
+      ->required();
+  command
+      ->add_option("--format", args->format,
+                   "tessera: the parameters under Tessera's names; hf-gpt2: Hugging Face GPT-2's names and layouts "
+                   "and config.json, for GPT2LMHeadModel.from_pretrained(DIR)")
+      ->check(CLI::IsMember({"tessera", "hf-gpt2"}))
+      ->capture_default_str();
+  command->callback([args, &exit_code] {
+    const io::ExportResult result = io::export_checkpoint(resolve(args->checkpoint), args->output, args->format);
+    std::printf("wrote %s: %lld tensors, %s\n", result.weights.c_str(), static_cast<long long>(result.tensors),
+                human_bytes(double(result.bytes)).c_str());
+    if (!result.config.empty()) std::printf("wrote %s\n", result.config.c_str());
+    exit_code = 0;
+  });
 }
 
 }  // namespace tessera::app

@@ -130,6 +130,7 @@ int main(int argc, char** argv) {
   tessera::app::register_prepare_command(app, exit_code);
   tessera::app::register_plot_command(app, exit_code);
   tessera::app::register_checkpoint_command(app, exit_code);
+  tessera::app::register_export_command(app, exit_code);
   tessera::app::register_topo_command(app, exit_code);
 
   auto* info = app.add_subcommand("info", "Show this build's backends, devices and libraries");

@@ -1,5 +1,6 @@
-// The `prepare` subcommand: flags for io::prepare_idx and io::prepare_text,
-// a terminal progress line, and a summary of what was written.
+// The `prepare` subcommand: flags for io::prepare_idx, io::prepare_text and
+// io::prepare_token_files (Megatron indexed datasets, llm.c shards), a
+// terminal progress line, and a summary of what was written.
 #include "apps/prepare_command.h"
 
 #include <filesystem>
@@ -17,17 +18,6 @@
 namespace tessera::app {
 namespace {
 
-struct IdxArguments {
-  std::string images, labels, output;
-  int64_t num_classes = 0;
-};
-
-struct TextArguments {
-  std::vector<std::string> files;
-  std::string output, eval_output;
-  double eval_fraction = 0.05;
-};
-
 // "\rimages  45% (4500/10000)" on stderr when it is a terminal, redrawn only
 // when the percentage or the stage changes; a newline when a stage finishes.
 // Nothing when stderr is a file or a pipe (logs stay clean).
@@ -44,6 +34,64 @@ io::PrepareProgress terminal_progress() {
     if (done >= total) std::fputc('\n', stderr);
     std::fflush(stderr);
   };
+}
+
+struct IdxArguments {
+  std::string images, labels, output;
+  int64_t num_classes = 0;
+};
+
+struct TextArguments {
+  std::vector<std::string> files;
+  std::string output, eval_output;
+  double eval_fraction = 0.05;
+  int64_t vocab_size = 0;  // token files only
+};
+
+// A held-out split by default: out.h5 -> out.eval.h5.
+std::string default_eval_output(const TextArguments& args) {
+  if (!args.eval_output.empty() || args.eval_fraction <= 0) return args.eval_output;
+  const std::filesystem::path out(args.output);
+  return (out.parent_path() / (out.stem().string() + ".eval.h5")).string();
+}
+
+void print_result(const io::TextPrepareResult& result) {
+  std::printf("wrote %s: %s\n", result.train.path.c_str(), result.train.describe().c_str());
+  if (!result.eval.path.empty())
+    std::printf("wrote %s: %s\n", result.eval.path.c_str(), result.eval.describe().c_str());
+}
+
+// The output flags every token-stream preparation shares.
+void add_split_options(CLI::App& command, TextArguments& args, const char* unit) {
+  command.add_option("-o,--output", args.output, "The training HDF5 file to write")->required();
+  command.add_option("--eval-output", args.eval_output,
+                     std::string("The evaluation HDF5 file: the last --eval-fraction of the ") + unit +
+                         " (default: the output's name with .eval.h5)");
+  command
+      .add_option("--eval-fraction", args.eval_fraction,
+                  std::string("Fraction of the ") + unit + " (the tail) held out for evaluation; 0: no eval file")
+      ->capture_default_str();
+}
+
+// `prepare megatron` and `prepare llmc`: other tools' token files, opened by `open`.
+void add_token_file_command(CLI::App& prepare, const char* name, const char* description, const char* inputs,
+                            io::TokenSource (*open)(const std::string&), int& exit_code) {
+  auto args = std::make_shared<TextArguments>();
+  auto* command = prepare.add_subcommand(name, description);
+  command->add_option("inputs", args->files, inputs)->required();
+  add_split_options(*command, *args, "tokens");
+  command
+      ->add_option("--vocab-size", args->vocab_size,
+                   "The tokenizer's vocabulary size, stored with the data and checked against every id (0: the "
+                   "largest id + 1)")
+      ->capture_default_str();
+  command->callback([args, open, &exit_code] {
+    std::vector<io::TokenSource> sources;
+    for (const std::string& input : args->files) sources.push_back(open(input));
+    print_result(io::prepare_token_files(sources, args->output, default_eval_output(*args), args->eval_fraction,
+                                         args->vocab_size, terminal_progress()));
+    exit_code = 0;
+  });
 }
 
 }  // namespace
@@ -71,27 +119,23 @@ void register_prepare_command(CLI::App& app, int& exit_code) {
   auto* text = prepare->add_subcommand(
       "text", "Text files into a byte-level token stream (uint8, vocabulary 256), the tail held out for eval");
   text->add_option("files", text_arguments->files, "Text files, concatenated in this order")->required();
-  text->add_option("-o,--output", text_arguments->output, "The training HDF5 file to write")->required();
-  text->add_option("--eval-output", text_arguments->eval_output,
-                   "The evaluation HDF5 file: the last --eval-fraction of the bytes (default: the output's name "
-                   "with .eval.h5)");
-  text->add_option("--eval-fraction", text_arguments->eval_fraction,
-                   "Fraction of the bytes (the tail) held out for evaluation; 0: no eval file")
-      ->capture_default_str();
+  add_split_options(*text, *text_arguments, "bytes");
   text->callback([text_arguments, &exit_code] {
-    TextArguments args = *text_arguments;
-    // A held-out split by default: out.h5 -> out.eval.h5.
-    if (args.eval_output.empty() && args.eval_fraction > 0) {
-      const std::filesystem::path out(args.output);
-      args.eval_output = (out.parent_path() / (out.stem().string() + ".eval.h5")).string();
-    }
-    const io::TextPrepareResult result =
-        io::prepare_text(args.files, args.output, args.eval_output, args.eval_fraction, terminal_progress());
-    std::printf("wrote %s: %s\n", result.train.path.c_str(), result.train.describe().c_str());
-    if (!result.eval.path.empty())
-      std::printf("wrote %s: %s\n", result.eval.path.c_str(), result.eval.describe().c_str());
+    print_result(io::prepare_text(text_arguments->files, text_arguments->output, default_eval_output(*text_arguments),
+                                  text_arguments->eval_fraction, terminal_progress()));
     exit_code = 0;
   });
+
+  add_token_file_command(*prepare, "megatron",
+                         "A Megatron-LM indexed dataset (PREFIX.bin + PREFIX.idx, as preprocess_data.py writes) into "
+                         "a token stream, the tail held out for eval",
+                         "Dataset prefixes (PREFIX, PREFIX.bin or PREFIX.idx), concatenated in this order",
+                         io::open_megatron_dataset, exit_code);
+  add_token_file_command(*prepare, "llmc",
+                         "llm.c token shards (256-int32 header, magic 20240520) into a token stream, the tail held "
+                         "out for eval",
+                         "Shard files (e.g. fineweb_train_000001.bin), concatenated in this order", io::open_llmc_shard,
+                         exit_code);
 }
 
 }  // namespace tessera::app

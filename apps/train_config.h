@@ -87,7 +87,7 @@ struct TrainConfig {
   int64_t save_interval = 0;  // --save-interval N: every N steps; 0: only at the end and on a signal
   double save_interval_minutes = 0.0;  // --save-interval-minutes M: when M minutes passed since the last save
   int keep_checkpoints = 0;   // --keep-checkpoints K: keep the newest K (0: all)
-  std::string ckpt_format = "sharded";  // --ckpt-format sharded (every rank writes its own) | gathered (rank 0 writes all)
+  std::string ckpt_format = "sharded";  // --ckpt-format sharded (a file per rank) | gathered (rank 0)
   bool async_save = true;     // --async-save / --no-async-save: sharded saves written in the background
   std::string resume;         // --resume auto|PATH: auto = newest complete checkpoint in --save DIR, if any
   int64_t exit_interval = 0;  // --exit-interval N: save (with --save) and stop after a step divisible by N

@@ -27,3 +27,4 @@ find_package(HDF5 REQUIRED COMPONENTS C)
 find_package(CLI11 CONFIG REQUIRED)
 # toml++: the --config files of `tessera train` (apps/train_config.cpp).
 find_package(tomlplusplus CONFIG REQUIRED)
+find_package(nlohmann_json 3.2 CONFIG REQUIRED)  # JSON: safetensors headers, config.json

@@ -35,8 +35,8 @@ using namespace checkpoint_detail;
 
 namespace {
 
-// Phase 4 on a rank other than 0: what it owns of each tensor to rank 0 (host copies: the host channel of a device-routed
-// communicator whatever device the pieces live on, parallel/process_group.h).
+// Phase 4 on a rank other than 0: what it owns of each tensor to rank 0 (host copies: the host channel of a
+// device-routed communicator whatever device the pieces live on, parallel/process_group.h).
 void send_to_writer(parallel::Communicator& world, const std::vector<TensorPlan>& plans,
                     const std::vector<TensorPiece>& pieces, int64_t step) {
   const int rank = world.rank();
@@ -122,7 +122,8 @@ class RankZeroSave {
   // on a failure the temporary is removed and the previous checkpoint and `latest` untouched.
   void publish(const fs::path& save_dir, const fs::path& temporary, const fs::path& final_path, int keep,
                int64_t needed) {
-    if (ok()) attempt([&] {
+    if (ok())
+      attempt([&] {
         writer_->close();
         writer_.reset();
       });

@@ -177,7 +177,7 @@ std::string save_checkpoint(parallel::Communicator& world, const std::string& di
 
 // What a published save wrote, as this rank saw it.
 struct PublishedCheckpoint {
-  std::string path;            // DIR/step_N
+  std::string path;  // DIR/step_N
   int64_t step = 0;
   int64_t bytes = 0;           // tensor bytes this rank wrote (every_rank) or owned (rank_zero)
   double write_seconds = 0.0;  // this rank's write of its file (every_rank), or the whole save (rank_zero)

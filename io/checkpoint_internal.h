@@ -149,7 +149,7 @@ struct SaveJob {
   int keep = 0;
   int64_t needed = 0;  // bytes on disk, estimated (checkpoint_file_bytes)
   CheckpointMetadata metadata;
-  std::vector<RankInfo> all;     // every rank's descriptors, by world rank
+  std::vector<RankInfo> all;      // every rank's descriptors, by world rank
   std::vector<TensorPlan> plans;  // every tensor, by name
 
   SaveJob() = default;

@@ -233,7 +233,6 @@ std::string broadcast_outcome(parallel::Communicator& world, Context& scratch, c
   return std::string(reinterpret_cast<const char*>(text.data_ptr()), size_t(size));
 }
 
-
 // The checkpoint_crash fault: this process dies here (tests prove the
 // previous checkpoint survives).
 void crash_if_due(int64_t step, int rank) {

@@ -65,8 +65,8 @@ struct CheckpointReader::State {
   int64_t format = 1;
   int64_t step = 0;
   int ranks_saved = 0;
-  std::vector<std::vector<PieceOnDisk>> pieces;  // format 2: per tensor (as `tensors`)
-  mutable std::map<int, Hdf5Handle> rank_files;  // format 2: opened as needed
+  std::vector<std::vector<PieceOnDisk>> pieces;                    // format 2: per tensor (as `tensors`)
+  mutable std::map<int, Hdf5Handle> rank_files;                    // format 2: opened as needed
   mutable std::map<size_t, std::vector<std::byte>> cached_pieces;  // format 2: of cached_name, by piece
   CheckpointMetadata metadata;
   std::vector<StoredTensor> tensors;
@@ -104,8 +104,8 @@ struct CheckpointReader::State {
     if (found != rank_files.end()) return found->second.get();
     const std::string name = (directory / rank_file_name(rank)).string();
     std::error_code error;
-    TESSERA_CHECK(fs::exists(name, error), "checkpoint ", directory.string(), " is incomplete: ", name, " (rank ",
-                  rank, "'s pieces) is missing; ", corrupt_advice(directory));
+    TESSERA_CHECK(fs::exists(name, error), "checkpoint ", directory.string(), " is incomplete: ", name, " (rank ", rank,
+                  "'s pieces) is missing; ", corrupt_advice(directory));
     check_readable_file(name, "checkpoint", "check the file's permissions");
     Hdf5QuietErrors quiet;
     const hid_t id = H5Fopen(name.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -128,8 +128,8 @@ struct CheckpointReader::State {
     TESSERA_HDF5_CHECK_AT(
         where, H5Dread(dataset.get(), memory_type_of(tensor.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()));
     TESSERA_CHECK(crc32_of(bytes.data(), bytes.size()) == piece.stored.crc32, "checksum mismatch in tensor ",
-                  tensor.name, " of ", where, " (rank ", piece.stored.rank, "'s piece ", name, "): ",
-                  corrupt_advice(directory));
+                  tensor.name, " of ", where, " (rank ", piece.stored.rank, "'s piece ", name,
+                  "): ", corrupt_advice(directory));
     return bytes;
   }
 
@@ -303,8 +303,8 @@ StoredTensor read_virtual_tensor(const std::string& p, const fs::path& directory
       piece.runs = sorted_runs(std::move(layout.runs));
       piece.numel = layout.numel;
     } catch (const Error& error) {
-      TESSERA_THROW(p, ": tensor ", name, "'s table of pieces is damaged (", error.message(), "): ",
-                    corrupt_advice(directory));
+      TESSERA_THROW(p, ": tensor ", name, "'s table of pieces is damaged (", error.message(),
+                    "): ", corrupt_advice(directory));
     }
     covered += piece.numel;
     pieces.push_back(std::move(piece));

@@ -66,9 +66,11 @@ std::string piece_dataset_name(const std::string& tensor, int index) {
 // [rank, index, crc32, kind, begin, dim, sub_range, sub_begin, shard_length,
 //  local ndim, local sizes (kMaxDims), view ndim, view sizes (kMaxDims)]
 std::vector<int64_t> piece_row(const StoredPiece& piece) {
-  std::vector<int64_t> row = {piece.rank,          piece.index,           int64_t(piece.crc32),
-                              int64_t(piece.slice.kind), piece.slice.begin, piece.slice.dim,
-                              piece.slice.sub_range ? 1 : 0, piece.slice.sub_begin, piece.slice.shard_length};
+  const TensorSlice& slice = piece.slice;
+  std::vector<int64_t> row = {piece.rank, piece.index, int64_t(piece.crc32)};
+  for (int64_t value : {int64_t(slice.kind), slice.begin, int64_t(slice.dim), int64_t(slice.sub_range), slice.sub_begin,
+                        slice.shard_length})
+    row.push_back(value);
   for (const Shape* shape : {&piece.local, &piece.slice.view}) {
     row.push_back(shape->ndim());
     for (int d = 0; d < Shape::kMaxDims; ++d) row.push_back(d < shape->ndim() ? (*shape)[d] : 0);
@@ -121,8 +123,8 @@ struct OwnedPiece {
 
 // How this rank's write of its file ended.
 struct WriteOutcome {
-  std::string error;            // empty: written and fsynced
-  std::vector<uint32_t> crcs;   // per owned piece, in order
+  std::string error;           // empty: written and fsynced
+  std::vector<uint32_t> crcs;  // per owned piece, in order
   int64_t bytes = 0;
   double seconds = 0.0;
 };
@@ -147,9 +149,9 @@ void write_piece(const std::string& path, hid_t file, const OwnedPiece& piece) {
   TESSERA_HDF5_CHECK_AT(path, H5Pset_create_intermediate_group(links.get(), 1));
   const hsize_t numel = hsize_t(info.local.numel());
   Hdf5Handle space = dataspace_handle(TESSERA_HDF5_CHECK_AT(path, H5Screate_simple(1, &numel, nullptr)));
-  Hdf5Handle dataset = dataset_handle(TESSERA_HDF5_CHECK_AT(
-      path, H5Dcreate2(file, name.c_str(), file_type_of(info.dtype), space.get(), links.get(), H5P_DEFAULT,
-                       H5P_DEFAULT)));
+  Hdf5Handle dataset =
+      dataset_handle(TESSERA_HDF5_CHECK_AT(path, H5Dcreate2(file, name.c_str(), file_type_of(info.dtype), space.get(),
+                                                            links.get(), H5P_DEFAULT, H5P_DEFAULT)));
   const hsize_t element = dtype_size(info.dtype), slab = hsize_t(kSlabBytes) / element;
   for (hsize_t first = 0; first < numel; first += slab) {
     const hsize_t count = std::min(slab, numel - first), one = 1;
@@ -207,7 +209,8 @@ WriteOutcome outcome_from(const std::vector<uint8_t>& bytes) {
   int64_t length = 0;
   TESSERA_CHECK(bytes.size() >= sizeof length, "checkpoint: a rank's outcome is truncated");
   std::memcpy(&length, bytes.data(), sizeof length);
-  TESSERA_CHECK(length >= 0 && size_t(length) <= bytes.size() - sizeof length, "checkpoint: a rank's outcome is corrupt");
+  TESSERA_CHECK(length >= 0 && size_t(length) <= bytes.size() - sizeof length,
+                "checkpoint: a rank's outcome is corrupt");
   outcome.error.assign(reinterpret_cast<const char*>(bytes.data()) + sizeof length, size_t(length));
   const size_t rest = bytes.size() - sizeof length - size_t(length);
   outcome.crcs.resize(rest / 4);
@@ -291,8 +294,8 @@ std::string publish_or_abandon(const SaveJob& job, const std::vector<WriteOutcom
       for (size_t r = 1; r < outcomes.size(); ++r) fs::remove(job.temporary / marker_name(int(r)));
       write_index(job, outcomes);
     } catch (const std::exception& error) {
-      failure = "rank 0 could not write the index " + (job.temporary / kCheckpointFile).string() + ": " +
-                message_of(error);
+      failure =
+          "rank 0 could not write the index " + (job.temporary / kCheckpointFile).string() + ": " + message_of(error);
     }
   }
   if (failure.empty()) failure = publish_checkpoint(job.save_dir, job.temporary, job.final_path, job.keep);
@@ -341,7 +344,6 @@ Tensor host_copy(const Tensor& tensor) {
 // outcomes through MPI too, so a marker that cannot be written (a full disk)
 // does not leave rank 0 waiting, then tells every rank how it ended.
 
-
 // Rank 0's thread: every rank's outcome, from its marker or from finish();
 // nothing when cancelled.
 struct Collected {
@@ -376,7 +378,6 @@ std::optional<std::vector<WriteOutcome>> collect_outcomes(const SaveJob& job, co
   return outcomes;
 }
 
-
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -386,10 +387,10 @@ struct CheckpointSaver::State {
   explicit State(parallel::Communicator& group) : world(group) {}
 
   parallel::Communicator& world;
-  Context scratch;                // host buffers of the descriptors and outcomes
-  std::unique_ptr<SaveJob> job;   // the asynchronous save not published yet
+  Context scratch;               // host buffers of the descriptors and outcomes
+  std::unique_ptr<SaveJob> job;  // the asynchronous save not published yet
   std::optional<double> timeout_s;
-  std::vector<Tensor> snapshot;   // the host copies the background thread writes from
+  std::vector<Tensor> snapshot;  // the host copies the background thread writes from
   std::thread writer;
   std::atomic<bool> own_written{false};  // this rank's file (and marker) written, or failed
   std::atomic<bool> done{false};         // the thread has ended (rank 0: after publishing)
@@ -408,8 +409,8 @@ struct CheckpointSaver::State {
         }());
       } catch (const std::exception& error) {
         if (outcome.error.empty())
-          outcome.error = "rank " + std::to_string(rank) + " could not write its marker in " +
-                          job->temporary.string() + ": " + message_of(error);
+          outcome.error = "rank " + std::to_string(rank) + " could not write its marker in " + job->temporary.string() +
+                          ": " + message_of(error);
       }
     }
     own_written.store(true, std::memory_order_release);
@@ -450,8 +451,8 @@ bool CheckpointSaver::write_failed() const {
 
 std::optional<PublishedCheckpoint> CheckpointSaver::save(const std::string& dir, int64_t step,
                                                          const std::vector<TensorPiece>& pieces,
-                                                         const CheckpointMetadata& metadata,
-                                                         const SaveOptions& options, bool async) {
+                                                         const CheckpointMetadata& metadata, const SaveOptions& options,
+                                                         bool async) {
   State& s = *state_;
   if (pending()) finish();
   parallel::Communicator& world = s.world;
@@ -519,7 +520,8 @@ PublishedCheckpoint CheckpointSaver::finish() {
     while (!s.own_written.load(std::memory_order_acquire)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   // Every rank's outcome to rank 0's thread (which may have them from the markers already).
-  const std::vector<std::vector<uint8_t>> gathered = parallel::all_gather_bytes(world, s.scratch, outcome_bytes(s.outcome));
+  const std::vector<std::vector<uint8_t>> gathered =
+      parallel::all_gather_bytes(world, s.scratch, outcome_bytes(s.outcome));
   if (world.rank() == 0) {
     {
       std::lock_guard<std::mutex> lock(s.collected.mutex);

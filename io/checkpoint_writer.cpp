@@ -121,15 +121,15 @@ Hdf5Handle create_checkpoint_file(const std::string& path) {
 CheckpointWriter::CheckpointWriter(const fs::path& directory, int64_t step, int ranks,
                                    const CheckpointMetadata& metadata, int64_t format)
     : path_((directory / kCheckpointFile).string()) {
-    Hdf5QuietErrors quiet;
-    file_ = create_checkpoint_file(path_);
-    write_int64_attribute(path_, file_.get(), kFormatAttribute, format);
-    write_int64_attribute(path_, file_.get(), "step", step);
-    write_int64_attribute(path_, file_.get(), "ranks_saved", ranks);
-    Hdf5Handle group = create_group(path_, file_.get(), "metadata");
-    for (const auto& [key, value] : metadata) write_string_attribute(path_, group.get(), key.c_str(), value);
-    tensors_ = create_group(path_, file_.get(), "tensors");
-    ranks_ = create_group(path_, file_.get(), "ranks");
+  Hdf5QuietErrors quiet;
+  file_ = create_checkpoint_file(path_);
+  write_int64_attribute(path_, file_.get(), kFormatAttribute, format);
+  write_int64_attribute(path_, file_.get(), "step", step);
+  write_int64_attribute(path_, file_.get(), "ranks_saved", ranks);
+  Hdf5Handle group = create_group(path_, file_.get(), "metadata");
+  for (const auto& [key, value] : metadata) write_string_attribute(path_, group.get(), key.c_str(), value);
+  tensors_ = create_group(path_, file_.get(), "tensors");
+  ranks_ = create_group(path_, file_.get(), "ranks");
 }
 
 void CheckpointWriter::write_tensor(const TensorPlan& plan, const void* bytes) {
@@ -260,7 +260,8 @@ void CheckpointWriter::write_virtual_tensor(const TensorPlan& plan, const std::v
     const std::string file = rank_file_name(piece.rank);
     const std::string source = virtual_source_name(piece_dataset_name(plan.name, piece.index));
     const hsize_t source_size = hsize_t(layout.numel);
-    Hdf5Handle source_space = dataspace_handle(TESSERA_HDF5_CHECK_AT(path_, H5Screate_simple(1, &source_size, nullptr)));
+    Hdf5Handle source_space =
+        dataspace_handle(TESSERA_HDF5_CHECK_AT(path_, H5Screate_simple(1, &source_size, nullptr)));
     for (const Hyperslab& slab : hyperslabs(layout.runs, plan.shape)) {
       Hdf5Handle mapped = dataspace_handle(TESSERA_HDF5_CHECK_AT(path_, H5Scopy(space.get())));
       if (plan.shape.ndim() == 0)
@@ -269,15 +270,15 @@ void CheckpointWriter::write_virtual_tensor(const TensorPlan& plan, const std::v
         TESSERA_HDF5_CHECK_AT(path_, H5Sselect_hyperslab(mapped.get(), H5S_SELECT_SET, slab.start.data(),
                                                          slab.stride.data(), slab.count.data(), slab.block.data()));
       const hsize_t first = hsize_t(slab.piece), count = 1, block = hsize_t(slab.numel);
-      TESSERA_HDF5_CHECK_AT(path_, H5Sselect_hyperslab(source_space.get(), H5S_SELECT_SET, &first, nullptr, &count,
-                                                       &block));
-      TESSERA_HDF5_CHECK_AT(path_, H5Pset_virtual(create.get(), mapped.get(), file.c_str(), source.c_str(),
-                                                  source_space.get()));
+      TESSERA_HDF5_CHECK_AT(path_,
+                            H5Sselect_hyperslab(source_space.get(), H5S_SELECT_SET, &first, nullptr, &count, &block));
+      TESSERA_HDF5_CHECK_AT(
+          path_, H5Pset_virtual(create.get(), mapped.get(), file.c_str(), source.c_str(), source_space.get()));
     }
   }
-  Hdf5Handle dataset = dataset_handle(TESSERA_HDF5_CHECK_AT(
-      path_, H5Dcreate2(tensors_.get(), plan.name.c_str(), file_type_of(plan.dtype), space.get(), H5P_DEFAULT,
-                        create.get(), H5P_DEFAULT)));
+  Hdf5Handle dataset = dataset_handle(
+      TESSERA_HDF5_CHECK_AT(path_, H5Dcreate2(tensors_.get(), plan.name.c_str(), file_type_of(plan.dtype), space.get(),
+                                              H5P_DEFAULT, create.get(), H5P_DEFAULT)));
   write_string_attribute(path_, dataset.get(), kDtypeAttribute, dtype_name(plan.dtype));
   if (!rows.empty()) write_piece_table(path_, dataset.get(), rows);
 }

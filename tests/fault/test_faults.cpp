@@ -181,8 +181,8 @@ TEST(Faults, DeathInTheMiddleOfACheckpointWriteLeavesThePreviousOneIntact) {
       const FaultEnvironment fault(c.fault);
       const Outcome out = run_job(2, args, dir / "crash.log", seconds(60));
       const std::string rank = c.fault.substr(c.fault.size() - 1);
-      expect_ended_by_fault(
-          out, 10.0, {"TESSERA_FAULT: checkpoint_crash while writing the step-4 checkpoint on rank " + rank});
+      expect_ended_by_fault(out, 10.0,
+                            {"TESSERA_FAULT: checkpoint_crash while writing the step-4 checkpoint on rank " + rank});
     }
     EXPECT_FALSE(std::filesystem::exists(dir / "ckpt/step_00000004")) << "a half-written checkpoint was published";
     std::ifstream latest(dir / "ckpt/latest");
@@ -371,7 +371,10 @@ TEST(Faults, AFullDiskStopsTheSaveSayingSoAndKeepsThePreviousCheckpoint) {
   const std::vector<std::string> gathered = {"--ckpt-format", "gathered"};
   const std::vector<Case> cases = {
       {"size=500k", "the checkpoint needs about", {}, {}},
-      {"size=10m,nr_inodes=13", "no room for more files (inodes)", {}, {"could not write ", ".step_00000006.tmp/rank_0000"}},
+      {"size=10m,nr_inodes=13",
+       "no room for more files (inodes)",
+       {},
+       {"could not write ", ".step_00000006.tmp/rank_0000"}},
       {"size=300k", "the checkpoint needs about", gathered, {}},
       {"size=10m,nr_inodes=9", "no room for more files (inodes)", gathered, {}},
   };
@@ -388,7 +391,8 @@ TEST(Faults, AFullDiskStopsTheSaveSayingSoAndKeepsThePreviousCheckpoint) {
          "step_00000006 failed (the previous "
          "checkpoint and 'latest' are untouched)",
          c.message, "keep fewer checkpoints (--keep-checkpoints N), or --save to a larger filesystem"});
-    for (const std::string& part : c.parts) EXPECT_TRUE(contains(out.output, part)) << part << " not in:\n" << out.output;
+    for (const std::string& part : c.parts)
+      EXPECT_TRUE(contains(out.output, part)) << part << " not in:\n" << out.output;
     EXPECT_FALSE(contains(out.output, "HDF5-DIAG")) << "HDF5's own error stack printed:\n" << out.output;
     // What was on the small filesystem: the step-4 checkpoint, complete, and nothing half-written.
     EXPECT_FALSE(std::filesystem::exists(dir / "after/.step_00000006.tmp"));

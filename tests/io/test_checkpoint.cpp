@@ -206,7 +206,8 @@ class Checkpoint : public ::testing::TestWithParam<io::CheckpointWriters> {
   // The file and dataset holding the bytes of piece `index` (of this rank's
   // list) of tensor `name`: the piece in rank 0's file, or the whole tensor.
   std::pair<std::string, std::string> stored_data(const std::string& path, const std::string& name, int index) const {
-    if (sharded()) return {(fs::path(path) / "rank_00000.h5").string(), "/tensors/" + name + "/" + std::to_string(index)};
+    if (sharded())
+      return {(fs::path(path) / "rank_00000.h5").string(), "/tensors/" + name + "/" + std::to_string(index)};
     return {(fs::path(path) / "checkpoint.h5").string(), "/tensors/" + name};
   }
 
@@ -522,8 +523,7 @@ TEST_P(Checkpoint, AFlippedByteIsDetected) {
   const Tensor good = random_bytes_tensor(ctx, Shape{17, 6}, DType::f16, rng);
   const Tensor bad = random_bytes_tensor(ctx, Shape{31}, DType::i64, rng);
   save(1, {whole_piece("good", good)}, {});
-  const std::string path =
-      save(2, {whole_piece("good", good), whole_piece("head.bias", bad)}, {});
+  const std::string path = save(2, {whole_piece("good", good), whole_piece("head.bias", bad)}, {});
   const auto [file, data] = stored_data(path, "head.bias", 1);
   ASSERT_TRUE(flip_random_stored_bit(file, data, rng));
 
@@ -617,9 +617,7 @@ TEST_P(Checkpoint, RefusesGapsOverlapsAndMismatchesWithoutPublishing) {
     piece.local = ctx.zeros(Shape{count}, DType::f32);
     return piece;
   };
-  const auto refusal = [&](std::vector<TensorPiece> pieces) {
-    return error_of([&] { save(2, pieces, {}); });
-  };
+  const auto refusal = [&](std::vector<TensorPiece> pieces) { return error_of([&] { save(2, pieces, {}); }); };
   const std::string gap = refusal({flat_piece(0, 10), flat_piece(12, 12)});
   EXPECT_CONTAINS(gap, "tensor blocks.0.w: elements [10, 12) are owned by no rank");
   EXPECT_CONTAINS(refusal({flat_piece(0, 13), flat_piece(12, 12)}),
@@ -811,8 +809,7 @@ TEST_P(Checkpoint, ReadsConsecutivePiecesOfATensorFromOneVerifiedCopy) {
   // are larger than HDF5's 64 KiB sieve buffer, so every read is from the file.
   const Tensor first = random_bytes_tensor(ctx, Shape{160, 128}, DType::f32, rng);
   const Tensor second = random_bytes_tensor(ctx, Shape{160, 128}, DType::f32, rng);
-  const std::string path =
-      save(1, {whole_piece("first", first), whole_piece("second", second)}, {});
+  const std::string path = save(1, {whole_piece("first", first), whole_piece("second", second)}, {});
   const auto [file, data] = stored_data(path, "first", 0);
   io::CheckpointReader reader(path);
   const auto read_rows = [&](const std::string& name, int64_t begin, int64_t end) {
@@ -829,7 +826,7 @@ TEST_P(Checkpoint, ReadsConsecutivePiecesOfATensorFromOneVerifiedCopy) {
   };
   EXPECT_EQ(read_rows("first", 0, 80), rows_of(0, 80));
 
-  ASSERT_TRUE(flip_stored_bit(file, data, 100 * 128 * 4, 4));  // in row 100
+  ASSERT_TRUE(flip_stored_bit(file, data, 100 * 128 * 4, 4));              // in row 100
   EXPECT_EQ(read_rows("first", 80, 160), rows_of(80, 160));                // the verified copy
   TensorPiece other = whole_piece("second", poisoned(ctx, second.shape(), DType::f32));
   reader.read(other);
@@ -855,9 +852,7 @@ TEST_P(Checkpoint, RefusesGapsAndOverlapsOfHeadShardsAndSubRanges) {
     piece.local = ctx.zeros(Shape{sub_end - sub_begin}, DType::f32);
     return piece;
   };
-  const auto refusal = [&](std::vector<TensorPiece> pieces) {
-    return error_of([&] { save(2, pieces, {}); });
-  };
+  const auto refusal = [&](std::vector<TensorPiece> pieces) { return error_of([&] { save(2, pieces, {}); }); };
   EXPECT_CONTAINS(refusal({heads(0, 1), heads(2, 2)}),
                   "tensor qkv: indices along dimension 1 of view [3, 4, 15] [1, 2) are owned by no rank");
   EXPECT_CONTAINS(

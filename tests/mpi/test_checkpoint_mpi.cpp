@@ -22,9 +22,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <thread>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/allocator.h"
@@ -379,7 +379,6 @@ TEST_F(CheckpointMpi, GapsOverlapsAndOneRanksErrorStopEveryRank) {
   EXPECT_FALSE(fs::exists(fs::path(dir.path()) / "step_00000002"));
   EXPECT_FALSE(fs::exists(fs::path(dir.path()) / ".step_00000002.tmp"));
 }
-
 
 // --- Sharded checkpoints: reads of one's own file, asynchronous saves, memory ---
 

@@ -92,8 +92,8 @@ TEST_P(ResumeOnTwoRanks, StraightAndResumedRunsAreBitIdentical) {
   const std::vector<std::string> writing = words(std::get<1>(GetParam()));
   ScratchDirectory dir("tessera_processes_");
   std::mt19937_64 rng = make_rng();
-  const auto args = fit_zero(
-      joined(joined(gpt_args(write_text_dataset(dir.path, 4000, rng), rng()), {"--zero", zero}), writing));
+  const auto args =
+      fit_zero(joined(joined(gpt_args(write_text_dataset(dir.path, 4000, rng), rng()), {"--zero", zero}), writing));
   run_training(2, joined(args, {"--train-steps", "8", "--save", dir / "straight"}), dir / "straight.log");
   const auto split = joined(args, {"--train-steps", "8", "--save", dir / "split", "--resume", "auto"});
   const std::string first = run_training(2, joined(split, {"--exit-interval", "4"}), dir / "first.log");
@@ -115,8 +115,9 @@ INSTANTIATE_TEST_SUITE_P(Zero, ResumeOnTwoRanks,
                          [](const ::testing::TestParamInfo<std::tuple<int, std::string>>& param) {
                            const std::string& writing = std::get<1>(param.param);
                            return "zero" + std::to_string(std::get<0>(param.param)) +
-                                  (writing == "--async-save" ? "_async" : writing == "--no-async-save" ? "_sync"
-                                                                                                      : "_gathered");
+                                  (writing == "--async-save"      ? "_async"
+                                   : writing == "--no-async-save" ? "_sync"
+                                                                  : "_gathered");
                          });
 
 // The losses of steps from..to of a metrics file.
@@ -375,8 +376,9 @@ TEST(CheckpointCadence, MinutesSaveAtTheSameStepOnEveryRank) {
   for (const bool async : {false, true}) {
     SCOPED_TRACE(async ? "--async-save" : "--no-async-save");
     const std::string name = async ? "async" : "sync";
-    run_training(2, joined(args, {"--save", dir / name, "--save-interval-minutes", "1e-6", "--metrics",
-                                  dir / (name + ".jsonl"), async ? "--async-save" : "--no-async-save"}),
+    run_training(2,
+                 joined(args, {"--save", dir / name, "--save-interval-minutes", "1e-6", "--metrics",
+                               dir / (name + ".jsonl"), async ? "--async-save" : "--no-async-save"}),
                  dir / (name + ".log"));
     const std::vector<std::string> often = io::list_checkpoints(dir / name);
     ASSERT_EQ(often.size(), 6u);
@@ -431,10 +433,10 @@ ExternalRead read_with_hdf5_tools(const ScratchDirectory& dir, const std::string
   const Outcome python =
       run_command({"/usr/bin/python3", "-c", script, index, name, out + ".h5py"}, out + ".h5py.log", seconds(60));
   EXPECT_EQ(python.status, 0) << python.output;
-  const Outcome h5dump = run_command(
-      {"/bin/sh", "-c", "cd / && exec h5dump -d " + shell_words({"/tensors/" + name}) + " -b LE -o " +
-                            shell_words({out + ".h5dump"}) + " " + shell_words({index})},
-      out + ".h5dump.log", seconds(60));
+  const Outcome h5dump = run_command({"/bin/sh", "-c",
+                                      "cd / && exec h5dump -d " + shell_words({"/tensors/" + name}) + " -b LE -o " +
+                                          shell_words({out + ".h5dump"}) + " " + shell_words({index})},
+                                     out + ".h5dump.log", seconds(60));
   EXPECT_EQ(h5dump.status, 0) << h5dump.output;
   return {file_bytes(out + ".h5py"), file_bytes(out + ".h5dump")};
 }
@@ -487,8 +489,8 @@ TEST(CheckpointAtScale, WrittenByFourRanksReadByOneTwoAndEightRanksAndByHdf5Tool
   // A vocabulary-parallel table, head shards, a row-parallel weight (its
   // column halves: a run per row, one strided hyperslab), ZeRO-1 ranges of
   // head shards.
-  for (const std::string name : {"wte.weight", "blocks.0.attn.qkv.weight", "blocks.1.mlp.proj.weight",
-                                 "blocks.0.attn.qkv.weight.exp_avg"}) {
+  for (const std::string name :
+       {"wte.weight", "blocks.0.attn.qkv.weight", "blocks.1.mlp.proj.weight", "blocks.0.attn.qkv.weight.exp_avg"}) {
     SCOPED_TRACE(name);
     const auto stored = std::find_if(sharded.tensors().begin(), sharded.tensors().end(),
                                      [&](const io::StoredTensor& t) { return t.name == name; });

@@ -1,0 +1,53 @@
+// A checkpoint's weights for the ecosystem, as safetensors (io/safetensors.h):
+//   tessera  every parameter under Tessera's name and shape (no optimizer
+//            state), the model's fields (model.*) in the file's metadata;
+//   hf-gpt2  the GPT under Hugging Face GPT-2's names and layouts, with a
+//            config.json beside it, so that transformers'
+//            GPT2LMHeadModel.from_pretrained(DIR) loads it:
+//
+//     Tessera                         Hugging Face GPT-2
+//     wte.weight [V, C]               transformer.wte.weight [V, C] (lm_head tied to it)
+//     wpe.weight [T, C]               transformer.wpe.weight [T, C]
+//     blocks.<i>.ln1.weight/bias      transformer.h.<i>.ln_1.weight/bias
+//     blocks.<i>.attn.qkv.weight      transformer.h.<i>.attn.c_attn.weight, transposed: [C, 3C]
+//       [3C, C] (rows: Q, K, V;       (Conv1D holds [in, out]; its output columns are Q, K, V,
+//       heads contiguous in each)      heads contiguous in each: the same order)
+//     blocks.<i>.attn.proj.weight     transformer.h.<i>.attn.c_proj.weight, transposed
+//     blocks.<i>.ln2.weight/bias      transformer.h.<i>.ln_2.weight/bias
+//     blocks.<i>.mlp.fc.weight        transformer.h.<i>.mlp.c_fc.weight, transposed: [C, F]
+//     blocks.<i>.mlp.proj.weight      transformer.h.<i>.mlp.c_proj.weight, transposed: [F, C]
+//     (every .bias as it is)          (likewise)
+//     ln_f.weight/bias                transformer.ln_f.weight/bias
+//
+//   The architectures match exactly: pre-LN blocks, learned positions, GELU
+//   with the tanh approximation ("gelu_new"), LayerNorm eps 1e-5, biases
+//   everywhere, the head tied to wte, 1/√(C/H) attention scaling. Refused:
+//   checkpoints of other models (`--model mlp`/`cnn`: use --format tessera).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tessera::io {
+
+// One GPT parameter under both names; `transposed`: Hugging Face's Conv1D
+// holds the matrix as [in, out], Tessera's Linear as [out, in].
+struct HfGpt2Name {
+  std::string tessera, hf;
+  bool transposed = false;
+};
+std::vector<HfGpt2Name> hf_gpt2_names(int64_t num_layers);
+
+struct ExportResult {
+  std::string weights;  // the safetensors file
+  std::string config;   // hf-gpt2: the config.json beside it
+  int64_t tensors = 0, bytes = 0;
+};
+
+// Exports the checkpoint at `checkpoint` (a step directory or its
+// checkpoint.h5, either format) to `out` in `format` ("tessera" or
+// "hf-gpt2"). Throws tessera::Error naming what does not fit.
+ExportResult export_checkpoint(const std::string& checkpoint, const std::string& out, const std::string& format);
+
+}  // namespace tessera::io

@@ -1,0 +1,178 @@
+// safetensors reading and writing (io/safetensors.h): the header as JSON
+// through nlohmann::json, every field checked against the file on reading.
+#include "io/safetensors.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace tessera::io {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr int64_t kMaxHeaderBytes = int64_t(100) << 20;  // the reference implementation's limit
+
+const char* safetensors_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return "F32";
+    case DType::bf16:
+      return "BF16";
+    case DType::f16:
+      return "F16";
+    case DType::i32:
+      return "I32";
+    case DType::i64:
+      return "I64";
+    case DType::u8:
+      return "U8";
+  }
+  throw_unsupported_dtype(dtype, "safetensors");
+}
+
+DType parse_safetensors_dtype(const std::string& path, const std::string& name, const std::string& text) {
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8})
+    if (text == safetensors_dtype(dtype)) return dtype;
+  TESSERA_THROW(path, ": tensor ", name, " has dtype \"", text,
+                "\", which Tessera does not store (F32, BF16, F16, I32, I64, U8); convert it first");
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& path, const std::vector<SafetensorsInput>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  int64_t offset = 0;
+  for (const SafetensorsInput& tensor : tensors) {
+    TESSERA_CHECK(!tensor.name.empty() && tensor.name != "__metadata__", "writing ", path, ": tensor name '",
+                  tensor.name, "' cannot be stored");
+    TESSERA_CHECK(!header.contains(tensor.name), "writing ", path, ": tensor ", tensor.name, " is given twice");
+    const int64_t bytes = tensor.shape.numel() * int64_t(dtype_size(tensor.dtype));
+    header[tensor.name] = {{"dtype", safetensors_dtype(tensor.dtype)},
+                           {"shape", std::vector<int64_t>(tensor.shape.sizes().begin(), tensor.shape.sizes().end())},
+                           {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const std::string partial = path + ".partial";
+  {
+    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+    TESSERA_CHECK(out, "cannot create ", partial, ": ", std::strerror(errno));
+    const uint64_t length = text.size();
+    out.write(reinterpret_cast<const char*>(&length), sizeof length);  // little-endian on every supported host
+    out.write(text.data(), std::streamsize(text.size()));
+    for (const SafetensorsInput& tensor : tensors)
+      out.write(static_cast<const char*>(tensor.data),
+                std::streamsize(tensor.shape.numel() * int64_t(dtype_size(tensor.dtype))));
+    out.flush();
+    TESSERA_CHECK(out, "writing ", partial, " failed: ", std::strerror(errno));
+  }
+  std::error_code error;
+  fs::rename(partial, path, error);
+  TESSERA_CHECK(!error, "cannot rename ", partial, " to ", path, ": ", error.message());
+}
+
+SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
+  const std::string& p = path_;
+  std::error_code error;
+  TESSERA_CHECK(fs::exists(p, error), p, " does not exist; check the path");
+  const int64_t size = int64_t(fs::file_size(p, error));
+  TESSERA_CHECK(!error, "cannot read the size of ", p, ": ", error.message());
+  TESSERA_CHECK(size >= 8, p, " holds ", size, " bytes, fewer than the 8 of a safetensors header length");
+  std::ifstream in(p, std::ios::binary);
+  TESSERA_CHECK(in, "cannot open ", p, ": ", std::strerror(errno));
+  uint64_t length = 0;
+  in.read(reinterpret_cast<char*>(&length), sizeof length);
+  TESSERA_CHECK(length <= uint64_t(std::min(kMaxHeaderBytes, size - 8)), p, ": the header length is ", length,
+                " bytes, more than the file's ", size - 8,
+                " after it (or than 100 MiB): not a safetensors file, or "
+                "truncated");
+  std::string text(size_t(length), '\0');
+  in.read(text.data(), std::streamsize(length));
+  TESSERA_CHECK(in.gcount() == std::streamsize(length), p, ": cannot read its ", length, "-byte header");
+  data_start_ = 8 + int64_t(length);
+  const int64_t data_size = size - data_start_;
+  const json header = json::parse(text, nullptr, false);
+  TESSERA_CHECK(!header.is_discarded() && header.is_object(), p,
+                ": the header is not a JSON object: not a safetensors file, or damaged");
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      TESSERA_CHECK(entry.is_object(), p, ": \"__metadata__\" is not an object of strings");
+      for (const auto& [key, value] : entry.items()) {
+        TESSERA_CHECK(value.is_string(), p, ": \"__metadata__\" entry ", key, " is not a string");
+        metadata_[key] = value.get<std::string>();
+      }
+      continue;
+    }
+    TESSERA_CHECK(entry.is_object() && entry.contains("dtype") && entry["dtype"].is_string() &&
+                      entry.contains("shape") && entry["shape"].is_array() && entry.contains("data_offsets") &&
+                      entry["data_offsets"].is_array() && entry["data_offsets"].size() == 2,
+                  p, ": tensor ", name, " lacks a string 'dtype', an array 'shape' or a pair 'data_offsets'");
+    SafetensorsEntry tensor;
+    tensor.name = name;
+    tensor.dtype = parse_safetensors_dtype(p, name, entry["dtype"].get<std::string>());
+    std::vector<int64_t> dims;
+    int64_t numel = 1;
+    for (const json& dim : entry["shape"]) {
+      TESSERA_CHECK(dim.is_number_unsigned() && dim.get<uint64_t>() <= uint64_t(data_size), p, ": tensor ", name,
+                    "'s 'shape' holds ", dim.dump(), ", not a size the file can hold");
+      dims.push_back(dim.get<int64_t>());
+      // Capped past the data's size (no overflow): such a shape fails the offsets' check below.
+      numel = dims.back() == 0 ? 0 : numel > (data_size + 1) / dims.back() ? data_size + 1 : numel * dims.back();
+    }
+    TESSERA_CHECK(dims.size() <= size_t(Shape::kMaxDims), p, ": tensor ", name, " has ", dims.size(),
+                  " dimensions, more than ", Shape::kMaxDims);
+    for (const json& offset : entry["data_offsets"])
+      TESSERA_CHECK(offset.is_number_unsigned() && offset.get<uint64_t>() <= uint64_t(data_size), p, ": tensor ", name,
+                    "'s 'data_offsets' holds ", offset.dump(), ", outside the ", data_size, " bytes of data");
+    tensor.begin = entry["data_offsets"][0].get<int64_t>();
+    tensor.end = entry["data_offsets"][1].get<int64_t>();
+    TESSERA_CHECK(tensor.begin <= tensor.end && tensor.end - tensor.begin == numel * int64_t(dtype_size(tensor.dtype)),
+                  p, ": tensor ", name, "'s 'data_offsets' [", tensor.begin, ", ", tensor.end, ") do not hold the ",
+                  numel, " ", dtype_name(tensor.dtype), " elements of its 'shape'");
+    tensor.shape = Shape(dims);
+    tensors_.push_back(std::move(tensor));
+  }
+  std::sort(tensors_.begin(), tensors_.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+    return a.begin < b.begin || (a.begin == b.begin && a.end < b.end);
+  });
+  int64_t covered = 0;
+  for (const SafetensorsEntry& tensor : tensors_) {
+    TESSERA_CHECK(tensor.begin == covered, p, ": tensor ", tensor.name, "'s data starts at byte ", tensor.begin,
+                  " of the data, but ", covered, " is where the previous one ends (",
+                  tensor.begin > covered ? "a gap" : "an overlap", "); the data must be tiled exactly");
+    covered = tensor.end;
+  }
+  TESSERA_CHECK(covered == data_size, p, ": the tensors hold ", covered, " bytes of data but the file has ", data_size,
+                " after the header");
+}
+
+const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
+  for (const SafetensorsEntry& tensor : tensors_)
+    if (tensor.name == name) return &tensor;
+  return nullptr;
+}
+
+std::vector<std::byte> SafetensorsFile::read(const std::string& name) const {
+  const SafetensorsEntry* tensor = find(name);
+  TESSERA_CHECK(tensor != nullptr, path_, " has no tensor ", name);
+  std::vector<std::byte> bytes(size_t(tensor->end - tensor->begin));
+  std::ifstream in(path_, std::ios::binary);
+  TESSERA_CHECK(in, "cannot open ", path_, ": ", std::strerror(errno));
+  in.seekg(data_start_ + tensor->begin);
+  in.read(reinterpret_cast<char*>(bytes.data()), std::streamsize(bytes.size()));
+  TESSERA_CHECK(in.gcount() == std::streamsize(bytes.size()), path_, " ended inside tensor ", name,
+                "; did it change while being read?");
+  return bytes;
+}
+
+}  // namespace tessera::io

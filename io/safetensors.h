@@ -1,0 +1,69 @@
+// safetensors files, the weights format Hugging Face and PyTorch users load
+// (https://github.com/huggingface/safetensors): an unsigned 64-bit
+// little-endian header length N, N bytes of JSON
+//
+//   {"<name>": {"dtype": "F32", "shape": [768, 2304], "data_offsets": [b, e]},
+//    ..., "__metadata__": {"<key>": "<string>", ...}}
+//
+// (the header padded with spaces to a multiple of 8 bytes), then the data:
+// each tensor's bytes little-endian and row-major at [b, e) of the data
+// section, the tensors tiling it with no gap and no overlap. JSON through
+// nlohmann::json. Tessera's dtypes map to F32, BF16, F16, I32, I64, U8; a file
+// with others (F64, I8, BOOL, ...) is refused naming the tensor.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/shape.h"
+
+namespace tessera::io {
+
+// A tensor to write: `data` holds shape.numel() elements of `dtype`.
+struct SafetensorsInput {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  const void* data = nullptr;
+};
+
+// Writes `tensors` (in the order given, names unique) and `metadata` to
+// `path` through "<path>.partial", renamed into place when complete. Throws
+// tessera::Error naming the file.
+void write_safetensors(const std::string& path, const std::vector<SafetensorsInput>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  int64_t begin = 0, end = 0;  // byte offsets in the data section
+};
+
+// Opens and validates a safetensors file: the header's length against the
+// file, its JSON, every entry (dtype, shape, offsets matching the shape and
+// inside the data, the data tiled exactly). Errors name the file and, where
+// there is one, the tensor and the field.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(std::string path);
+
+  const std::string& path() const { return path_; }
+  const std::vector<SafetensorsEntry>& tensors() const { return tensors_; }  // in file order of their data
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const SafetensorsEntry* find(const std::string& name) const;
+  // The bytes of tensor `name` (little-endian, row-major); throws naming it if absent.
+  std::vector<std::byte> read(const std::string& name) const;
+
+ private:
+  std::string path_;
+  int64_t data_start_ = 0;
+  std::vector<SafetensorsEntry> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace tessera::io
