@@ -712,7 +712,7 @@ void refuse_unused_settings(const CLI::App& command, const TrainConfig& c, const
             "splits each pipeline stage into chunks, and " +
                 setting("--pipeline-parallel", std::to_string(c.pipeline_parallel)) +
                 " has none; add --pipeline-parallel P (P > 1), or drop it");
-  refuse_if("--async-save", c.ckpt_format == "gathered",
+  refuse_if("--async-save", c.ckpt_format == "gathered" && c.async_save,
             "writes sharded checkpoints in the background, and --ckpt-format gathered is written by rank 0 while "
             "every rank waits; use --ckpt-format sharded, or drop --async-save");
   refuse_if("--zero-prefetch", c.zero < 2,

@@ -318,6 +318,8 @@ TEST(UnusedSettings, AreRefusedWithTheReasonAndTheFix) {
       {{"--zero-prefetch", "2"}, {"--zero-prefetch 2", "--zero 0 (the default)", "add --zero 2 or 3"}},
       {{"--zero", "1", "--zero-prefetch", "0"}, {"--zero-prefetch 0", "--zero 1 has none"}},
       {{"--zero", "3", "--bucket-size-mb", "4"}, {"--bucket-size-mb 4", "--zero 3 reduces one unit"}},
+      {{"--ckpt-format", "gathered", "--async-save"},
+       {"--async-save:", "--ckpt-format gathered is written by rank 0", "use --ckpt-format sharded"}},
       // Several at once: all named.
       {{"--hidden-size", "64", "--nesterov"}, {"these settings", "--hidden-size 64", "--nesterov"}},
   };
@@ -366,6 +368,8 @@ TEST(UnusedSettings, DefaultsAndUsedSettingsPass) {
       {"--model", "cnn"},
       {"--zero", "3", "--zero-prefetch", "2"},
       {"--zero", "1", "--bucket-size-mb", "4"},
+      {"--ckpt-format", "sharded", "--async-save"},
+      {"--ckpt-format", "gathered", "--no-async-save"},
   };
   for (const std::vector<std::string>& args : cases) {
     SCOPED_TRACE(::testing::PrintToString(args));
