@@ -42,11 +42,10 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 
-from machine import cpu_description, mpi_environment
+from machine import cpu_description, mpi_environment, run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODES = {
@@ -63,13 +62,6 @@ def gpt_flags(args):
     return ["--model", "gpt", "--num-layers", str(args.num_layers), "--hidden-size", str(args.hidden_size),
             "--num-heads", "6", "--seq-length", "64", "--vocab-size", "8192", "--micro-batch-size", "2",
             "--global-batch-size", "8", "--optimizer", "adamw", "--lr", "1e-3", "--threads", "1"]
-
-
-def run(cmd, env):
-    result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    if result.returncode != 0:
-        sys.exit(f"failed ({' '.join(cmd)}):\n{result.stdout}\n{result.stderr}")
-    return result.stdout
 
 
 def timed_run(args, ranks, mode, work, env):

@@ -1,8 +1,10 @@
 """What the benchmarks print about the machine they ran on (the CPU model, its cores and the ISA
-extensions that change kernel choices), and the environment they run `mpirun` with."""
+extensions that change kernel choices), the environment they run `mpirun` with, and how they run a command."""
 import os
 import platform
 import re
+import subprocess
+import sys
 
 
 def cpu_description():
@@ -24,3 +26,11 @@ def mpi_environment():
     if os.geteuid() == 0:  # Open MPI refuses to run as root unless told
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return env
+
+
+def run(cmd, env):
+    """`cmd`'s stdout; on a non-zero exit, the benchmark stops with the command and its output."""
+    result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    if result.returncode != 0:
+        sys.exit(f"failed ({' '.join(cmd)}):\n{result.stdout}\n{result.stderr}")
+    return result.stdout

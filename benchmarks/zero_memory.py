@@ -32,11 +32,10 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 
-from machine import cpu_description, mpi_environment
+from machine import cpu_description, mpi_environment, run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WARMUP = 2
@@ -56,13 +55,6 @@ def command(args, ranks, zero, extra):
         flags += ["--zero-prefetch", str(args.zero_prefetch)]
     return [args.mpirun, "-np", str(ranks), "--bind-to", "none", "--oversubscribe", args.tessera, "train",
             "--synthetic", *flags, *extra]
-
-
-def run(cmd, env):
-    result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    if result.returncode != 0:
-        sys.exit(f"failed ({' '.join(cmd)}):\n{result.stdout}\n{result.stderr}")
-    return result.stdout
 
 
 def timed_run(args, ranks, zero, tmp, env):

@@ -142,7 +142,8 @@ std::vector<const PieceInfo*> owned_pieces(const SaveJob& job, int rank) {
 // a data loader reading on another thread waits at most one slab.
 constexpr int64_t kSlabBytes = int64_t(8) << 20;
 
-void write_piece(const std::string& path, hid_t file, const OwnedPiece& piece) {
+// Returns the piece's CRC-32 (also stored as its dataset's attribute).
+uint32_t write_piece(const std::string& path, hid_t file, const OwnedPiece& piece) {
   const PieceInfo& info = *piece.info;
   const std::string name = piece_dataset_name(info.name, info.index);
   Hdf5Handle links = property_list_handle(TESSERA_HDF5_CHECK_AT(path, H5Pcreate(H5P_LINK_CREATE)));
@@ -161,7 +162,9 @@ void write_piece(const std::string& path, hid_t file, const OwnedPiece& piece) {
                                          H5P_DEFAULT, piece.bytes + first * element));
   }
   write_string_attribute(path, dataset.get(), kDtypeAttribute, dtype_name(info.dtype));
-  write_int64_attribute(path, dataset.get(), kCrcAttribute, crc32_of(piece.bytes, size_t(piece.size)));
+  const uint32_t crc = crc32_of(piece.bytes, size_t(piece.size));
+  write_int64_attribute(path, dataset.get(), kCrcAttribute, crc);
+  return crc;
 }
 
 // Phase 5: `rank_<r>.h5` in the temporary directory, one 1-D dataset per
@@ -179,8 +182,7 @@ WriteOutcome write_rank_file(const SaveJob& job, int rank, const std::vector<Own
     write_int64_attribute(path, file.get(), "step", job.step);
     write_int64_attribute(path, file.get(), "rank", rank);
     for (size_t i = 0; i < owned.size(); ++i) {
-      write_piece(path, file.get(), owned[i]);
-      outcome.crcs.push_back(crc32_of(owned[i].bytes, size_t(owned[i].size)));
+      outcome.crcs.push_back(write_piece(path, file.get(), owned[i]));
       outcome.bytes += owned[i].size;
       if (i == owned.size() / 2) crash_if_due(job.step, rank);
     }

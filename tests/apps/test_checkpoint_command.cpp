@@ -23,6 +23,7 @@
 #include "io/checkpoint.h"
 #include "parallel/local_communicator.h"
 #include "tests/io/io_test_files.h"
+#include "tests/support/error_text.h"
 #include "tests/support/test_support.h"
 
 namespace tessera::testing {
@@ -79,9 +80,6 @@ io::TensorPiece whole(const std::string& name, const Tensor& tensor) {
   piece.local = tensor;
   return piece;
 }
-
-#define EXPECT_CONTAINS(text, fragment) \
-  EXPECT_NE((text).find(fragment), std::string::npos) << "expected '" << (fragment) << "' in:\n" << (text)
 
 TEST(CheckpointCommand, InspectPrintsTensorsAndVerifiesChecksums) {
   TESSERA_SEED_TRACE();

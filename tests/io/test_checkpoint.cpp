@@ -34,6 +34,7 @@
 #include "nn/parameter.h"
 #include "parallel/local_communicator.h"
 #include "tests/io/io_test_files.h"
+#include "tests/support/error_text.h"
 #include "tests/support/test_support.h"
 
 namespace tessera::testing {
@@ -177,19 +178,6 @@ std::string read_text(const fs::path& path) {
   text << in.rdbuf();
   return text.str();
 }
-
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "(no error)";
-}
-
-#define EXPECT_CONTAINS(text, fragment) \
-  EXPECT_NE(std::string(text).find(fragment), std::string::npos) << "expected '" << (fragment) << "' in: " << (text)
 
 // Every test runs with both writers: every_rank (format 2: rank files and an
 // index of virtual datasets) and rank_zero (format 1: one file).

@@ -20,6 +20,7 @@
 #include "io/prepare.h"
 #include "io/token_files.h"
 #include "tests/io/io_test_files.h"
+#include "tests/support/error_text.h"
 #include "tests/support/test_support.h"
 
 namespace tessera::testing {
@@ -147,18 +148,6 @@ void expect_prepared(const io::TextPrepareResult& result, const std::vector<int6
   EXPECT_EQ(type_class, H5T_INTEGER);
   EXPECT_EQ(size, type_size);
 }
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "(no error)";
-}
-
-#define EXPECT_CONTAINS(text, fragment) \
-  EXPECT_NE(std::string(text).find(fragment), std::string::npos) << "expected '" << (fragment) << "' in: " << (text)
 
 TEST(TokenFiles, MegatronDatasetsPrepareIntoTheSameStream) {
   TESSERA_SEED_TRACE();
