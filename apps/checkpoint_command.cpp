@@ -24,13 +24,7 @@ namespace fs = std::filesystem;
 
 // A step directory or HDF5 file as given, or a save directory's latest checkpoint.
 std::string resolve(const std::string& path) {
-  std::error_code error;
-  TESSERA_CHECK(fs::exists(path, error), "tessera checkpoint: ", path, " does not exist");
-  if (!fs::is_directory(path, error) || fs::exists(fs::path(path) / "checkpoint.h5", error)) return path;
-  const auto latest = io::find_latest_checkpoint(path);
-  TESSERA_CHECK(latest.has_value(), "tessera checkpoint: ", path,
-                " holds no checkpoint (neither a checkpoint.h5 nor step_* directories)");
-  return *latest;
+  return io::resolve_checkpoint(path, "tessera checkpoint");
 }
 
 // `value` on one line, cut to `limit` characters.
@@ -165,7 +159,7 @@ void register_checkpoint_command(CLI::App& app, int& exit_code) {
 
 void register_export_command(CLI::App& app, int& exit_code) {
   struct Arguments {
-    std::string checkpoint, output, format = "tessera";
+    std::string checkpoint, output, format = "tessera", tokenizer;
   };
   auto args = std::make_shared<Arguments>();
   auto* command =
@@ -184,11 +178,17 @@ void register_export_command(CLI::App& app, int& exit_code) {
                    "and config.json, for GPT2LMHeadModel.from_pretrained(DIR)")
       ->check(CLI::IsMember({"tessera", "hf-gpt2"}))
       ->capture_default_str();
+  command->add_option("--tokenizer", args->tokenizer,
+                      "hf-gpt2: the dataset whose tokenizer to write as vocab.json and merges.txt (default: the data "
+                      "the checkpoint was trained on)");
   command->callback([args, &exit_code] {
-    const io::ExportResult result = io::export_checkpoint(resolve(args->checkpoint), args->output, args->format);
+    const io::ExportResult result =
+        io::export_checkpoint(resolve(args->checkpoint), args->output, args->format, args->tokenizer);
     std::printf("wrote %s: %lld tensors, %s\n", result.weights.c_str(), static_cast<long long>(result.tensors),
                 human_bytes(double(result.bytes)).c_str());
-    if (!result.config.empty()) std::printf("wrote %s\n", result.config.c_str());
+    for (const std::string* written : {&result.config, &result.vocab, &result.merges})
+      if (!written->empty()) std::printf("wrote %s\n", written->c_str());
+    if (!result.tokenizer_note.empty()) std::printf("%s\n", result.tokenizer_note.c_str());
     exit_code = 0;
   });
 }

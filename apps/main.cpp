@@ -3,6 +3,8 @@
 //   tessera prepare     turn IDX images or text files into Tessera's HDF5 datasets
 //   tessera plot        draw loss and throughput curves from a metrics file
 //   tessera checkpoint  inspect and verify checkpoints (inspect PATH, list DIR)
+//   tessera export      a checkpoint's weights as safetensors (Tessera's or Hugging Face GPT-2's names)
+//   tessera generate    text from a trained GPT (KV cache; tensor-parallel under mpirun)
 //   tessera topo        this node's GPUs, RDMA ports, NUMA nodes and each local rank's NCCL/UCX/MPI settings
 //   tessera info        this build's backends, devices and libraries
 //   tessera selfcheck   every operator checked on this machine's CPU (and GPU)
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "apps/checkpoint_command.h"
+#include "apps/generate_command.h"
 #include "apps/plot_command.h"
 #include "apps/prepare_command.h"
 #include "apps/process_end.h"
@@ -131,6 +134,7 @@ int main(int argc, char** argv) {
   tessera::app::register_plot_command(app, exit_code);
   tessera::app::register_checkpoint_command(app, exit_code);
   tessera::app::register_export_command(app, exit_code);
+  tessera::app::register_generate_command(app, mpi, exit_code);
   tessera::app::register_topo_command(app, exit_code);
 
   auto* info = app.add_subcommand("info", "Show this build's backends, devices and libraries");

@@ -1,6 +1,6 @@
-// The `prepare` subcommand: flags for io::prepare_idx, io::prepare_text and
-// io::prepare_token_files (Megatron indexed datasets, llm.c shards), a
-// terminal progress line, and a summary of what was written.
+// The `prepare` subcommand: flags for io::prepare_idx, io::prepare_text
+// (bytes or BPE) and io::prepare_token_files (Megatron indexed datasets,
+// llm.c shards), a terminal progress line, and a summary of what was written.
 #include "apps/prepare_command.h"
 
 #include <filesystem>
@@ -46,6 +46,7 @@ struct TextArguments {
   std::string output, eval_output;
   double eval_fraction = 0.05;
   int64_t vocab_size = 0;  // token files only
+  io::TextTokenizerOptions tokenizer;  // text only
 };
 
 // A held-out split by default: out.h5 -> out.eval.h5.
@@ -56,6 +57,7 @@ std::string default_eval_output(const TextArguments& args) {
 }
 
 void print_result(const io::TextPrepareResult& result) {
+  if (!result.note.empty()) std::printf("note: %s\n", result.note.c_str());
   std::printf("wrote %s: %s\n", result.train.path.c_str(), result.train.describe().c_str());
   if (!result.eval.path.empty())
     std::printf("wrote %s: %s\n", result.eval.path.c_str(), result.eval.describe().c_str());
@@ -117,12 +119,24 @@ void register_prepare_command(CLI::App& app, int& exit_code) {
 
   auto text_arguments = std::make_shared<TextArguments>();
   auto* text = prepare->add_subcommand(
-      "text", "Text files into a byte-level token stream (uint8, vocabulary 256), the tail held out for eval");
+      "text",
+      "Text files into a token stream, byte-level (uint8, vocabulary 256) or through a byte-level BPE tokenizer "
+      "trained on the text or loaded from GPT-2's files (stored with the data), the tail held out for eval");
   text->add_option("files", text_arguments->files, "Text files, concatenated in this order")->required();
-  add_split_options(*text, *text_arguments, "bytes");
+  add_split_options(*text, *text_arguments, "tokens");
+  io::TextTokenizerOptions& tokenizer = text_arguments->tokenizer;
+  text->add_option("--tokenizer", tokenizer.tokenizer,
+                   "bytes: one token per byte (the default); bpe: GPT-2's byte-level BPE, trained on the text to "
+                   "--vocab-size tokens or loaded from --vocab and --merges (the default when they are given)")
+      ->check(CLI::IsMember({"bytes", "bpe"}));
+  text->add_option("--vocab-size", tokenizer.vocab_size,
+                   "BPE training: the vocabulary to learn, 257..1048576 (256 bytes, then one token per merge)");
+  text->add_option("--vocab", tokenizer.vocab_json,
+                   "A Hugging Face GPT-2 vocab.json to load instead of training (with --merges)");
+  text->add_option("--merges", tokenizer.merges_txt, "The merges.txt that goes with --vocab");
   text->callback([text_arguments, &exit_code] {
     print_result(io::prepare_text(text_arguments->files, text_arguments->output, default_eval_output(*text_arguments),
-                                  text_arguments->eval_fraction, terminal_progress()));
+                                  text_arguments->eval_fraction, terminal_progress(), text_arguments->tokenizer));
     exit_code = 0;
   });
 

@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "io/checkpoint.h"
+#include "io/model_weights.h"
 #include "parallel/memory_plan.h"
 
 namespace tessera::app {
@@ -120,17 +121,6 @@ void read_into(const io::CheckpointReader& reader, io::TensorPiece piece, Tensor
   if (piece.local.data_ptr() != destination.data_ptr()) destination.copy_(piece.local);
 }
 
-// Where a parameter's values sit in its logical tensor: whole, or this
-// rank's tensor-parallel shard of it.
-io::TensorPiece parameter_piece(const nn::Parameter& p) {
-  io::TensorPiece piece;
-  piece.name = p.name;
-  piece.global_shape = p.shard.global_shape;
-  piece.dtype = p.value.dtype();
-  piece.slice = io::shard_slice(p.shard);
-  return piece;
-}
-
 // Where a piece of optimizer state (or a ZeRO-3 value piece) sits: the
 // parameter's shard, or a ZeRO range of that shard's flattening.
 io::TensorPiece state_piece(const parallel::OptimizerStateSlice& slice) {
@@ -150,7 +140,7 @@ std::vector<io::TensorPiece> training_pieces(const TrainState& s) {
   std::vector<parallel::OptimizerStateSlice> slices = s.replica->value_slices();
   if (slices.empty()) {
     for (nn::Parameter* p : s.parameters) {
-      io::TensorPiece piece = parameter_piece(*p);
+      io::TensorPiece piece = io::parameter_piece(*p);
       piece.local = p->value;
       // One writer per element: data-parallel replicas and, for tensors every
       // tensor-parallel rank holds whole, the tp ranks after the first write
@@ -326,7 +316,7 @@ Resumed load_training_checkpoint(const TrainState& s, const std::string& path) {
     TESSERA_CHECK(reader.has_tensor(p->name), "--resume: checkpoint ", path, " has no tensor '", p->name,
                   "' for the model's parameter of that name");
   if (value_slices.empty())
-    for (nn::Parameter* p : s.parameters) read_into(reader, parameter_piece(*p), p->value);
+    for (nn::Parameter* p : s.parameters) read_into(reader, io::parameter_piece(*p), p->value);
   for (const parallel::OptimizerStateSlice& slice : value_slices) read_into(reader, state_piece(slice), *slice.local);
   for (const parallel::OptimizerStateSlice& slice : s.replica->optimizer_state_slices()) {
     TESSERA_CHECK(reader.has_tensor(slice.name), "--resume: checkpoint ", path, " has no optimizer state '", slice.name,

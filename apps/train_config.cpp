@@ -205,6 +205,23 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
       ->check(CLI::IsMember({"auto", "mpi", "nccl"}))
       ->group(parallel);
 
+  const std::string samples = "Samples during training (GPT)";
+  command
+      .add_option("--sample-interval", c.sample_interval,
+                  "Print text the model generates from --sample-prompt every N steps and at the end (0: never)")
+      ->group(samples);
+  command
+      .add_option("--sample-prompt", c.sample_prompt,
+                  "The text samples continue, encoded with --data's tokenizer (default: a newline)")
+      ->group(samples);
+  command.add_option("--sample-tokens", c.sample_tokens, "Tokens per sample")->capture_default_str()->group(samples);
+  command
+      .add_option("--sample-temperature", c.sample_temperature, "Softmax temperature of the samples (0: greedy)")
+      ->capture_default_str()
+      ->group(samples);
+  command.add_option("--sample-top-k", c.sample_top_k, "Sample from the k most likely tokens (0: all)")
+      ->group(samples);
+
   const std::string output = "Evaluation and output";
   command.add_option("--eval-interval", c.eval_interval, "Steps between evaluations (0: every epoch and at the end)")
       ->group(output);
@@ -229,6 +246,11 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
                   "clock, every rank at the same step (0: off)")
       ->group(checkpoints);
   command.add_option("--keep-checkpoints", c.keep_checkpoints, "Keep only the newest K checkpoints (0: keep all)")
+      ->group(checkpoints);
+  command
+      .add_option("--init-from", c.init_from,
+                  "Start from these weights: a safetensors file of `tessera export` (Tessera's or Hugging Face "
+                  "GPT-2's names), loaded under any layout; a run that resumes a checkpoint ignores it")
       ->group(checkpoints);
   command
       .add_option("--ckpt-format", c.ckpt_format,
@@ -724,6 +746,12 @@ void refuse_unused_settings(const CLI::App& command, const TrainConfig& c, const
   refuse_if("--min-lr", c.lr_decay_style == "constant",
             "where the cosine decay ends, and --lr-decay-style constant keeps --lr after the warm-up; use "
             "--lr-decay-style cosine, or drop it");
+  for (const char* flag : {"--sample-prompt", "--sample-tokens", "--sample-temperature", "--sample-top-k"})
+    refuse_if(flag, c.sample_interval == 0,
+              "shapes the samples printed during training, and no --sample-interval is given; add "
+              "--sample-interval N, or drop it");
+  refuse_if("--sample-interval", c.sample_interval > 0 && kind != nn::ModelKind::gpt,
+            "prints text a GPT generates, and " + setting("--model", c.model) + " does not generate text; drop it");
   for (const char* flag : {"--eval-interval", "--eval-iters"})
     refuse_if(flag, c.eval_data.empty(),
               "evaluation needs held-out data, and no --eval-data is given; add --eval-data FILE, or drop it");
@@ -754,6 +782,17 @@ void validate(const TrainConfig& c) {
   TESSERA_CHECK(c.comm_timeout >= 0 && c.comm_timeout <= kMaxTimeoutSeconds,
                 "--comm-timeout must be a number of seconds from 0 (no limit) to 31536000 (a year), got ",
                 c.comm_timeout);
+  TESSERA_CHECK(c.sample_interval >= 0 && c.sample_tokens > 0 && c.sample_top_k >= 0,
+                "--sample-interval and --sample-top-k must not be negative and --sample-tokens must be positive");
+  TESSERA_CHECK(std::isfinite(c.sample_temperature) && c.sample_temperature >= 0.0f,
+                "--sample-temperature must be 0 (greedy) or positive, got ", c.sample_temperature);
+  TESSERA_CHECK(c.sample_interval == 0 || c.pipeline_parallel == 1,
+                "--sample-interval: samples need the whole model on each tensor-parallel group, and "
+                "--pipeline-parallel ",
+                c.pipeline_parallel, " splits it; sample the checkpoint afterwards with `tessera generate`");
+  TESSERA_CHECK(c.sample_interval == 0 || !c.sequence_parallel,
+                "--sample-interval: samples generate one token at a time, which --sequence-parallel cannot split; "
+                "drop one of them (and sample the checkpoint with `tessera generate`)");
   TESSERA_CHECK(c.synthetic || !c.data.empty(),
                 "no training data: give --data FILE (made by `tessera prepare`) or --synthetic");
   TESSERA_CHECK(!(c.synthetic && !c.data.empty()), "--synthetic and --data exclude each other; pick one");
@@ -763,9 +802,14 @@ void validate(const TrainConfig& c) {
   TESSERA_CHECK(c.micro_batch_size > 0, "--micro-batch-size must be positive, got ", c.micro_batch_size);
   TESSERA_CHECK(c.global_batch_size >= 0 && c.global_batch_size % c.micro_batch_size == 0, "--global-batch-size ",
                 c.global_batch_size, " is not a multiple of --micro-batch-size ", c.micro_batch_size);
-  TESSERA_CHECK((c.train_steps > 0) != (c.epochs > 0),
+  // --init-from with no steps: the weights saved as a step-0 checkpoint (e.g. to generate from imported weights).
+  const bool only_save_initial_weights = c.train_steps == 0 && c.epochs == 0 && !c.init_from.empty();
+  TESSERA_CHECK(only_save_initial_weights || (c.train_steps > 0) != (c.epochs > 0),
                 "give exactly one of --train-steps N and --epochs E (both positive); got --train-steps ", c.train_steps,
                 " and --epochs ", c.epochs);
+  TESSERA_CHECK(!only_save_initial_weights || !c.save.empty(),
+                "--init-from with --train-steps 0 trains nothing: it saves the weights as a checkpoint at step 0, "
+                "so it needs --save DIR (or give --train-steps N to train)");
   TESSERA_CHECK(!(c.synthetic && c.epochs > 0), "--synthetic data has no epochs: use --train-steps");
   TESSERA_CHECK(c.lr > 0, "--lr must be positive, got ", c.lr);
   TESSERA_CHECK(c.min_lr >= 0 && c.min_lr <= c.lr, "--min-lr ", c.min_lr, " must be in [0, --lr ", c.lr, "]");
@@ -849,6 +893,10 @@ std::string describe(const TrainConfig& c) {
     out << "\nsave=" << c.save << " save_interval=" << c.save_interval
         << " save_interval_minutes=" << c.save_interval_minutes << " save_timeout=" << c.save_timeout
         << " keep_checkpoints=" << c.keep_checkpoints << " resume=" << c.resume << " exit_interval=" << c.exit_interval;
+  if (!c.init_from.empty()) out << "\ninit_from=" << c.init_from;
+  if (c.sample_interval > 0)
+    out << "\nsample_interval=" << c.sample_interval << " sample_tokens=" << c.sample_tokens
+        << " sample_temperature=" << c.sample_temperature << " sample_top_k=" << c.sample_top_k;
   return out.str();
 }
 
@@ -935,6 +983,12 @@ std::vector<std::pair<std::string, std::string>> settings(const TrainConfig& c) 
       {"save-timeout", exact(c.save_timeout)},
       {"resume", c.resume},
       {"exit-interval", std::to_string(c.exit_interval)},
+      {"init-from", c.init_from},
+      {"sample-interval", std::to_string(c.sample_interval)},
+      {"sample-prompt", c.sample_prompt},
+      {"sample-tokens", std::to_string(c.sample_tokens)},
+      {"sample-temperature", exact(c.sample_temperature)},
+      {"sample-top-k", std::to_string(c.sample_top_k)},
   };
 }
 

@@ -82,7 +82,7 @@ struct TrainConfig {
   std::string trace;          // Chrome-trace/Perfetto timeline file
   std::string config_file;    // --config
 
-  // Checkpoints (io/checkpoint.h; layout and contents in the README).
+  // Checkpoints (io/checkpoint.h; layout and contents in docs/checkpoints.md).
   std::string save;           // --save DIR: checkpoints go to DIR/step_XXXXXXXX/
   int64_t save_interval = 0;  // --save-interval N: every N steps; 0: only at the end and on a signal
   double save_interval_minutes = 0.0;  // --save-interval-minutes M: when M minutes passed since the last save
@@ -91,6 +91,14 @@ struct TrainConfig {
   bool async_save = true;     // --async-save / --no-async-save: sharded saves written in the background
   std::string resume;         // --resume auto|PATH: auto = newest complete checkpoint in --save DIR, if any
   int64_t exit_interval = 0;  // --exit-interval N: save (with --save) and stop after a step divisible by N
+  std::string init_from;      // --init-from FILE.safetensors: initial weights (exported, either naming)
+
+  // Samples during training (GPT; parallel/generation.h).
+  int64_t sample_interval = 0;       // --sample-interval N: print a sample every N steps (0: never)
+  std::string sample_prompt = "\n";  // --sample-prompt TEXT, encoded with --data's tokenizer
+  int64_t sample_tokens = 64;        // --sample-tokens: tokens per sample
+  float sample_temperature = 1.0f;   // --sample-temperature (0: greedy)
+  int64_t sample_top_k = 0;          // --sample-top-k (0: every token)
 };
 
 // Adds every flag to the `train` subcommand, bound to `config`.

@@ -29,16 +29,16 @@
 #include "apps/preemption.h"
 #include "apps/rank_agreement.h"
 #include "apps/train_checkpoint.h"
+#include "apps/train_samples.h"
 #include "core/context.h"
-#include "core/cuda_runtime.h"
 #include "core/device_runtime.h"
-#include "core/emulated_runtime.h"
 #include "core/fault.h"
 #include "core/process_end.h"
 #include "io/checkpoint.h"
 #include "io/dataset.h"
 #include "io/loader.h"
 #include "io/metrics.h"
+#include "io/model_weights.h"
 #include "io/progress.h"
 #include "io/save_lock.h"
 #include "io/trace.h"
@@ -343,9 +343,7 @@ void inject_step_faults(int64_t step, int rank, BatchSource& source, Device devi
 // --device cuda: the local rank's GPU under MPI; --device emu likewise the
 // local rank's emulated device; otherwise as given.
 Device choose_device(const TrainConfig& c, const parallel::MpiEnv* env) {
-  if (env && c.device == "cuda") return env->default_device(true, cuda_runtime::device_count());
-  if (env && c.device == "emu") return Device::emulated(env->local_rank() % emulated::kDeviceCount);
-  return parse_device(c.device);
+  return env ? env->device_for_flag(c.device) : parse_device(c.device);
 }
 
 // A device fault (a kernel that failed after it was queued) is found by
@@ -873,6 +871,15 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   nn::Parameter* tied_table = stage_model.tied_table;
   const std::function<Shape(const Tensor&)>& stage_input_shape = stage_model.input_shape;
   std::vector<nn::Parameter*> parameters = model->parameters();
+  if (!c.init_from.empty()) {
+    // Before the optimizer copies them (masters) and ZeRO-3 shards them; a resumed checkpoint replaces them.
+    const io::WeightsLoaded loaded = io::load_safetensors_weights(c.init_from, parameters, model_cfg.num_layers);
+    if (root)
+      std::printf("init-from: %s: %lld tensors under %s names%s\n", c.init_from.c_str(),
+                  static_cast<long long>(loaded.tensors), loaded.naming.c_str(),
+                  loaded.ignored ? (", " + std::to_string(loaded.ignored) + " of the file's not used").c_str() : "");
+  }
+  TrainingSamples samples(c, *model);
   const PipelineGroups groups = split_pipeline_groups(*world, grid, stage);
   const int64_t accumulation = micro_batches_per_step(c, dp.size());
   TESSERA_CHECK(c.virtual_pipeline_stages == 1 || accumulation % grid.pp_size() == 0, "--virtual-pipeline-stages ",
@@ -921,7 +928,7 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
 
   BatchSource source(ctx, c, model_cfg, device, dtype, dp.rank(), dp.size(), counters.sampler);
   const int64_t total_steps = total_steps_of(c, source.batches_per_epoch(), accumulation);
-  const nn::LrScheduleConfig schedule_cfg = lr_schedule_config(c, total_steps);
+  const nn::LrScheduleConfig schedule_cfg = lr_schedule_config(c, std::max<int64_t>(total_steps, 1));
   const nn::LrSchedule schedule(schedule_cfg);
   state.schedule = &schedule_cfg;
 
@@ -981,9 +988,13 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   TrainingCheckpoints checkpoints(state, [&](const std::string& line) {
     if (root) progress.print_above(line);
   });
-  if (root && counters.step >= total_steps)
+  if (root && counters.step >= total_steps && total_steps > 0)
     std::printf("nothing to do: the checkpoint is at step %lld and --train-steps/--epochs ask for %lld\n",
                 static_cast<long long>(counters.step), static_cast<long long>(total_steps));
+  if (total_steps == 0 && counters.step == 0) {  // --init-from, --train-steps 0: the weights as they came
+    checkpoints.save(counters, true);
+    result.checkpoint = checkpoints.last_published();
+  }
   for (int64_t step = counters.step; step < total_steps; ++step) {
     inject_step_faults(step + 1, world->rank(), source, device);
     ctx.allocator(device).reset_peak_stats();  // this step's memory peaks (record_memory)
@@ -1049,6 +1060,11 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
       katib_due = true;  // the metrics writer prints the eval's Katib line
       report_eval(eval, step + 1, tokens, metrics, root ? &progress : nullptr);
       if (last) result.final_eval = eval;
+    }
+
+    if (samples.due(step + 1, last)) {
+      const std::string text = samples.sample(step + 1);
+      if (root) progress.print_above(text);
     }
 
     // Step boundary: stop (saving first) when any rank got a preemption

@@ -237,6 +237,12 @@ void check_save_directory(const std::string& dir);
 // directory), or nothing if there is none.
 std::optional<std::string> find_latest_checkpoint(const std::string& dir);
 
+// What a command given PATH reads: PATH itself when it is a checkpoint (a
+// step directory or its checkpoint.h5), else the newest checkpoint of the
+// save directory PATH. Throws naming PATH (`command` starts the message)
+// when it does not exist or holds no checkpoint.
+std::string resolve_checkpoint(const std::string& path, const std::string& command);
+
 // The complete checkpoints in `dir` (step_* directories holding their HDF5
 // file), oldest step first; empty if there are none or `dir` does not exist.
 std::vector<std::string> list_checkpoints(const std::string& dir);

@@ -1,7 +1,7 @@
 // Checkpoint directories on disk (io/checkpoint_internal.h): names, POSIX
 // durability (fsync, atomic rename), publishing a save, keep-K retention and
 // `latest`, free space, the advice when one is corrupt, and the public
-// check_save_directory, find_latest_checkpoint and list_checkpoints.
+// check_save_directory, find_latest_checkpoint, resolve_checkpoint and list_checkpoints.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -57,7 +57,6 @@ std::string temporary_directory_name(int64_t step) {
 bool is_temporary_name(std::string_view name) {
   return name.starts_with(".step_") && name.ends_with(".tmp");
 }
-
 
 // The published checkpoints of `dir` (step_* directories holding the file), oldest first.
 std::vector<StepDirectory> list_step_directories(const fs::path& dir) {
@@ -272,7 +271,6 @@ bool has_room(const fs::path& save_dir, int64_t needed) {
   return error || space.available >= std::uintmax_t(needed);
 }
 
-
 }  // namespace checkpoint_detail
 
 using namespace checkpoint_detail;
@@ -307,6 +305,16 @@ std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
   const std::vector<StepDirectory> steps = list_step_directories(save_dir);
   if (steps.empty()) return std::nullopt;
   return steps.back().path.string();
+}
+
+std::string resolve_checkpoint(const std::string& path, const std::string& command) {
+  std::error_code error;
+  TESSERA_CHECK(fs::exists(path, error), command, ": ", path, " does not exist");
+  if (!fs::is_directory(path, error) || fs::exists(fs::path(path) / "checkpoint.h5", error)) return path;
+  const std::optional<std::string> latest = find_latest_checkpoint(path);
+  TESSERA_CHECK(latest.has_value(), command, ": ", path,
+                " holds no checkpoint (neither a checkpoint.h5 nor step_* directories)");
+  return *latest;
 }
 
 std::vector<std::string> list_checkpoints(const std::string& dir) {

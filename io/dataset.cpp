@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "io/hdf5_file.h"
+#include "io/tokenizer.h"
 
 namespace tessera::io {
 
@@ -190,6 +191,12 @@ void validate_tokens(const std::string& path, Hdf5Objects& objects, DatasetInfo&
   info.vocab_size = read_int64_attribute(path, file, "vocab_size");
   TESSERA_CHECK(info.vocab_size >= 1 && info.vocab_size <= int64_t(1) << 31, path, ": root attribute 'vocab_size' is ",
                 info.vocab_size, "; it must be in [1, 2^31]");
+  if (const std::optional<Tokenizer> tokenizer = Tokenizer::load(path)) {
+    TESSERA_CHECK(tokenizer->vocab_size() == info.vocab_size, path, ": root attribute 'vocab_size' is ",
+                  info.vocab_size, " but the tokenizer in group '/tokenizer' has ", tokenizer->vocab_size(),
+                  " tokens; they must agree (prepare the file again)");
+    info.tokenizer = tokenizer->describe();
+  }
 
   // Only ids the storage type can hold need checking: uint8 with vocab >= 256
   // and uint16 with vocab >= 65536 are valid by construction.
@@ -313,7 +320,8 @@ std::string DatasetInfo::describe() const {
     out << "classification: " << num_samples << " samples of " << channels << "x" << height << "x" << width << ", "
         << num_classes << " classes";
   else
-    out << "tokens: " << num_tokens << " " << token_type_name(token_type) << " tokens, vocabulary " << vocab_size;
+    out << "tokens: " << num_tokens << " " << token_type_name(token_type) << " tokens, vocabulary " << vocab_size
+        << (tokenizer.empty() ? "" : ", tokenizer " + tokenizer);
   return out.str();
 }
 

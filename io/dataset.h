@@ -1,6 +1,7 @@
 // Tessera's HDF5 datasets (schema in io/README.md): a classification set
 // (/images uint8 [N, C, H, W], /labels int64 [N]) or a token stream (/tokens
-// 1-D uint8, uint16 or int32). inspect_dataset() reads and validates a file's
+// 1-D uint8, uint16 or int32; /tokenizer, the tokenizer that made it, when
+// stored: io/tokenizer.h). inspect_dataset() reads and validates a file's
 // schema; ClassificationData and TokenData open a file, validate it the same
 // way, and read ranges of samples or tokens into host buffers.
 //
@@ -12,8 +13,8 @@
 // Every open validates everything a training run would trip over later:
 // schema version, kind, datasets present with the right dtype and rank,
 // images and labels agreeing on N, labels in [0, num_classes), token ids in
-// [0, vocab_size). Errors name the file, the dataset or attribute, and what to
-// do about it.
+// [0, vocab_size), a stored tokenizer valid and of vocab_size tokens. Errors
+// name the file, the dataset or attribute, and what to do about it.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +45,10 @@ struct DatasetInfo {
   int64_t num_tokens = 0;
   int64_t vocab_size = 0;
   TokenType token_type = TokenType::u8;
+  // The stored tokenizer (group /tokenizer, io/tokenizer.h) described, e.g.
+  // "BPE (768 merges)"; empty when the file has none (its
+  // ids are bytes when vocab_size is 256, else another tool's).
+  std::string tokenizer;
 
   int64_t sample_bytes() const { return channels * height * width; }  // one image
   std::string describe() const;  // "classification: 10000 samples of 1x28x28, 10 classes"

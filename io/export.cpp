@@ -1,6 +1,6 @@
 // export_checkpoint (io/export.h): whole parameters read from a checkpoint,
 // renamed and transposed for Hugging Face GPT-2 where asked, written as
-// safetensors, and GPT-2's config.json (through nlohmann::json).
+// safetensors, and GPT-2's config.json (through nlohmann::json) and tokenizer files.
 #include "io/export.h"
 
 #include <algorithm>
@@ -9,12 +9,14 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <tuple>
 
 #include "core/context.h"
 #include "core/error.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
+#include "io/tokenizer.h"
 
 namespace tessera::io {
 namespace {
@@ -119,8 +121,38 @@ nlohmann::json hf_gpt2_config(const CheckpointReader& reader, DType dtype) {
           {"attn_pdrop", 0.0},
           {"initializer_range", 0.02},
           {"tie_word_embeddings", true},
-          {"torch_dtype", torch_dtype(dtype)},
-          {"tessera_checkpoint", reader.path()}};
+          {"torch_dtype", torch_dtype(dtype)}};
+}
+
+// GPT-2's vocab.json and merges.txt beside the weights, from the dataset's
+// tokenizer (bytes when it stores none and the vocabulary is 256).
+void write_tokenizer(const CheckpointReader& reader, const std::string& tokenizer_data, const fs::path& directory,
+                     ExportResult& result) {
+  std::string data = tokenizer_data;
+  if (data.empty()) {
+    const auto trained_on = reader.metadata().find("config.data");
+    if (trained_on != reader.metadata().end()) data = trained_on->second;
+  }
+  std::error_code error;
+  if (data.empty() || !fs::exists(data, error)) {
+    result.tokenizer_note = "no tokenizer written: the checkpoint's training data " +
+                            (data.empty() ? std::string("is not named (--synthetic?)") : data + " is not here") +
+                            "; give --tokenizer DATASET.h5";
+    return;
+  }
+  std::optional<Tokenizer> tokenizer = Tokenizer::load(data);
+  const int64_t vocab_size = metadata_integer(reader, "model.vocab_size");
+  if (!tokenizer && vocab_size == 256) tokenizer = Tokenizer::bytes();
+  if (!tokenizer) {
+    result.tokenizer_note = "no tokenizer written: " + data + " stores none (its tokens came from another tool)";
+    return;
+  }
+  TESSERA_CHECK(tokenizer->vocab_size() <= vocab_size, "export: the tokenizer of ", data, " has ",
+                tokenizer->vocab_size(), " tokens, more than the model's vocabulary of ", vocab_size,
+                "; give the --tokenizer of the data the model was trained on");
+  result.vocab = (directory / "vocab.json").string();
+  result.merges = (directory / "merges.txt").string();
+  tokenizer->write_gpt2_files(result.vocab, result.merges);
 }
 
 }  // namespace
@@ -143,13 +175,17 @@ std::vector<HfGpt2Name> hf_gpt2_names(int64_t num_layers) {
   return names;
 }
 
-ExportResult export_checkpoint(const std::string& checkpoint, const std::string& out, const std::string& format) {
+ExportResult export_checkpoint(const std::string& checkpoint, const std::string& out, const std::string& format,
+                               const std::string& tokenizer_data) {
   TESSERA_CHECK(format == "tessera" || format == "hf-gpt2", "export: --format ", format,
                 " is not one of tessera, hf-gpt2");
   const CheckpointReader reader(checkpoint);
+  std::error_code made;
+  fs::create_directories(fs::absolute(out).parent_path(), made);  // as save_pretrained(DIR) does; errors: at the write
   Context ctx;
   Prepared prepared;
-  std::map<std::string, std::string> metadata = {{"format", "pt"}, {"tessera_checkpoint", reader.path()}};
+  // Nothing of the checkpoint's path or step: the same weights export to the same bytes.
+  std::map<std::string, std::string> metadata = {{"format", "pt"}};
   const std::string& kind = metadata_value(reader, "model.kind");
   if (format == "tessera") {
     for (const auto& [key, value] : reader.metadata())
@@ -182,6 +218,7 @@ ExportResult export_checkpoint(const std::string& checkpoint, const std::string&
   std::ofstream config(result.config);
   config << hf_gpt2_config(reader, dtype).dump(2) << "\n";
   TESSERA_CHECK(config, "export: cannot write ", result.config);
+  write_tokenizer(reader, tokenizer_data, directory, result);
   return result;
 }
 

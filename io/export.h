@@ -18,6 +18,7 @@
 //     blocks.<i>.mlp.proj.weight      transformer.h.<i>.mlp.c_proj.weight, transposed: [F, C]
 //     (every .bias as it is)          (likewise)
 //     ln_f.weight/bias                transformer.ln_f.weight/bias
+//     the training data's tokenizer   vocab.json, merges.txt (GPT-2's files)
 //
 //   The architectures match exactly: pre-LN blocks, learned positions, GELU
 //   with the tanh approximation ("gelu_new"), LayerNorm eps 1e-5, biases
@@ -42,12 +43,20 @@ std::vector<HfGpt2Name> hf_gpt2_names(int64_t num_layers);
 struct ExportResult {
   std::string weights;  // the safetensors file
   std::string config;   // hf-gpt2: the config.json beside it
+  // hf-gpt2: the tokenizer's vocab.json and merges.txt beside it (empty when
+  // the training data stored none: `tokenizer_note` says why).
+  std::string vocab, merges, tokenizer_note;
   int64_t tensors = 0, bytes = 0;
 };
 
 // Exports the checkpoint at `checkpoint` (a step directory or its
 // checkpoint.h5, either format) to `out` in `format` ("tessera" or
-// "hf-gpt2"). Throws tessera::Error naming what does not fit.
-ExportResult export_checkpoint(const std::string& checkpoint, const std::string& out, const std::string& format);
+// "hf-gpt2"). hf-gpt2 also writes the tokenizer of `tokenizer_data` (a
+// dataset of `tessera prepare text`; empty: the data the checkpoint was
+// trained on, config.data) as GPT-2's vocab.json and merges.txt, so that
+// transformers' GPT2TokenizerFast.from_pretrained(DIR) encodes as Tessera
+// does. Throws tessera::Error naming what does not fit.
+ExportResult export_checkpoint(const std::string& checkpoint, const std::string& out, const std::string& format,
+                               const std::string& tokenizer_data = "");
 
 }  // namespace tessera::io

@@ -1,6 +1,6 @@
 // Dataset preparation: IDX (MNIST format, plain or gzip) to a classification
-// file; text files to a byte-level token stream, and other tools' token files
-// (io/token_files.h) to a token stream, each with a held-out tail.
+// file; text files to a byte-level or BPE token stream, and other tools'
+// token files (io/token_files.h) to a token stream, each with a held-out tail.
 #include "io/prepare.h"
 
 #include <zlib.h>
@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "io/hdf5_file.h"
+#include "io/tokenizer.h"
 
 namespace tessera::io {
 namespace {
@@ -282,10 +283,15 @@ class TokenStreamWriter {
     position_ += count;
   }
 
-  // Attributes written, the files closed and renamed into place, re-opened through the validating reader.
-  TextPrepareResult commit() {
+  // Attributes (and the tokenizer, if any) written, the files closed and
+  // renamed into place, re-opened through the validating reader.
+  TextPrepareResult commit(const Tokenizer* tokenizer = nullptr) {
     close(train_output_.partial(), train_);
     if (eval_output_) close(eval_output_->partial(), eval_);
+    if (tokenizer) {
+      tokenizer->save(train_output_.partial());
+      if (eval_output_) tokenizer->save(eval_output_->partial());
+    }
     train_output_.commit();
     if (eval_output_) eval_output_->commit();
     TextPrepareResult result;
@@ -321,21 +327,23 @@ class TokenStreamWriter {
   File train_, eval_;
 };
 
-}  // namespace
-
-TextPrepareResult prepare_text(const std::vector<std::string>& files, const std::string& out_h5,
-                               const std::string& eval_out_h5, double eval_fraction, const PrepareProgress& progress) {
+// The size of each text file (each checked to be readable) and their sum.
+std::vector<int64_t> text_file_sizes(const std::vector<std::string>& files, int64_t& total) {
   TESSERA_CHECK(!files.empty(), "prepare text: no input files; pass one or more text files");
-  check_split_flags("prepare text", out_h5, eval_out_h5, eval_fraction);
   std::vector<int64_t> sizes;
-  int64_t total = 0;
+  total = 0;
   for (const std::string& file : files) {
     check_input_file(file, "text file");
     sizes.push_back(int64_t(std::filesystem::file_size(file)));
     total += sizes.back();
   }
-  Hdf5QuietErrors quiet;
-  TokenStreamWriter writer("prepare text", out_h5, eval_out_h5, eval_fraction, total, H5T_STD_U8LE, 256, "bytes");
+  return sizes;
+}
+
+// Hands the files' bytes in order to `take(bytes, count)`, at most kTextChunkBytes at a time.
+template <typename Take>
+void read_text_files(const std::vector<std::string>& files, const std::vector<int64_t>& sizes, int64_t total,
+                     const PrepareProgress& progress, Take&& take) {
   std::vector<char> chunk(size_t(std::min(kTextChunkBytes, total)));
   int64_t position = 0;  // in the concatenated stream
   report(progress, "text", 0, total);
@@ -348,12 +356,100 @@ TextPrepareResult prepare_text(const std::vector<std::string>& files, const std:
       in.read(chunk.data(), want);
       TESSERA_CHECK(in.gcount() == want, "text file ", files[index], " ended after ", file_done + in.gcount(),
                     " of its ", sizes[index], " bytes; did it change while being read?");
-      writer.write(chunk.data(), want, H5T_NATIVE_UINT8, 1);
+      take(chunk.data(), want);
       position += want;
       file_done += want;
       report(progress, "text", position, total);
     }
   }
+}
+
+// "bytes" or "bpe", once the flags are checked against each other.
+std::string checked_tokenizer_kind(const TextTokenizerOptions& options) {
+  const bool files = !options.vocab_json.empty() || !options.merges_txt.empty();
+  TESSERA_CHECK(options.tokenizer.empty() || options.tokenizer == "bytes" || options.tokenizer == "bpe",
+                "prepare text: --tokenizer ", options.tokenizer, " is not known; give bytes or bpe");
+  TESSERA_CHECK(options.vocab_json.empty() == options.merges_txt.empty(),
+                "prepare text: ", options.vocab_json.empty() ? "--merges needs --vocab" : "--vocab needs --merges",
+                "; a GPT-2 tokenizer is the pair vocab.json and merges.txt");
+  const std::string kind = options.tokenizer.empty() ? (files ? "bpe" : "bytes") : options.tokenizer;
+  if (kind == "bytes") {
+    TESSERA_CHECK(!files, "prepare text: --vocab and --merges load a BPE tokenizer, but --tokenizer is bytes; drop ",
+                  "--tokenizer bytes (or the files)");
+    TESSERA_CHECK(options.vocab_size == 0, "prepare text: --vocab-size ", options.vocab_size,
+                  " is for BPE training, but the tokenizer is bytes (vocabulary 256); add --tokenizer bpe or drop "
+                  "--vocab-size");
+    return kind;
+  }
+  if (files) {
+    TESSERA_CHECK(options.vocab_size == 0, "prepare text: --vocab-size ", options.vocab_size,
+                  " cannot be used with --vocab and --merges (the files fix the vocabulary); drop --vocab-size");
+  } else {
+    TESSERA_CHECK(options.vocab_size != 0,
+                  "prepare text: --tokenizer bpe needs --vocab-size N to train on the text "
+                  "(e.g. 4096), or --vocab vocab.json --merges merges.txt to load GPT-2's files");
+    TESSERA_CHECK(options.vocab_size >= 257 && options.vocab_size <= kMaxVocabSize, "prepare text: --vocab-size ",
+                  options.vocab_size, " is outside [257, 2^20]: 256 bytes plus at least one merge");
+  }
+  return kind;
+}
+
+TextPrepareResult prepare_bpe_text(const std::vector<std::string>& files, const std::string& out_h5,
+                                   const std::string& eval_out_h5, double eval_fraction,
+                                   const PrepareProgress& progress, const TextTokenizerOptions& options) {
+  int64_t total = 0;
+  const std::vector<int64_t> sizes = text_file_sizes(files, total);
+  std::optional<Tokenizer> loaded;
+  if (!options.vocab_json.empty()) loaded = Tokenizer::from_gpt2_files(options.vocab_json, options.merges_txt);
+  std::string text;
+  text.reserve(size_t(total));
+  read_text_files(files, sizes, total, progress, [&](const char* bytes, int64_t count) { text.append(bytes, count); });
+  std::string note;
+  if (!loaded) {
+    BpeTraining training = Tokenizer::train_bpe(
+        text, options.vocab_size, [&](int64_t done, int64_t merges) { report(progress, "merges", done, merges); });
+    loaded = std::move(training.tokenizer);
+    note = std::move(training.note);
+  }
+  const Tokenizer& tokenizer = *loaded;
+  const std::vector<int32_t> ids =
+      tokenizer.encode(text, [&](int64_t done, int64_t bytes) { report(progress, "encode", done, bytes); });
+  text = std::string();  // the ids from here on
+  const bool narrow = tokenizer.vocab_size() <= 65536;
+  Hdf5QuietErrors quiet;
+  TokenStreamWriter writer("prepare text", out_h5, eval_out_h5, eval_fraction, int64_t(ids.size()),
+                           narrow ? H5T_STD_U16LE : H5T_STD_I32LE, tokenizer.vocab_size(), "tokens");
+  std::vector<uint16_t> narrow_chunk;
+  const auto count = int64_t(ids.size());
+  for (int64_t first = 0; first < count; first += kTokenChunk) {
+    const int64_t rows = std::min(kTokenChunk, count - first);
+    if (narrow) {
+      narrow_chunk.assign(ids.begin() + first, ids.begin() + first + rows);
+      writer.write(narrow_chunk.data(), rows, H5T_NATIVE_UINT16, 2);
+    } else {
+      writer.write(ids.data() + first, rows, H5T_NATIVE_INT32, 4);
+    }
+    report(progress, "tokens", first + rows, count);
+  }
+  TextPrepareResult result = writer.commit(&tokenizer);
+  result.note = std::move(note);
+  return result;
+}
+
+}  // namespace
+
+TextPrepareResult prepare_text(const std::vector<std::string>& files, const std::string& out_h5,
+                               const std::string& eval_out_h5, double eval_fraction, const PrepareProgress& progress,
+                               const TextTokenizerOptions& tokenizer) {
+  check_split_flags("prepare text", out_h5, eval_out_h5, eval_fraction);
+  if (checked_tokenizer_kind(tokenizer) == "bpe")
+    return prepare_bpe_text(files, out_h5, eval_out_h5, eval_fraction, progress, tokenizer);
+  int64_t total = 0;
+  const std::vector<int64_t> sizes = text_file_sizes(files, total);
+  Hdf5QuietErrors quiet;
+  TokenStreamWriter writer("prepare text", out_h5, eval_out_h5, eval_fraction, total, H5T_STD_U8LE, 256, "bytes");
+  read_text_files(files, sizes, total, progress,
+                  [&](const char* bytes, int64_t count) { writer.write(bytes, count, H5T_NATIVE_UINT8, 1); });
   return writer.commit();
 }
 

@@ -1,9 +1,11 @@
 // Turning raw data into Tessera's HDF5 datasets (schema in io/README.md):
 //   prepare_idx   MNIST-style IDX image and label files (plain or gzip) into a
 //                 classification file;
-//   prepare_text  text files into a byte-level token stream (uint8, vocabulary
-//                 256), with the last `eval_fraction` of the bytes held out in
-//                 a second file;
+//   prepare_text  text files into a token stream, with the last
+//                 `eval_fraction` of the tokens held out in a second file:
+//                 byte-level (uint8, vocabulary 256), or through a BPE
+//                 tokenizer (io/tokenizer.h) trained on the text or loaded
+//                 from GPT-2 files and stored in both files;
 //   prepare_token_files  token files other tools wrote (Megatron indexed
 //                 datasets, llm.c shards: io/token_files.h) into a token
 //                 stream (uint16, or int32 past 65536 ids), split the same way.
@@ -38,19 +40,34 @@ DatasetInfo prepare_idx(const std::string& images_idx, const std::string& labels
 struct TextPrepareResult {
   DatasetInfo train;
   DatasetInfo eval;  // eval.path is empty when no eval file was written
+  std::string note;  // empty, or why BPE training stopped short of --vocab-size
+};
+
+// How prepare_text turns text into token ids (the flags of `prepare text`).
+struct TextTokenizerOptions {
+  // "bytes": each byte is its id (uint8, vocabulary 256; no /tokenizer
+  // group). "bpe": a byte-level BPE tokenizer, trained on the text or
+  // loaded from vocab_json + merges_txt. Empty: "bpe" when the files are
+  // given, else "bytes".
+  std::string tokenizer;
+  int64_t vocab_size = 0;              // bpe training: the vocabulary to learn, in [257, 2^20]
+  std::string vocab_json, merges_txt;  // Hugging Face GPT-2 files (both or neither)
 };
 
 // The number of bytes of an `total`-byte stream held out for evaluation:
 // floor(total * eval_fraction).
 int64_t text_eval_tokens(int64_t total, double eval_fraction);
 
-// Concatenates `files` byte for byte in the order given (no separators). Of
-// the n bytes, the first n - e go to `out_h5` and the last e =
+// Concatenates `files` byte for byte in the order given (no separators) and
+// tokenizes the text as `tokenizer` says. Of the n tokens (bytes, or BPE
+// ids), the first n - e go to `out_h5` and the last e =
 // text_eval_tokens(n, eval_fraction) to `eval_out_h5`. With no eval file,
-// eval_fraction must be 0.
+// eval_fraction must be 0. BPE reads the whole text into memory, stores
+// uint16 ids (int32 past 65536 tokens) and the tokenizer in both files, and
+// reports the stages "text", "merges" (training), "encode" and "tokens".
 TextPrepareResult prepare_text(const std::vector<std::string>& files, const std::string& out_h5,
                                const std::string& eval_out_h5, double eval_fraction,
-                               const PrepareProgress& progress = {});
+                               const PrepareProgress& progress = {}, const TextTokenizerOptions& tokenizer = {});
 
 // The sources' tokens concatenated in the order given, the last
 // text_eval_tokens(n, eval_fraction) held out as for text. `vocab_size` 0

@@ -65,6 +65,8 @@ class Backend {
   virtual void attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale) = 0;
   virtual void attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out, const Tensor& logsumexp,
                                   Tensor& grad_qkv, float scale) = 0;
+  virtual void attention_with_cache(const Tensor& qkv, Tensor& keys, Tensor& values, int64_t position, Tensor& out,
+                                    float scale) = 0;
   virtual void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
                               const ops::Conv2dParams& params) = 0;
   virtual void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, Tensor* grad_x,

@@ -154,6 +154,15 @@ void attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float 
 // grad_qkv [B, T, 3, H, Dh].
 void attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out, const Tensor& logsumexp,
                         Tensor& grad_qkv, float scale = 0.0f);
+// Inference with a key/value cache (generation): keys and values [B, H, S, Dh]
+// (qkv's dtype) hold the first `position` tokens' keys and values of a
+// sequence of at most S. Writes the Tn new tokens' keys and values of qkv
+// [B, Tn, 3, H, Dh] at positions [position, position + Tn), then
+//   out[b,t,h] = Σ_{s ≤ position+t} softmax_s(scale·q[b,t,h]·keys[b,h,s])·values[b,h,s]
+// (out [B, Tn, H, Dh]): the new tokens attend to everything before them and
+// to each other causally, without recomputing the earlier tokens.
+void attention_with_cache(const Tensor& qkv, Tensor& keys, Tensor& values, int64_t position, Tensor& out,
+                          float scale = 0.0f);
 
 // ---------------------------------------------------------------------------
 // Convolution and pooling (NCHW)

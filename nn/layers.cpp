@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/context.h"
+#include "nn/kv_cache.h"
 
 namespace tessera::nn {
 namespace {
@@ -412,12 +413,13 @@ PositionEmbedding::PositionEmbedding(const ModelSpec& spec, std::string name, in
 }
 
 // Adding weight[:T] to every sequence is a bias add over rows of T·C values.
-Tensor PositionEmbedding::forward_impl(const Tensor& input, Saved& saved, const Pass&) {
+Tensor PositionEmbedding::forward_impl(const Tensor& input, Saved& saved, const Pass& pass) {
   check_activation(*this, input);
   TESSERA_CHECK(input.ndim() == 3 && input.size(2) == dim_, name(), ": the input has shape ", input.shape().to_string(),
                 ", expected [B, T, ", dim_, "]");
-  const int64_t tokens = input.size(1), first = int64_t(shard_) * tokens;
-  TESSERA_CHECK(first + tokens <= max_tokens_, name(), ": a sequence of ", tokens * shards_,
+  const int64_t tokens = input.size(1);
+  const int64_t first = pass.kv_cache ? pass.kv_cache->position() : int64_t(shard_) * tokens;
+  TESSERA_CHECK(first + tokens <= max_tokens_, name(), ": a sequence of ", first + tokens * shards_,
                 " tokens is longer than the ", max_tokens_, " positions the model was built for; check --seq-length");
   const Shape rows{input.size(0), tokens * dim_};
   Tensor y = empty_like(input);
@@ -488,10 +490,30 @@ CausalSelfAttention::CausalSelfAttention(const ModelSpec& spec, std::string name
   dropout_ = &add_child<Dropout>(spec, child_name("dropout"), dropout);
 }
 
+namespace {
+
+// Generation: the new tokens' keys and values join the cache, their queries
+// attend to it; nothing is kept for a backward.
+Tensor attention_with_cache(Module& self, const Tensor& qkv, Module& proj, Module& dropout, Saved& saved,
+                            const Pass& pass) {
+  const int64_t batch = qkv.size(0), tokens = qkv.size(1), heads = qkv.size(3), head_dim = qkv.size(4);
+  KvCache& cache = *pass.kv_cache;
+  TESSERA_CHECK(cache.batch() == batch, self.name(), ": the KV cache is for ", cache.batch(),
+                " sequences, the input has ", batch);
+  KvCache::Layer& layer = cache.layer(self, heads, head_dim);
+  Tensor out = self.context().empty(Shape{batch, tokens, heads, head_dim}, self.spec().dtype, self.spec().device);
+  ops::attention_with_cache(qkv, layer.keys, layer.values, cache.position(), out);
+  Tensor y = proj.forward(out.view(Shape{batch, tokens, heads * head_dim}), saved.child(1), pass);
+  return dropout.forward(y, saved.child(2), pass);
+}
+
+}  // namespace
+
 Tensor attention_from_qkv(Module& self, const Tensor& packed, int64_t heads, int64_t head_dim, Module& proj,
                           Module& dropout, Saved& saved, const Pass& pass) {
   const int64_t batch = packed.size(0), tokens = packed.size(1);
   const Tensor qkv = packed.view(Shape{batch, tokens, 3, heads, head_dim});
+  if (pass.kv_cache) return attention_with_cache(self, qkv, proj, dropout, saved, pass);
   Context& ctx = self.context();
   Tensor out = ctx.empty(Shape{batch, tokens, heads, head_dim}, self.spec().dtype, self.spec().device);
   Tensor logsumexp = ctx.empty(Shape{batch, heads, tokens}, DType::f32, self.spec().device);

@@ -46,10 +46,15 @@ struct Saved {
 // Where one forward call sits in training. Dropout derives its mask from
 // (seed, module name, step, micro_batch), so a recomputed forward draws the
 // same mask, and every rank/layout draws the same one for the same element.
+// With a KV cache (generation, nn/kv_cache.h) the forward is inference only:
+// attention appends to the cache and attends to it, positions start at the
+// cache's position, and nothing is kept for a backward.
+class KvCache;
 struct Pass {
   uint64_t seed = 0;
   uint64_t step = 0;
   uint64_t micro_batch = 0;
+  KvCache* kv_cache = nullptr;
 };
 
 // Where and how a module's parameters live.

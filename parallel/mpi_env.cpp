@@ -14,6 +14,8 @@
 #include <sstream>
 #include <vector>
 
+#include "core/cuda_runtime.h"
+#include "core/emulated_runtime.h"
 #include "core/error.h"
 #include "parallel/mpi_check.h"
 
@@ -191,6 +193,12 @@ Device MpiEnv::default_device(bool cuda, int cuda_devices) const {
                 " was asked to use a CUDA device but sees none; use --device cpu, or check CUDA_VISIBLE_DEVICES and "
                 "the driver on this node");
   return Device::cuda(local_rank_ % cuda_devices);
+}
+
+Device MpiEnv::device_for_flag(const std::string& flag) const {
+  if (flag == "cuda") return default_device(true, cuda_runtime::device_count());
+  if (flag == "emu") return Device::emulated(local_rank() % emulated::kDeviceCount);
+  return parse_device(flag);
 }
 
 std::string MpiEnv::describe_layout() const {

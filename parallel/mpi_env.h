@@ -56,6 +56,9 @@ class MpiEnv {
   // The device this rank uses by default: cuda:<local rank modulo the
   // node's devices> when `cuda` is asked for, the CPU otherwise.
   Device default_device(bool cuda, int cuda_devices) const;
+  // What a --device flag means on this rank: `cuda` the local rank's GPU,
+  // `emu` the local rank's emulated device, anything else as written (cuda:1).
+  Device device_for_flag(const std::string& flag) const;
 
   // The layout for rank 0's start-up line: world, nodes, ranks per node,
   // hostnames. Collective: every rank must call it.

@@ -283,6 +283,7 @@ class TensorParallelGpt : public nn::Module {
   int64_t vocab_begin() const { return wte_->vocab_begin(); }
   const TensorParallelism& parallelism() const { return tp_; }
   const nn::StageLayers& stage() const { return stage_; }
+  const nn::ModelConfig& config() const { return config_; }
   // The embedding table this stage holds (the first stage's, or the last
   // stage's tied copy; null on stages in between).
   nn::Parameter* embedding_table() { return wte_ ? &wte_->weight() : nullptr; }

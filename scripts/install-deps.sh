@@ -18,6 +18,7 @@ packages=(
   libcli11-dev                        # the command line
   libtomlplusplus-dev                 # the --config TOML files of `tessera train`
   nlohmann-json3-dev                  # JSON: safetensors headers and config.json of `tessera export`
+  libpcre2-dev                        # Unicode regular expressions: the BPE tokenizer's pre-tokenization (io/tokenizer.h)
   libopenblas-openmp-dev              # f32 GEMM, sharing OpenMP with our kernels
   libdnnl-dev ocl-icd-opencl-dev      # oneDNN: bf16 GEMM (AMX), convolutions
   libgtest-dev                        # tests

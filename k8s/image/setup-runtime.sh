@@ -1,6 +1,6 @@
 #!/bin/sh
 # Run once while building either image (Dockerfile, Dockerfile.cpu): the
-# Debian packages Tessera runs with (Open MPI, HDF5, oneDNN, OpenBLAS, toml++), sshd
+# Debian packages Tessera runs with (Open MPI, HDF5, oneDNN, OpenBLAS, toml++, PCRE2), sshd
 # and ssh for the MPI Operator's launcher-to-worker ssh, procps for the
 # workers' preStop hook (pkill/pgrep), the fortunes text (the manifests'
 # training data), and the non-root user mpiuser (uid 1000) that the manifests
@@ -10,7 +10,7 @@ set -eu
 export DEBIAN_FRONTEND=noninteractive
 apt-get update
 apt-get install -y --no-install-recommends \
-  openmpi-bin libopenmpi3 libhdf5-103-1 libdnnl2 libopenblas0-openmp libgomp1 libtomlplusplus3 \
+  openmpi-bin libopenmpi3 libhdf5-103-1 libdnnl2 libopenblas0-openmp libgomp1 libtomlplusplus3 libpcre2-8-0 \
   openssh-server openssh-client procps util-linux fortunes ca-certificates
 rm -rf /var/lib/apt/lists/*
 

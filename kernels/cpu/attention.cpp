@@ -11,6 +11,8 @@
 // the query tiles at or below the diagonal, dQ accumulates in a per-task
 // buffer; no two tasks write the same output, so results are deterministic.
 // Tasks are dealt to one scratch slot per thread, largest first.
+//
+// Generation's cached attention runs the shared row functor, a row per task.
 #include "kernels/functors/attention.h"
 
 #include <omp.h>
@@ -405,6 +407,19 @@ void CpuBackend::attention_backward(const Tensor& grad_out, const Tensor& qkv, c
     run_tasks(ctx, costs, BackwardScratch::floats(tiles * kBlock, g.padded_dim), [&](int64_t task, float* scratch) {
       backward_head(g, dy, x, lse, dl, dx, task / g.heads, task % g.heads, s, scratch);
     });
+  });
+}
+
+void CpuBackend::attention_with_cache(const Tensor& qkv, Tensor& keys, Tensor& values, int64_t position, Tensor& out,
+                                      float scale) {
+  const CacheLayout cache{qkv.size(1), qkv.size(3), qkv.size(4), keys.size(2), position};
+  const float s = attention_scale(scale, cache.head_dim);
+  dispatch_float(qkv.dtype(), "attention_with_cache", [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t rows = qkv.size(0) * cache.new_tokens * cache.heads;
+    cpu_for_each_index(rows * cache.head_dim, KvAppend<T>{qkv.data<T>(), keys.data<T>(), values.data<T>(), cache});
+    const CachedAttentionRow<T> row{qkv.data<T>(), keys.data<T>(), values.data<T>(), out.data<T>(), cache, s};
+    cpu_for_each_index(rows, row, 1);
   });
 }
 

@@ -49,6 +49,8 @@ class CpuBackend final : public Backend {
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale) override;
   void attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out, const Tensor& logsumexp,
                           Tensor& grad_qkv, float scale) override;
+  void attention_with_cache(const Tensor& qkv, Tensor& keys, Tensor& values, int64_t position, Tensor& out,
+                            float scale) override;
   void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
                       const ops::Conv2dParams& params) override;
   void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, Tensor* grad_x, Tensor* grad_weight,

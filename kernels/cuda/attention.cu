@@ -11,8 +11,12 @@
 //             keys s ≤ t; dK, dV: warp per key row s over queries t ≥ s.
 // Every output element is written by exactly one lane: no atomics,
 // deterministic results.
+//
+//   with a cache (generation): the shared index functors, a thread per new
+//             key element (append), then a thread per query row over the cache.
 #include <type_traits>
 
+#include "core/cuda/launch.cuh"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device_stream.h"
 #include "kernels/cuda/row_launch.cuh"
@@ -230,6 +234,21 @@ void CudaBackend::attention_backward(const Tensor& grad_out, const Tensor& qkv, 
           grad_out.data<T>(), qkv.data<T>(), logsumexp.data<float>(), delta.data<float>(), grad_qkv.data<T>(), rows, s};
       cuda::for_each_row(n, grad_kv, stream);
     });
+  });
+}
+
+void CudaBackend::attention_with_cache(const Tensor& qkv, Tensor& keys, Tensor& values, int64_t position, Tensor& out,
+                                       float scale) {
+  const cudaStream_t stream = cuda::device_stream(qkv);
+  const CacheLayout cache{qkv.size(1), qkv.size(3), qkv.size(4), keys.size(2), position};
+  const float s = attention_scale(scale, cache.head_dim);
+  dispatch_float(qkv.dtype(), "attention_with_cache", [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t rows = qkv.size(0) * cache.new_tokens * cache.heads;
+    cuda::for_each_index(rows * cache.head_dim, KvAppend<T>{qkv.data<T>(), keys.data<T>(), values.data<T>(), cache},
+                         stream);
+    const CachedAttentionRow<T> row{qkv.data<T>(), keys.data<T>(), values.data<T>(), out.data<T>(), cache, s};
+    cuda::for_each_index(rows, row, stream);
   });
 }
 

@@ -4,6 +4,9 @@
 // probabilities and score gradients of the backward pass recomputed from the
 // saved logsumexp, and the row functor computing delta = rowsum(dO∘O).
 // Exponentials use exp_f32 (kernels/functors/float_math.h), which CPU loops vectorise.
+// Generation's cached attention (KvAppend, CachedAttentionRow) is a plain
+// index functor both backends run, one query row per call: decoding has a
+// handful of rows, each a pass over the cached keys.
 #pragma once
 
 #include <cmath>
@@ -86,6 +89,80 @@ struct AttentionDelta {
     for (int64_t d = 0; d < head_dim; ++d) total += to_float(dy[d]) * to_float(y[d]);
     const int64_t h = row % heads, t = (row / heads) % seq_len, b = row / (heads * seq_len);
     delta[(b * heads + h) * seq_len + t] = total;
+  }
+};
+
+// The longest head vector CachedAttentionRow accumulates (ops:: checks it).
+inline constexpr int64_t kCachedAttentionMaxHeadDim = 256;
+
+// Element offset of (b, t, which, h, 0) in qkv [B, T, 3, H, Dh].
+TESSERA_HD int64_t packed_qkv_offset(int64_t b, int64_t t, int64_t which, int64_t h, int64_t tokens, int64_t heads,
+                                     int64_t head_dim) {
+  return ((b * tokens + t) * 3 + which) * heads * head_dim + h * head_dim;
+}
+
+// Where the cache [B, H, S, Dh] and the new tokens qkv [B, Tn, 3, H, Dh] are.
+struct CacheLayout {
+  int64_t new_tokens, heads, head_dim, capacity, position;
+
+  TESSERA_HD int64_t cache_offset(int64_t b, int64_t h, int64_t s) const {
+    return ((b * heads + h) * capacity + s) * head_dim;
+  }
+};
+
+// keys/values[b, h, position + t, d] = qkv[b, t, 1/2, h, d]: an index functor
+// over the elements (b, t, h, d) of the new tokens' keys.
+template <typename T>
+struct KvAppend {
+  const T* qkv;
+  T* keys;
+  T* values;
+  CacheLayout cache;
+
+  TESSERA_HD void operator()(int64_t i) const {
+    const int64_t d = i % cache.head_dim, h = (i / cache.head_dim) % cache.heads;
+    const int64_t t = (i / (cache.head_dim * cache.heads)) % cache.new_tokens;
+    const int64_t b = i / (cache.head_dim * cache.heads * cache.new_tokens);
+    const int64_t key = packed_qkv_offset(b, t, 1, h, cache.new_tokens, cache.heads, cache.head_dim) + d;
+    const int64_t to = cache.cache_offset(b, h, cache.position + t) + d;
+    keys[to] = qkv[key];
+    values[to] = qkv[key + cache.heads * cache.head_dim];
+  }
+};
+
+// out[b, t, h] for one new token: an index functor over the rows
+// (b·Tn + t)·H + h of out [B, Tn, H, Dh]; the query at position + t attends to
+// cached positions 0 ..= position + t with the online softmax above.
+template <typename T>
+struct CachedAttentionRow {
+  const T* qkv;
+  const T* keys;
+  const T* values;
+  T* out;
+  CacheLayout cache;
+  float scale;
+
+  TESSERA_HD void operator()(int64_t row) const {
+    const int64_t h = row % cache.heads, t = (row / cache.heads) % cache.new_tokens;
+    const int64_t b = row / (cache.heads * cache.new_tokens), dh = cache.head_dim;
+    const T* q = qkv + packed_qkv_offset(b, t, 0, h, cache.new_tokens, cache.heads, dh);
+    float accumulated[kCachedAttentionMaxHeadDim];
+    for (int64_t d = 0; d < dh; ++d) accumulated[d] = 0.0f;
+    OnlineSoftmax softmax;
+    for (int64_t s = 0; s <= cache.position + t; ++s) {
+      const T* k = keys + cache.cache_offset(b, h, s);
+      const T* v = values + cache.cache_offset(b, h, s);
+      float score = 0.0f;
+      for (int64_t d = 0; d < dh; ++d) score += to_float(q[d]) * to_float(k[d]);
+      score *= scale;
+      const float factor = softmax.raise_max(score);
+      const float weight = softmax.weight(score);
+      softmax.add(weight);
+      for (int64_t d = 0; d < dh; ++d) accumulated[d] = accumulated[d] * factor + weight * to_float(v[d]);
+    }
+    const float normaliser = softmax.normaliser();
+    T* y = out + row * dh;
+    for (int64_t d = 0; d < dh; ++d) y[d] = from_float<T>(accumulated[d] * normaliser);
   }
 };
 

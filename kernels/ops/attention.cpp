@@ -1,4 +1,6 @@
 // ops:: causal attention over packed qkv: argument checks, then the device's backend.
+#include "kernels/functors/attention.h"
+
 #include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "kernels/validate.h"
@@ -72,6 +74,29 @@ void attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor&
   detail::check_same_device(
       op, {{"grad_out", grad_out}, {"qkv", qkv}, {"out", out}, {"logsumexp", logsumexp}, {"grad_qkv", grad_qkv}});
   backend_for(qkv, "attention_backward").attention_backward(grad_out, qkv, out, logsumexp, grad_qkv, scale);
+}
+
+void attention_with_cache(const Tensor& qkv, Tensor& keys, Tensor& values, int64_t position, Tensor& out, float scale) {
+  constexpr std::string_view op = "attention_with_cache";
+  const AttentionDims dims = check_qkv(op, qkv);
+  TESSERA_CHECK(dims.head_dim <= kCachedAttentionMaxHeadDim, op, ": head dimension ", dims.head_dim,
+                " is larger than the cached attention supports (", kCachedAttentionMaxHeadDim, ")");
+  check_output(op, "out", qkv, out, dims.out());
+  for (Tensor* cache : {&keys, &values}) {
+    const std::string_view name = cache == &keys ? "keys" : "values";
+    check_output(op, name, qkv, *cache, cache->shape());
+    detail::check_ndim(op, {name, *cache}, 4);
+    TESSERA_CHECK(cache->size(0) == dims.batch && cache->size(1) == dims.heads && cache->size(3) == dims.head_dim, op,
+                  ": '", name, "' must be [B, H, S, Dh] = [", dims.batch, ", ", dims.heads, ", S, ", dims.head_dim,
+                  "], got ", cache->shape().to_string());
+    TESSERA_CHECK(!overlaps(*cache, out), op, ": '", name, "' must not overlap 'out' in memory");
+  }
+  detail::check_shape(op, {"values", values}, keys.shape());
+  TESSERA_CHECK(!overlaps(keys, values), op, ": 'keys' and 'values' must not overlap in memory");
+  TESSERA_CHECK(position >= 0 && position + dims.seq_len <= keys.size(2), op, ": ", dims.seq_len,
+                " new tokens at position ", position, " do not fit a cache of ", keys.size(2), " positions");
+  detail::check_same_device(op, {{"qkv", qkv}, {"keys", keys}, {"values", values}, {"out", out}});
+  backend_for(qkv, "attention_with_cache").attention_with_cache(qkv, keys, values, position, out, scale);
 }
 
 }  // namespace tessera::ops

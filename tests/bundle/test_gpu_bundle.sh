@@ -49,7 +49,8 @@ bundle=$work/tessera-gpu
 # --- what to hide -----------------------------------------------------------
 # Each library of the bundle (lib/, its Open MPI, PMIx and hwloc plugins'
 # dependencies included; not lib/fallback/, the C++ runtime the target
-# normally has) at the path the system would load it from.
+# normally has) at the path the system would load it from, but those the
+# base system's tools need.
 hide_files=()
 while read -r so; do
   while read -r path; do
@@ -57,6 +58,11 @@ while read -r so; do
   done < <(ldconfig -p | awk -v s="$so" '$1 == s {print $NF}')
 done < <(find "$bundle/lib" -maxdepth 1 -name '*.so*' -printf '%f\n' | sort -u)
 ((${#hide_files[@]} > 10)) || fail "found only ${#hide_files[@]} system copies of the bundle's libraries to hide"
+# Not hidden: what the base system's own tools load (libpcre2-8 for grep, sed
+# and mount): every target machine has those, and the test needs the tools.
+base_libraries=$(for tool in bash grep sed mount tar; do ldd "$(command -v "$tool")"; done |
+  awk '$3 ~ /^\// {print $3}' | xargs -r readlink -f | sort -u)
+mapfile -t hide_files < <(printf '%s\n' "${hide_files[@]}" | grep -vxF -f <(printf '%s\n' "$base_libraries"))
 # The system's Open MPI (programs, plugins, help files), PMIx, HDF5, OpenBLAS and hwloc folders.
 hide_dirs=()
 for dir in /usr/lib/x86_64-linux-gnu/{openmpi,pmix2,hdf5,openblas-openmp,openblas-pthread,openblas-serial,hwloc} \

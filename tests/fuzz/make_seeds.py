@@ -8,11 +8,12 @@ fuzz_checkpoint, fuzz_topology) decode an empty input to a valid file or tree
 and need no hand-made seed. Besides the seeds, each corpus (but
 fuzz_canary's) holds inputs kept from earlier runs, named by their SHA-1: a
 small set covering every edge those runs reached (`-set_cover_merge=1`, see
-README.md, "Fuzzing").
+docs/development.md, "Fuzzing").
 
     tests/fuzz/make_seeds.py      # rewrites the seed-* files, leaves the others
 """
 import gzip
+import json
 import os
 import struct
 
@@ -53,6 +54,26 @@ def prepare_text(flags, fraction_code, files):
     return bytes([flags, fraction_code]) + lengths + b"".join(files)
 
 
+def gpt2_characters():
+    # GPT-2's bytes_to_unicode(): printable bytes as themselves, the others from U+0100 up.
+    printable = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    others = [b for b in range(256) if b not in printable]
+    return printable + others, {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
+
+
+def tokenizer_gpt2(flags, tokens, merges, text):
+    # flags (bit 1: write and re-read the files), vocab.json, NUL, merges.txt, NUL, the text to encode.
+    order, char = gpt2_characters()
+    spell = lambda token: "".join(char[b] for b in token)
+    vocab = {spell([b]): i for i, b in enumerate(order)}
+    for token in tokens:
+        vocab[spell(token)] = len(vocab)
+    vocab["<|endoftext|>"] = len(vocab)
+    lines = "#version: 0.2\n" + "".join(spell(a) + " " + spell(b) + "\n" for a, b in merges)
+    return (bytes([flags]) + json.dumps(vocab, ensure_ascii=False).encode() + b"\0" + lines.encode() + b"\0"
+            + text)
+
+
 def main():
     labels, images = idx_labels([1, 0]), idx_images(2, 4, 4)
     write("fuzz_prepare_idx", "plain", prepare_idx(0, 0, labels, images))
@@ -63,6 +84,14 @@ def main():
     write("fuzz_prepare_text", "one", prepare_text(4, 13, [b"Tessera trains models on MPI ranks.\n" * 3]))
     write("fuzz_prepare_text", "three", prepare_text(2, 0, [b"abc", b"", b"defghij\n"]))
     write("fuzz_prepare_text", "eval", prepare_text(5, 128, [b"0123456789", b"abcdefghij"]))
+
+    # The tokenizer: GPT-2 files and a text, or (flags bit 0) a vocabulary size byte and a text to train on.
+    merges = [(b" ", b"t"), (b"h", b"e"), (b" t", b"he"), (b"i", b"n"), (b"\xc3", b"\xa9"), (b" the", b"r")]
+    write("fuzz_tokenizer", "gpt2", tokenizer_gpt2(0, [a + b for a, b in merges], merges,
+                                                   b"the other there caf\xc3\xa9 in\n\xff\xfe"))
+    write("fuzz_tokenizer", "gpt2-rewrite", tokenizer_gpt2(2, [b"ab", b"aba"], [(b"ab", b"a"), (b"a", b"b")], b"abab aba"))
+    write("fuzz_tokenizer", "train", b"\x01\x40" + b"the cat sat on the mat; the rat ate the oat.\n" * 4)
+    write("fuzz_tokenizer", "train-save", b"\x03\x10" + b"ab ab abab \xe2\x82 \xff\xff x  \t\n" * 3)
 
     # The TOML file, then a NUL and one command-line argument per line.
     write("fuzz_train_config", "gpt",

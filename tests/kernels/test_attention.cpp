@@ -2,6 +2,9 @@
 // full score matrix, backward against central differences of that reference
 // and against a naive analytic double backward, GPU against CPU, a long
 // sequence whose scratch memory must stay far below T×T, and argument checks.
+// The cached attention of generation (ops::attention_with_cache) against the
+// same reference, fed the sequence in chunks (a prompt, then tokens one at a
+// time and a few together), and its cache against the keys and values given.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -311,6 +314,123 @@ TEST_P(Attention, GpuRejectsLargeHeadDim) {
   Tensor lse = ctx.zeros(g.lse(), DType::f32, gpu), grad_qkv = ctx.zeros(g.qkv(), dtype, gpu);
   EXPECT_THROW(ops::attention_forward(qkv, out, lse), Error);
   EXPECT_THROW(ops::attention_backward(out, qkv, out, lse, grad_qkv), Error);
+}
+
+// Rows [t0, t1) of every sequence of qkv [B, T, 3, H, Dh], as a new tensor.
+Tensor qkv_rows(Context& ctx, const Dims& g, const RandomTensor& qkv, int64_t t0, int64_t t1, DType dtype,
+                Device device = Device::cpu()) {
+  const int64_t n = t1 - t0, row = 3 * g.heads * g.head_dim;
+  Tensor f32 = ctx.empty(Shape{g.batch, n, 3, g.heads, g.head_dim}, DType::f32);
+  for (int64_t b = 0; b < g.batch; ++b)
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t i = 0; i < row; ++i)
+        f32.data<float>()[(b * n + t) * row + i] = float(qkv.values[size_t((b * g.seq_len + t0 + t) * row + i)]);
+  Tensor out = ctx.empty(f32.shape(), dtype);
+  ops::cast(f32, out);
+  return out.to(device);
+}
+
+// The reference's out rows [t0, t1) of every sequence.
+std::vector<double> out_rows(const Dims& g, const std::vector<double>& out, int64_t t0, int64_t t1) {
+  std::vector<double> rows;
+  for (int64_t b = 0; b < g.batch; ++b)
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t h = 0; h < g.heads; ++h)
+        for (int64_t d = 0; d < g.head_dim; ++d) rows.push_back(out[g.out_index(b, t, h, d)]);
+  return rows;
+}
+
+// Chunk lengths covering T: a prompt of `prompt` tokens, then 1, 1, 3, 1, 1, 3, ...
+std::vector<int64_t> chunk_lengths(int64_t seq_len, int64_t prompt) {
+  std::vector<int64_t> lengths{std::min(prompt, seq_len)};
+  for (int64_t done = lengths[0], i = 0; done < seq_len; ++i) {
+    lengths.push_back(std::min<int64_t>(i % 3 == 2 ? 3 : 1, seq_len - done));
+    done += lengths.back();
+  }
+  return lengths;
+}
+
+TEST_P(Attention, WithCacheInChunksMatchesTheWholeSequence) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  auto rng = make_rng();
+  for (const Dims& g : {Dims{1, 9, 2, 8}, Dims{2, 40, 3, 16}, Dims{1, 70, 2, 64, 0.3f}, Dims{2, 12, 1, 256}}) {
+    SCOPED_TRACE("B=" + std::to_string(g.batch) + " T=" + std::to_string(g.seq_len) + " H=" + std::to_string(g.heads) +
+                 " Dh=" + std::to_string(g.head_dim));
+    auto qkv = random_qkv(ctx, g, dtype, rng);
+    const Reference ref = reference_forward(g, qkv.values);
+    const int64_t capacity = g.seq_len + 5;  // room the sequence does not use
+    Tensor keys = poisoned(ctx, Shape{g.batch, g.heads, capacity, g.head_dim}, dtype);
+    Tensor values = poisoned(ctx, keys.shape(), dtype);
+    int64_t position = 0;
+    for (const int64_t n : chunk_lengths(g.seq_len, g.seq_len / 3 + 1)) {
+      SCOPED_TRACE("tokens [" + std::to_string(position) + ", " + std::to_string(position + n) + ")");
+      const Tensor chunk = qkv_rows(ctx, g, qkv, position, position + n, dtype);
+      Tensor out = poisoned(ctx, Shape{g.batch, n, g.heads, g.head_dim}, dtype);
+      ops::attention_with_cache(chunk, keys, values, position, out, g.scale);
+      EXPECT_TRUE(all_close(out, out_rows(g, ref.out, position, position + n), output_tolerance(dtype)));
+      position += n;
+    }
+    // The cache holds every token's key and value, exactly as given.
+    for (int64_t b = 0; b < g.batch; ++b)
+      for (int64_t h = 0; h < g.heads; ++h)
+        for (int64_t t = 0; t < g.seq_len; ++t)
+          for (int64_t d = 0; d < g.head_dim; d += 7) {
+            const int64_t at = ((b * g.heads + h) * capacity + t) * g.head_dim + d;
+            const Tensor k = keys.flatten().slice(at, at + 1), v = values.flatten().slice(at, at + 1);
+            ASSERT_TRUE(all_close(k, {qkv.values[g.qkv_index(b, t, 1, h, d)]}, Tolerance{0, 0}));
+            ASSERT_TRUE(all_close(v, {qkv.values[g.qkv_index(b, t, 2, h, d)]}, Tolerance{0, 0}));
+          }
+  }
+}
+
+TEST_P(Attention, WithCacheRejectsBadArguments) {
+  const DType dtype = GetParam();
+  Context ctx;
+  const Dims g{1, 4, 2, 8};
+  Tensor qkv = ctx.zeros(g.qkv(), dtype), out = ctx.zeros(g.out(), dtype);
+  Tensor keys = ctx.zeros(Shape{1, 2, 6, 8}, dtype), values = ctx.zeros(Shape{1, 2, 6, 8}, dtype);
+  EXPECT_NO_THROW(ops::attention_with_cache(qkv, keys, values, 2, out));
+  EXPECT_THROW(ops::attention_with_cache(qkv, keys, values, 3, out), Error);   // 3 + 4 > 6 positions
+  EXPECT_THROW(ops::attention_with_cache(qkv, keys, values, -1, out), Error);  // before the start
+  Tensor three_heads = ctx.zeros(Shape{1, 3, 6, 8}, dtype);
+  EXPECT_THROW(ops::attention_with_cache(qkv, three_heads, values, 0, out), Error);
+  EXPECT_THROW(ops::attention_with_cache(qkv, keys, three_heads, 0, out), Error);
+  EXPECT_THROW(ops::attention_with_cache(qkv, keys, keys, 0, out), Error);  // keys and values the same memory
+  Tensor other = ctx.zeros(Shape{1, 2, 6, 8}, dtype == DType::f32 ? DType::bf16 : DType::f32);
+  EXPECT_THROW(ops::attention_with_cache(qkv, other, values, 0, out), Error);
+  const Dims wide{1, 1, 1, 264};
+  Tensor wide_qkv = ctx.zeros(wide.qkv(), dtype), wide_out = ctx.zeros(wide.out(), dtype);
+  Tensor wide_cache = ctx.zeros(Shape{1, 1, 2, 264}, dtype), wide_values = ctx.zeros(Shape{1, 1, 2, 264}, dtype);
+  EXPECT_THROW(ops::attention_with_cache(wide_qkv, wide_cache, wide_values, 0, wide_out), Error);
+}
+
+TEST_P(Attention, WithCacheGpuMatchesCpu) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  TESSERA_REQUIRE_GPU(ctx);
+  const Device gpu = Device::cuda(0);
+  auto rng = make_rng();
+  const Dims g{2, 33, 3, 64};
+  auto qkv = random_qkv(ctx, g, dtype, rng);
+  const Shape cache{g.batch, g.heads, g.seq_len, g.head_dim};
+  Tensor keys_cpu = poisoned(ctx, cache, dtype), values_cpu = poisoned(ctx, cache, dtype);
+  Tensor keys_gpu = poisoned(ctx, cache, dtype, gpu), values_gpu = poisoned(ctx, cache, dtype, gpu);
+  int64_t position = 0;
+  for (const int64_t n : chunk_lengths(g.seq_len, 10)) {
+    const Shape out_shape{g.batch, n, g.heads, g.head_dim};
+    Tensor out_cpu = poisoned(ctx, out_shape, dtype), out_gpu = poisoned(ctx, out_shape, dtype, gpu);
+    ops::attention_with_cache(qkv_rows(ctx, g, qkv, position, position + n, dtype), keys_cpu, values_cpu, position,
+                              out_cpu);
+    ops::attention_with_cache(qkv_rows(ctx, g, qkv, position, position + n, dtype, gpu), keys_gpu, values_gpu, position,
+                              out_gpu);
+    Tolerance tolerance = device_tolerance(dtype);
+    tolerance.abs = std::max(tolerance.abs, 2e-5);
+    EXPECT_TRUE(all_close(out_gpu, out_cpu, tolerance)) << "tokens from " << position;
+    position += n;
+  }
 }
 
 INSTANTIATE_FLOAT_DTYPES(Attention);

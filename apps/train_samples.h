@@ -1,0 +1,41 @@
+// The samples `tessera train --sample-interval N` prints, as llm.c does while
+// it trains: every N steps and at the end, the GPT continues --sample-prompt
+// (encoded with --data's tokenizer) for --sample-tokens tokens, and rank 0
+// prints the text above the progress line. Every rank generates (the
+// tensor-parallel group computes the logits together, ZeRO-3 gathers the
+// parameters through the data-parallel group), drawing the same tokens, so
+// the ranks stay in step. Time spent here is not counted in the step times.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "apps/train_config.h"
+#include "io/tokenizer.h"
+#include "nn/module.h"
+#include "parallel/tensor_parallel.h"
+
+namespace tessera::app {
+
+class TrainingSamples {
+ public:
+  // Checks everything a sample needs up front (a GPT, a tokenizer in --data,
+  // a prompt that fits --seq-length with the tokens asked for), naming the
+  // flag at fault; does nothing further when --sample-interval is 0.
+  TrainingSamples(const TrainConfig& config, nn::Module& model);
+
+  bool due(int64_t step, bool last) const;
+  // Collective over every rank. Returns the text rank 0 prints ("sample at step 250: ...").
+  std::string sample(int64_t step);
+
+ private:
+  const TrainConfig& config_;
+  parallel::TensorParallelGpt* model_ = nullptr;
+  std::optional<io::Tokenizer> tokenizer_;
+  std::vector<int32_t> prompt_;
+};
+
+}  // namespace tessera::app
