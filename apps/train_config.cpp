@@ -229,6 +229,28 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
   command.add_option("--log-interval", c.log_interval, "Steps between progress lines when not on a terminal")
       ->group(output);
   command.add_option("--metrics", c.metrics, "Write metrics as JSON lines to this file")->group(output);
+  command
+      .add_flag("--katib-metrics", c.katib_metrics,
+                "Also print Katib's `name=value` lines on stdout every log interval (on by itself when Katib's "
+                "StdOut collector reads stdout)")
+      ->group(output);
+  command
+      .add_option("--metrics-port", c.metrics_port,
+                  "Rank 0 serves every rank's metrics for Prometheus at http://HOST:P/metrics, refreshed every "
+                  "--log-interval steps (0: off)")
+      ->check(CLI::Range(0, 65535))
+      ->group(output);
+  command
+      .add_option("--metrics-push", c.metrics_push,
+                  "Rank 0 pushes the same metrics to this Prometheus Pushgateway every --log-interval steps "
+                  "(http://HOST:9091; job tessera)")
+      ->group(output);
+  command
+      .add_option("--straggler-threshold", c.straggler_threshold,
+                  "Every --log-interval steps, name a rank whose compute time per step is this fraction above the "
+                  "median of all ranks' (0: off)")
+      ->capture_default_str()
+      ->group(output);
   command.add_option("--trace", c.trace, "Write a Chrome-trace (Perfetto) timeline to this file")->group(output);
 
   const std::string checkpoints = "Checkpoints and resuming";
@@ -782,6 +804,10 @@ void validate(const TrainConfig& c) {
   TESSERA_CHECK(c.comm_timeout >= 0 && c.comm_timeout <= kMaxTimeoutSeconds,
                 "--comm-timeout must be a number of seconds from 0 (no limit) to 31536000 (a year), got ",
                 c.comm_timeout);
+  TESSERA_CHECK(std::isfinite(c.straggler_threshold) && c.straggler_threshold >= 0,
+                "--straggler-threshold must be 0 (off) or a positive fraction, got ", c.straggler_threshold);
+  TESSERA_CHECK(c.metrics_push.empty() || c.metrics_push.rfind("http://", 0) == 0, "--metrics-push ", c.metrics_push,
+                ": give the Pushgateway's URL, e.g. http://pushgateway:9091");
   TESSERA_CHECK(c.sample_interval >= 0 && c.sample_tokens > 0 && c.sample_top_k >= 0,
                 "--sample-interval and --sample-top-k must not be negative and --sample-tokens must be positive");
   TESSERA_CHECK(std::isfinite(c.sample_temperature) && c.sample_temperature >= 0.0f,
@@ -888,7 +914,9 @@ std::string describe(const TrainConfig& c) {
       << " zero=" << c.zero << " zero_prefetch=" << c.zero_prefetch
       << " bucket_size_mb=" << c.bucket_size_mb << " comm_backend=" << c.comm_backend
       << " comm_timeout=" << c.comm_timeout << "\neval_interval=" << c.eval_interval << " eval_iters=" << c.eval_iters
-      << " metrics=" << c.metrics << " trace=" << c.trace;
+      << " metrics=" << c.metrics << " trace=" << c.trace << " katib_metrics=" << c.katib_metrics
+      << " metrics_port=" << c.metrics_port << " metrics_push=" << c.metrics_push
+      << " straggler_threshold=" << c.straggler_threshold;
   if (!c.save.empty() || !c.resume.empty())
     out << "\nsave=" << c.save << " save_interval=" << c.save_interval
         << " save_interval_minutes=" << c.save_interval_minutes << " save_timeout=" << c.save_timeout
@@ -972,6 +1000,10 @@ std::vector<std::pair<std::string, std::string>> settings(const TrainConfig& c) 
       {"eval-iters", std::to_string(c.eval_iters)},
       {"log-interval", std::to_string(c.log_interval)},
       {"metrics", c.metrics},
+      {"katib-metrics", flag(c.katib_metrics)},
+      {"metrics-port", std::to_string(c.metrics_port)},
+      {"metrics-push", c.metrics_push},
+      {"straggler-threshold", exact(c.straggler_threshold)},
       {"trace", c.trace},
       {"config", c.config_file},
       {"save", c.save},

@@ -79,6 +79,10 @@ struct TrainConfig {
   int64_t eval_iters = 0;     // batches per evaluation; 0: the whole eval set
   int64_t log_interval = 10;  // steps between plain progress lines when stdout is not a terminal
   std::string metrics;        // JSON-lines metrics file
+  bool katib_metrics = false;  // --katib-metrics: Katib `name=value` lines on stdout (also on when Katib collects it)
+  int metrics_port = 0;        // --metrics-port P: rank 0 serves every rank's metrics at :P/metrics (Prometheus)
+  std::string metrics_push;    // --metrics-push URL: rank 0 pushes them to a Prometheus Pushgateway
+  double straggler_threshold = 0.2;  // --straggler-threshold: compute this much above the median names a straggler
   std::string trace;          // Chrome-trace/Perfetto timeline file
   std::string config_file;    // --config
 

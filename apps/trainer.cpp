@@ -29,6 +29,7 @@
 #include "apps/preemption.h"
 #include "apps/rank_agreement.h"
 #include "apps/train_checkpoint.h"
+#include "apps/train_monitor.h"
 #include "apps/train_samples.h"
 #include "core/context.h"
 #include "core/device_runtime.h"
@@ -940,9 +941,12 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
     io::MetricsOptions metrics_options;
     metrics_options.path = c.metrics;
     metrics_options.append = resumed.has_value();  // a resumed run goes on with the same file
-    metrics_options.katib = [&](std::string_view line) {
-      if (katib_due) progress.print_above(line);
-    };
+    if (c.katib_metrics || io::stdout_read_by_katib())
+      metrics_options.katib = [&](std::string_view line) {
+        if (katib_due) progress.print_above(line);
+      };
+    else
+      metrics_options.katib = nullptr;
     metrics = io::MetricsWriter(metrics_options);
   }
 
@@ -988,6 +992,12 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   TrainingCheckpoints checkpoints(state, [&](const std::string& line) {
     if (root) progress.print_above(line);
   });
+  // Every --log-interval steps: stragglers named, Prometheus fed (apps/train_monitor.h).
+  TrainingMonitor monitor(c, grid, ctx, device, [&](const std::string& line) { progress.print_above(line); });
+  if (root && monitor.metrics_port() > 0)
+    std::printf("metrics: Prometheus can scrape http://%s:%d/metrics (every rank's series, refreshed every %lld steps)\n",
+                env ? env->hostname().c_str() : "localhost", monitor.metrics_port(),
+                static_cast<long long>(c.log_interval));
   if (root && counters.step >= total_steps && total_steps > 0)
     std::printf("nothing to do: the checkpoint is at step %lld and --train-steps/--epochs ask for %lld\n",
                 static_cast<long long>(counters.step), static_cast<long long>(total_steps));
@@ -996,13 +1006,15 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
     result.checkpoint = checkpoints.last_published();
   }
   for (int64_t step = counters.step; step < total_steps; ++step) {
+    const auto start = Clock::now();  // injected faults count: a slow rank's sleep is its own time
     inject_step_faults(step + 1, world->rank(), source, device);
     ctx.allocator(device).reset_peak_stats();  // this step's memory peaks (record_memory)
-    const auto start = Clock::now();
     const int64_t trace_start = trace.enabled() ? trace.now_ns() : 0;
     const int64_t tp_bytes_before = grid.tp().counters().total_bytes();
     int64_t epoch = 0;
+    const auto data_start = Clock::now();
     parallel::StepBatches batches = next_batches(source, accumulation, stage_input_shape, trace, counters, epoch);
+    const double data_wait = std::chrono::duration<double>(Clock::now() - data_start).count();
     batches.activation_dtype = dtype;
     const double lr = schedule.lr(step);
     // TESSERA_FAULT=nan_grad: this rank's gradients of the step are NaN (through the loss's gradient).
@@ -1042,6 +1054,14 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
     if (grid.tp_size() > 1)
       record.extra.emplace_back("tp_comm_bytes", double(grid.tp().counters().total_bytes() - tp_bytes_before));
     katib_due = (step + 1) % c.log_interval == 0 || step + 1 == total_steps;
+    StepFigures figures;
+    figures.step_seconds = seconds;
+    figures.data_wait_seconds = data_wait;
+    figures.sync_seconds = double(sync.reduction_end_ns - sync.backward_end_ns) * 1e-9;
+    for (const auto& [name, value] : record.extra)
+      if (name == "checkpoint_stall_ms") figures.checkpoint_stall_seconds += value * 1e-3;
+    monitor.record_step(record, figures);
+    for (const auto& figure : monitor.exchange(step + 1, step + 1 == total_steps)) record.extra.push_back(figure);
     metrics.log_step(record);
     progress.update(record);
     result.last_loss = record.loss;
@@ -1059,6 +1079,7 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
           evaluate(ctx, *model, loss, c, device, dtype, trace, dp, PipelineEval{engine, &grid.pp(), stage_input_shape});
       katib_due = true;  // the metrics writer prints the eval's Katib line
       report_eval(eval, step + 1, tokens, metrics, root ? &progress : nullptr);
+      monitor.record_eval(eval.loss);
       if (last) result.final_eval = eval;
     }
 

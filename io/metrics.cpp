@@ -1,5 +1,5 @@
 // MetricsWriter (JSONL file + Katib stdout lines), the number and string
-// formatting they share, and the flat-JSON reader behind read_metrics().
+// formatting they share, and the reader behind read_metrics() (nlohmann::json).
 #include "io/metrics.h"
 
 #include <cerrno>
@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "core/error.h"
@@ -95,209 +96,57 @@ void check_extra(const StepRecord& record) {
   }
 }
 
-// --- the flat JSON parser -----------------------------------------------------
+// --- the flat JSON parser (nlohmann::json, then the shape metrics lines have) ---
 
 struct ParseError {
   size_t column;  // 1-based
   std::string what;
 };
 
-class FlatJsonParser {
- public:
-  explicit FlatJsonParser(std::string_view text) : text_(text) {}
+// nlohmann's message without its "[json.exception.parse_error.101] parse error at line 1, column 5: " prefix.
+std::string parse_error_text(const nlohmann::json::parse_error& error) {
+  const std::string what = error.what();
+  const size_t colon = what.find(": ", what.find("column"));
+  return colon == std::string::npos ? what : what.substr(colon + 2);
+}
 
-  std::vector<JsonField> object() {
-    std::vector<JsonField> fields;
-    skip_space();
-    expect('{', "'{' (a metrics line is one JSON object)");
-    skip_space();
-    if (peek() == '}') {
-      ++pos_;
-    } else {
-      for (;;) {
-        skip_space();
-        if (peek() != '"') fail("a quoted key");
-        const size_t key_pos = pos_;
-        std::string key = string_literal();
-        for (const auto& field : fields)
-          if (field.key == key) fail_at(key_pos, "a new key, not a second \"" + key + "\"");
-        skip_space();
-        expect(':', "':' after the key");
-        skip_space();
-        fields.push_back({std::move(key), value()});
-        skip_space();
-        if (peek() == ',') {
-          ++pos_;
-          continue;
-        }
-        expect('}', "',' or '}'");
-        break;
-      }
-    }
-    skip_space();
-    if (pos_ != text_.size()) fail("the end of the line after the object");
-    return fields;
-  }
+JsonScalar scalar_of(const std::string& key, const nlohmann::ordered_json& value) {
+  if (value.is_null()) return nullptr;
+  if (value.is_boolean()) return value.get<bool>();
+  if (value.is_number()) return value.get<double>();
+  if (value.is_string()) return value.get<std::string>();
+  throw ParseError{1,
+                   "a number, string, true, false or null for \"" + key + "\" (metrics lines hold no nested values)"};
+}
 
- private:
-  char peek() const { return pos_ < text_.size() ? text_[pos_] : '\0'; }
-  bool at_end() const { return pos_ >= text_.size(); }
-  void skip_space() {
-    while (!at_end() && (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\r' || text_[pos_] == '\n'))
-      ++pos_;
-  }
-  [[noreturn]] void fail_at(size_t pos, const std::string& expected) const {
-    std::string found =
-        pos >= text_.size() ? std::string("the end of the line") : "'" + std::string(text_.substr(pos, 12)) + "'";
-    throw ParseError{pos + 1, "expected " + expected + ", found " + found};
-  }
-  [[noreturn]] void fail(const std::string& expected) const { fail_at(pos_, expected); }
-  void expect(char c, const std::string& expected) {
-    if (peek() != c || at_end()) fail(expected);
-    ++pos_;
-  }
-  bool literal(std::string_view word) {
-    if (text_.substr(pos_, word.size()) != word) return false;
-    pos_ += word.size();
+// One flat JSON object: {"key": number | string | true | false | null, ...},
+// keys once each (in file order; nlohmann keeps one of repeated keys, a callback sees them all).
+std::vector<JsonField> parse_object(std::string_view text) {
+  std::set<std::string> keys;
+  std::string repeated;
+  const auto note_keys = [&](int depth, nlohmann::ordered_json::parse_event_t event, nlohmann::ordered_json& parsed) {
+    if (event == nlohmann::ordered_json::parse_event_t::key && depth == 1 &&
+        !keys.insert(parsed.get<std::string>()).second && repeated.empty())
+      repeated = parsed.get<std::string>();
     return true;
+  };
+  nlohmann::ordered_json object;
+  try {
+    object = nlohmann::ordered_json::parse(text.begin(), text.end(), note_keys);
+  } catch (const nlohmann::json::parse_error& error) {
+    throw ParseError{error.byte == 0 ? 1 : error.byte, parse_error_text(error)};
+  } catch (const nlohmann::json::exception& error) {  // a number too large for a double (out_of_range.406)
+    const std::string what = error.what();
+    throw ParseError{1, "a number a double can hold (" + what.substr(what.find(']') + 2) + ")"};
   }
-
-  JsonScalar value() {
-    const char c = peek();
-    if (at_end()) fail("a value");
-    if (c == '"') return string_literal();
-    if (c == '{' || c == '[') fail("a number, string, true, false or null (metrics lines hold no nested values)");
-    if (literal("true")) return true;
-    if (literal("false")) return false;
-    if (literal("null")) return nullptr;
-    if (c == '-' || (c >= '0' && c <= '9')) return number();
-    fail("a number, string, true, false or null");
-  }
-
-  // JSON's grammar: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
-  double number() {
-    const size_t start = pos_;
-    auto digits = [&] {
-      const size_t from = pos_;
-      while (!at_end() && text_[pos_] >= '0' && text_[pos_] <= '9') ++pos_;
-      return pos_ - from;
-    };
-    if (peek() == '-') ++pos_;
-    if (peek() == '0') {
-      ++pos_;
-    } else if (digits() == 0) {
-      fail_at(start, "a JSON number");
-    }
-    if (peek() == '.') {
-      ++pos_;
-      if (digits() == 0) fail_at(start, "a JSON number (digits after '.')");
-    }
-    if (peek() == 'e' || peek() == 'E') {
-      ++pos_;
-      if (peek() == '+' || peek() == '-') ++pos_;
-      if (digits() == 0) fail_at(start, "a JSON number (digits in the exponent)");
-    }
-    double value = 0.0;
-    const auto result = std::from_chars(text_.data() + start, text_.data() + pos_, value);
-    // Out of range ("1e999"): from_chars leaves the value unset; JSON has no infinity either.
-    if (result.ec != std::errc() || result.ptr != text_.data() + pos_) fail_at(start, "a number a double can hold");
-    return value;
-  }
-
-  unsigned hex4() {
-    unsigned code = 0;
-    for (int i = 0; i < 4; ++i) {
-      const char c = peek();
-      unsigned digit;
-      if (c >= '0' && c <= '9')
-        digit = unsigned(c - '0');
-      else if (c >= 'a' && c <= 'f')
-        digit = unsigned(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F')
-        digit = unsigned(c - 'A' + 10);
-      else
-        fail("four hex digits after \\u");
-      code = code * 16 + digit;
-      ++pos_;
-    }
-    return code;
-  }
-
-  static void append_utf8(std::string& out, unsigned code) {
-    if (code < 0x80) {
-      out += char(code);
-    } else if (code < 0x800) {
-      out += char(0xC0 | (code >> 6));
-      out += char(0x80 | (code & 0x3F));
-    } else if (code < 0x10000) {
-      out += char(0xE0 | (code >> 12));
-      out += char(0x80 | ((code >> 6) & 0x3F));
-      out += char(0x80 | (code & 0x3F));
-    } else {
-      out += char(0xF0 | (code >> 18));
-      out += char(0x80 | ((code >> 12) & 0x3F));
-      out += char(0x80 | ((code >> 6) & 0x3F));
-      out += char(0x80 | (code & 0x3F));
-    }
-  }
-
-  std::string string_literal() {
-    expect('"', "'\"'");
-    std::string out;
-    for (;;) {
-      if (at_end()) fail("a closing '\"'");
-      const char c = text_[pos_++];
-      if (c == '"') return out;
-      if (static_cast<unsigned char>(c) < 0x20) fail_at(pos_ - 1, "no raw control character inside a string");
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      const char escape = peek();
-      ++pos_;
-      switch (escape) {
-        case '"':
-          out += '"';
-          break;
-        case '\\':
-          out += '\\';
-          break;
-        case '/':
-          out += '/';
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'u': {
-          unsigned code = hex4();
-          if (code >= 0xD800 && code < 0xDC00 && literal("\\u")) {  // a surrogate pair
-            const unsigned low = hex4();
-            if (low >= 0xDC00 && low < 0xE000) code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
-          }
-          append_utf8(out, code);
-          break;
-        }
-        default:
-          fail_at(pos_ - 1, "an escape (\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)");
-      }
-    }
-  }
-
-  std::string_view text_;
-  size_t pos_ = 0;
-};
+  if (!object.is_object())
+    throw ParseError{text.find_first_not_of(" \t\r\n") + 1, "'{' (a metrics line is one JSON object)"};
+  if (!repeated.empty())
+    throw ParseError{text.find("\"" + repeated + "\"") + 1, "a new key, not a second \"" + repeated + "\""};
+  std::vector<JsonField> fields;
+  for (const auto& [key, value] : object.items()) fields.push_back({key, scalar_of(key, value)});
+  return fields;
+}
 
 // --- reading records out of parsed lines ---------------------------------------
 
@@ -407,44 +256,8 @@ std::string json_number(double value) {
 }
 
 std::string json_string(std::string_view text) {
-  std::string out;
-  out.reserve(text.size() + 2);
-  out += '"';
-  for (const char c : text) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char escaped[8];
-          std::snprintf(escaped, sizeof(escaped), "\\u%04x", unsigned(static_cast<unsigned char>(c)));
-          out += escaped;
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-  return out;
+  // Invalid UTF-8 (a path, a hostname) becomes U+FFFD rather than a line no JSON reader accepts.
+  return nlohmann::json(std::string(text)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string katib_number(double value) {
@@ -499,6 +312,12 @@ std::string eval_katib_line(const EvalRecord& record) {
   if (record.eval_accuracy) line.number("eval_accuracy", *record.eval_accuracy);
   if (record.eval_bits_per_byte) line.number("eval_bits_per_byte", *record.eval_bits_per_byte);
   return line.finish();
+}
+
+bool stdout_read_by_katib() {
+  std::error_code error;
+  const std::filesystem::path target = std::filesystem::read_symlink("/proc/self/fd/1", error);
+  return !error && target.string().rfind("/var/log/katib/", 0) == 0;
 }
 
 LineSink stdout_line_sink() {
@@ -568,7 +387,7 @@ void MetricsWriter::log_run(const std::vector<std::pair<std::string, std::string
 
 std::vector<JsonField> parse_flat_json_object(std::string_view text) {
   try {
-    return FlatJsonParser(text).object();
+    return parse_object(text);
   } catch (const ParseError& error) {
     TESSERA_THROW("not a flat JSON object at column ", error.column, ": ", error.what);
   }
@@ -585,7 +404,7 @@ MetricsLog read_metrics(const std::string& path) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     std::vector<JsonField> fields;
     try {
-      fields = FlatJsonParser(line).object();
+      fields = parse_object(line);
     } catch (const ParseError& error) {
       if (!has_newline && in.peek() == std::char_traits<char>::eof()) {
         log.warnings.push_back(path + " line " + std::to_string(number) +

@@ -59,7 +59,7 @@ struct EvalRecord {
 // double ("0.1", "1e-05", "12"). Non-finite values are the caller's business
 // (the writer writes null).
 std::string json_number(double value);
-// A JSON string literal: quoted, with '"', '\\' and control characters escaped.
+// A JSON string literal (nlohmann::json): quoted and escaped; invalid UTF-8 becomes U+FFFD.
 std::string json_string(std::string_view text);
 // A finite number as Katib's StdOut collector reads it: six significant digits,
 // matching ([+-]?\d*(\.\d+)?([Ee][+-]?\d+)?).
@@ -81,6 +81,10 @@ std::string eval_katib_line(const EvalRecord& record);
 using LineSink = std::function<void(std::string_view line)>;
 // Writes the line and a newline to stdout and flushes.
 LineSink stdout_line_sink();
+// True when this process's stdout goes to Katib's StdOut metrics collector
+// (its webhook redirects the training container's output into
+// /var/log/katib/): then the Katib lines are printed without being asked.
+bool stdout_read_by_katib();
 
 struct MetricsOptions {
   std::string path{};                   // the JSONL file; empty: no file

@@ -19,6 +19,8 @@ packages=(
   libtomlplusplus-dev                 # the --config TOML files of `tessera train`
   nlohmann-json3-dev                  # JSON: safetensors headers and config.json of `tessera export`
   libpcre2-dev                        # Unicode regular expressions: the BPE tokenizer's pre-tokenization (io/tokenizer.h)
+  libcpp-httplib-dev                  # HTTP: the /metrics endpoint and Pushgateway pushes (io/prometheus.h)
+  prometheus prometheus-pushgateway   # the observability tests: a real server scrapes /metrics, a real gateway takes pushes
   libopenblas-openmp-dev              # f32 GEMM, sharing OpenMP with our kernels
   libdnnl-dev ocl-icd-opencl-dev      # oneDNN: bf16 GEMM (AMX), convolutions
   libgtest-dev                        # tests

@@ -10,7 +10,7 @@ set -eu
 export DEBIAN_FRONTEND=noninteractive
 apt-get update
 apt-get install -y --no-install-recommends \
-  openmpi-bin libopenmpi3 libhdf5-103-1 libdnnl2 libopenblas0-openmp libgomp1 libtomlplusplus3 libpcre2-8-0 \
+  openmpi-bin libopenmpi3 libhdf5-103-1 libdnnl2 libopenblas0-openmp libgomp1 libtomlplusplus3 libpcre2-8-0 libcpp-httplib0.11 \
   openssh-server openssh-client procps util-linux fortunes ca-certificates
 rm -rf /var/lib/apt/lists/*
 

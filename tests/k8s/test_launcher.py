@@ -183,7 +183,7 @@ class WithRealMpirunAndTessera(unittest.TestCase):
                 "--num-layers", "1", "--num-heads", "2", "--hidden-size", "32", "--micro-batch-size", "4",
                 "--train-steps", str(train_steps), "--warmup-steps", "2", "--eval-interval", "4", "--eval-iters", "1",
                 "--log-interval", "1", "--threads", "1", "--save", str(self.ckpt), "--resume", "auto",
-                "--metrics", f"{tmp}/metrics.jsonl"]
+                "--metrics", f"{tmp}/metrics.jsonl", "--katib-metrics"]  # as k8s/katib/train.toml asks
 
     def start(self, train_steps):
         process = subprocess.Popen(self.command(train_steps), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -196,13 +196,13 @@ class WithRealMpirunAndTessera(unittest.TestCase):
     def wait_for_step(self, lines, step, process, timeout=60):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if any(re.match(rf"step={step} ", line) for line in list(lines)):
+            if any(re.match(rf"step {step}/", line) for line in list(lines)):
                 return
             if process.poll() is not None:
                 break
             time.sleep(0.05)
         os.killpg(process.pid, signal.SIGKILL)
-        self.fail(f"no step={step} line; output:\n{''.join(lines)}")
+        self.fail(f"no 'step {step}/N' progress line; output:\n{''.join(lines)}")
 
     def finish(self, process, reader, timeout=60):
         try:

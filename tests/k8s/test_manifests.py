@@ -6,7 +6,9 @@
 # volume, train flags known to the real `tessera train --help`), plus what each
 # overlay is for, the PodGroups the operator would create for the gang
 # overlays (validated against Volcano's and scheduler-plugins' CRDs), and the
-# cpu overlay's train.toml accepted by the real tessera for a few steps.
+# cpu overlay's train.toml accepted by the real tessera for a few steps. The
+# monitoring overlay is validated here like the others (its PodMonitor too);
+# what it adds is checked in test_monitoring.py.
 import subprocess
 import tempfile
 import tomllib
@@ -20,7 +22,9 @@ SCHEMAS = support.require_schemas()
 KUBECTL = support.require_kubectl()
 TESSERA = support.require_tessera()
 TRAIN_FLAGS = k8scheck.tessera_train_flags(TESSERA)
-OVERLAYS = ["cpu", "gpu", "rdma-ib", "roce", "gang-volcano", "gang-scheduler-plugins", "kueue", "mig"]
+OVERLAYS = ["cpu", "gpu", "rdma-ib", "roce", "gang-volcano", "gang-scheduler-plugins", "kueue", "mig", "monitoring"]
+# What an overlay adds besides the MPIJob, its ConfigMap and its PVC (monitoring: tests/k8s/test_monitoring.py).
+EXTRA_KINDS = {"monitoring": ["ConfigMap", "PodMonitor"]}
 RENDERED = {name: k8scheck.render(k8scheck.OVERLAYS / name, KUBECTL) for name in OVERLAYS}
 
 
@@ -44,7 +48,8 @@ class EveryOverlay(unittest.TestCase):
         for name in OVERLAYS:
             with self.subTest(overlay=name):
                 kinds = sorted(d["kind"] for d in RENDERED[name])
-                self.assertEqual(kinds, ["ConfigMap", "MPIJob", "PersistentVolumeClaim"])
+                self.assertEqual(kinds, sorted(["ConfigMap", "MPIJob", "PersistentVolumeClaim"]
+                                               + EXTRA_KINDS.get(name, [])))
                 errors = k8scheck.document_errors(RENDERED[name], SCHEMAS["mpijob"], TRAIN_FLAGS)
                 self.assertEqual(errors, [], "\n".join(errors))
 
@@ -161,7 +166,9 @@ class TrainSettings(unittest.TestCase):
             result = subprocess.run([TESSERA, "train", "--config", f"{tmp}/train.toml", "--threads", "1"],
                                     capture_output=True, text=True, timeout=120, cwd=tmp)
             self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
-            self.assertIn("eval_loss=", result.stdout)
+            # One human line per interval; Katib's name=value lines only where asked (the Katib trials).
+            self.assertIn("eval step", result.stdout)
+            self.assertEqual("eval_loss=" in result.stdout, bool(settings.get("katib-metrics")), result.stdout)
             self.assertTrue(Path(settings["save"], "latest").is_file())
 
 

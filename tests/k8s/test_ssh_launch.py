@@ -138,7 +138,7 @@ class SshLaunch(unittest.TestCase):
         self.assertGreaterEqual(logs["sshd.log"].count(f"Accepted publickey for {user}"), 2, report)
         for run in ("run1.log", "run2.log"):
             self.assertIn("ranks: world 2 ranks", logs[run], report)
-        self.assertIn("eval_loss=", logs["run1.log"], report)
+        self.assertIn("eval step", logs["run1.log"], report)
         self.assertIn("resumed from", logs["run2.log"], report)
         self.assertIn("step_00000004", logs["run2.log"], report)
         self.assertEqual(latest, "step_00000008", report)

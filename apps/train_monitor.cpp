@@ -1,0 +1,219 @@
+// TrainingMonitor (apps/train_monitor.h): the window of figures, the
+// exchange, the straggler rule and the Prometheus families.
+#include "apps/train_monitor.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "core/error.h"
+
+namespace tessera::app {
+namespace {
+
+// The figures each rank contributes to an exchange, in this order.
+enum Figure {
+  kStep,
+  kLoss,
+  kLr,
+  kThroughput,
+  kStepSeconds,
+  kDataWaitSeconds,
+  kSyncSeconds,
+  kComputeSeconds,
+  kGradNorm,
+  kSkippedTotal,
+  kDpBytes,
+  kTpBytes,
+  kPpBytes,
+  kCheckpointStallTotal,
+  kAllocated,
+  kReserved,
+  kPeak,
+  kFigures
+};
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n == 0 ? 0.0 : n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+io::PrometheusFamily per_rank(const std::string& name, const std::string& help, const std::string& type,
+                              const std::vector<std::vector<double>>& ranks, Figure figure) {
+  io::PrometheusFamily family{name, help, type, {}};
+  for (size_t r = 0; r < ranks.size(); ++r) family.samples.push_back({{{"rank", std::to_string(r)}}, ranks[r][figure]});
+  return family;
+}
+
+// The Pushgateway group of this job: rank 0's host, and Slurm's job id when there is one.
+std::string push_instance() {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  const char* job = std::getenv("SLURM_JOB_ID");
+  return std::string(host) + (job && *job ? std::string("-") + job : "");
+}
+
+}  // namespace
+
+TrainingMonitor::TrainingMonitor(const TrainConfig& c, parallel::ProcessGrid& grid, Context& context, Device device,
+                                 std::function<void(const std::string&)> say)
+    : config_(c), grid_(grid), context_(context), device_(device), say_(std::move(say)) {
+  if (grid.world().rank() != 0) return;
+  if (c.metrics_port > 0) endpoint_ = std::make_unique<io::MetricsEndpoint>("0.0.0.0", c.metrics_port);
+  if (!c.metrics_push.empty())
+    pusher_ = std::make_unique<io::GatewayPusher>(
+        c.metrics_push, "tessera", push_instance(),
+        [](const std::string& line) { std::fprintf(stderr, "tessera: warning: %s\n", line.c_str()); });
+}
+
+TrainingMonitor::~TrainingMonitor() = default;
+
+int TrainingMonitor::metrics_port() const {
+  return endpoint_ ? endpoint_->port() : 0;
+}
+
+void TrainingMonitor::record_step(const io::StepRecord& record, const StepFigures& figures) {
+  last_record_ = record;
+  window_steps_ += 1;
+  window_step_s_ += figures.step_seconds;
+  window_data_s_ += figures.data_wait_seconds;
+  window_sync_s_ += figures.sync_seconds;
+  if (record.skipped) skipped_total_ += 1;
+  checkpoint_stall_total_ += figures.checkpoint_stall_seconds;
+}
+
+std::vector<double> TrainingMonitor::local_figures() const {
+  std::vector<double> f(kFigures, 0.0);
+  const double steps = std::max(window_steps_, 1.0);
+  f[kStep] = double(last_record_.step);
+  f[kLoss] = last_record_.loss;
+  f[kLr] = last_record_.lr;
+  f[kThroughput] = last_record_.tokens_per_s.value_or(last_record_.samples_per_s.value_or(0.0));
+  f[kStepSeconds] = window_step_s_ / steps;
+  f[kDataWaitSeconds] = window_data_s_ / steps;
+  f[kSyncSeconds] = window_sync_s_ / steps;
+  f[kComputeSeconds] = std::max(0.0, (window_step_s_ - window_data_s_ - window_sync_s_) / steps);
+  f[kGradNorm] = last_record_.grad_norm.value_or(NAN);
+  f[kSkippedTotal] = skipped_total_;
+  f[kDpBytes] = double(grid_.dp().counters().total_bytes());
+  f[kTpBytes] = double(grid_.tp().counters().total_bytes());
+  f[kPpBytes] = double(grid_.pp().counters().total_bytes());
+  f[kCheckpointStallTotal] = checkpoint_stall_total_;
+  const AllocatorStats stats = context_.allocator(device_).stats();
+  f[kAllocated] = double(stats.allocated_bytes);
+  f[kReserved] = double(stats.reserved_bytes);
+  f[kPeak] = double(stats.peak_allocated_bytes);
+  return f;
+}
+
+std::optional<Straggler> TrainingMonitor::find_straggler(const std::vector<std::vector<double>>& ranks) const {
+  if (ranks.size() < 2 || config_.straggler_threshold <= 0.0) return std::nullopt;
+  std::vector<double> compute;
+  for (const auto& figures : ranks) compute.push_back(figures[kComputeSeconds]);
+  const double middle = median(compute);
+  const size_t slowest = size_t(std::max_element(compute.begin(), compute.end()) - compute.begin());
+  if (!(compute[slowest] > (1.0 + config_.straggler_threshold) * middle)) return std::nullopt;
+  return Straggler{int(slowest), compute[slowest], middle};
+}
+
+std::vector<std::pair<std::string, double>> TrainingMonitor::exchange(int64_t step, bool last) {
+  if (!(last || step % config_.log_interval == 0)) return {};
+  parallel::Communicator& world = grid_.world();
+  // Doubles travel as their bits in int64 (there is no f64 tensor; nothing is rounded).
+  std::vector<int64_t> mine;
+  for (const double value : local_figures()) mine.push_back(std::bit_cast<int64_t>(value));
+  Tensor local = context_.from_vector(Shape{kFigures}, mine, Device::cpu());
+  Tensor all = context_.empty(Shape{int64_t(kFigures) * world.size()}, DType::i64, Device::cpu());
+  world.all_gather(local, all)->wait();
+  window_steps_ = window_step_s_ = window_data_s_ = window_sync_s_ = 0.0;
+  if (world.rank() != 0) return {};
+
+  std::vector<double> values;
+  for (const int64_t bits : all.to_vector<int64_t>()) values.push_back(std::bit_cast<double>(bits));
+  std::vector<std::vector<double>> ranks(size_t(world.size()));
+  for (size_t r = 0; r < ranks.size(); ++r)
+    ranks[r].assign(values.begin() + long(r * kFigures), values.begin() + long((r + 1) * kFigures));
+  const std::optional<Straggler> straggler = find_straggler(ranks);
+  std::vector<std::pair<std::string, double>> extra;
+  if (straggler) {
+    stragglers_.push_back(*straggler);
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "straggler: rank %d computed %.3f s per step in the last %lld steps, %.2fx the median %.3f s; "
+                  "the other ranks waited for it in their communication",
+                  straggler->rank, straggler->compute_seconds,
+                  static_cast<long long>(std::min<int64_t>(step, config_.log_interval)), straggler->slowdown(),
+                  straggler->median_seconds);
+    say_(line);
+    extra = {{"straggler_rank", double(straggler->rank)}, {"straggler_slowdown", straggler->slowdown()}};
+  }
+  if (endpoint_ || pusher_) {
+    const std::string text = prometheus(ranks, straggler);
+    if (endpoint_) endpoint_->publish(text);
+    if (pusher_) pusher_->publish(text);
+  }
+  return extra;
+}
+
+std::string TrainingMonitor::prometheus(const std::vector<std::vector<double>>& ranks,
+                                        const std::optional<Straggler>& straggler) const {
+  std::vector<io::PrometheusFamily> families = {
+      per_rank("tessera_step", "Optimizer steps done", "gauge", ranks, kStep),
+      per_rank("tessera_loss", "Training loss of the last step", "gauge", ranks, kLoss),
+      per_rank("tessera_learning_rate", "Learning rate of the last step", "gauge", ranks, kLr),
+      per_rank(config_.model == "gpt" ? "tessera_tokens_per_second" : "tessera_samples_per_second",
+               "Throughput of the whole job over the last step", "gauge", ranks, kThroughput),
+      per_rank("tessera_step_seconds", "Mean step time since the last exchange", "gauge", ranks, kStepSeconds),
+      per_rank("tessera_data_wait_seconds", "Mean time per step waiting for batches", "gauge", ranks, kDataWaitSeconds),
+      per_rank("tessera_rank_compute_seconds", "Mean time per step not waiting for data or gradient synchronisation",
+               "gauge", ranks, kComputeSeconds),
+      per_rank("tessera_rank_communication_seconds", "Mean exposed gradient synchronisation per step", "gauge", ranks,
+               kSyncSeconds),
+      per_rank("tessera_grad_norm", "Gradient norm of the last step (before clipping)", "gauge", ranks, kGradNorm),
+      per_rank("tessera_skipped_steps_total", "Steps skipped for non-finite gradients", "counter", ranks,
+               kSkippedTotal),
+      per_rank("tessera_checkpoint_stall_seconds_total", "Time the step loop waited for checkpoint saves", "counter",
+               ranks, kCheckpointStallTotal),
+  };
+  io::PrometheusFamily bytes{
+      "tessera_comm_bytes_total", "Bytes this rank's communicators moved, per parallel axis", "counter", {}};
+  for (size_t r = 0; r < ranks.size(); ++r)
+    for (const auto& [axis, figure] : {std::pair{"dp", kDpBytes}, {"tp", kTpBytes}, {"pp", kPpBytes}})
+      bytes.samples.push_back({{{"rank", std::to_string(r)}, {"axis", axis}}, ranks[r][figure]});
+  families.push_back(bytes);
+  const std::string device = device_.to_string();
+  for (const auto& [name, help, figure] :
+       {std::tuple{"tessera_memory_allocated_bytes", "Bytes allocated on the training device", kAllocated},
+        {"tessera_memory_reserved_bytes", "Bytes the caching allocator holds", kReserved},
+        {"tessera_memory_peak_bytes", "Peak bytes allocated in the last step", kPeak}}) {
+    io::PrometheusFamily family{name, help, "gauge", {}};
+    for (size_t r = 0; r < ranks.size(); ++r)
+      family.samples.push_back({{{"rank", std::to_string(r)}, {"device", device}}, ranks[r][figure]});
+    families.push_back(family);
+  }
+  families.push_back({"tessera_eval_loss", "Loss of the last evaluation", "gauge", {{{}, eval_loss_}}});
+  families.push_back({"tessera_straggler_rank",
+                      "The rank named a straggler at the last exchange (-1: none)",
+                      "gauge",
+                      {{{}, straggler ? double(straggler->rank) : -1.0}}});
+  families.push_back({"tessera_straggler_slowdown_ratio",
+                      "Its compute time over the median (0: none)",
+                      "gauge",
+                      {{{}, straggler ? straggler->slowdown() : 0.0}}});
+  families.push_back({"tessera_info",
+                      "The run",
+                      "gauge",
+                      {{{{"model", config_.model},
+                         {"layout", "dp=" + std::to_string(grid_.dp_size()) + " tp=" + std::to_string(grid_.tp_size()) +
+                                        " pp=" + std::to_string(grid_.pp_size())},
+                         {"version", TESSERA_VERSION}},
+                        1.0}}});
+  return io::prometheus_text(families);
+}
+
+}  // namespace tessera::app

@@ -1,0 +1,162 @@
+// A running job seen from outside, against the real servers, started here on
+// loopback and stopped after: Debian's Prometheus scrapes a 2-rank training
+// run's --metrics-port (a configuration written by the test) and its HTTP
+// query API returns the loss series of both ranks; Debian's Pushgateway
+// receives --metrics-push. TESSERA_FAULT=slow on one rank of 4 is named the
+// straggler with its rank, in the log and in the metrics file. By default
+// stdout has one human line per interval and no Katib lines.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "io/metrics.h"
+#include "tests/support/process_job.h"
+#include "tests/support/resume_support.h"
+#include "tests/support/test_support.h"
+
+namespace tessera::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::seconds;
+
+// A port nothing listens on now (bound to 0, read back, closed): the servers bind it next.
+int free_port() {
+  const int probe = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  const bool ok = ::bind(probe, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+                  ::getsockname(probe, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  ::close(probe);
+  return ok ? ntohs(address.sin_port) : 0;
+}
+
+std::string http_get(int port, const std::string& path) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_connection_timeout(2);
+  const auto result = client.Get(path);
+  return result && result->status == 200 ? result->body : "";
+}
+
+std::string host_name() {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
+bool wait_until(const std::function<bool()>& ready, seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (ready()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return false;
+}
+
+// The ranks whose `metric` series Prometheus' query API returns.
+std::set<std::string> ranks_in_prometheus(int port, const std::string& metric) {
+  const std::string body = http_get(port, "/api/v1/query?query=" + metric);
+  std::set<std::string> ranks;
+  if (body.empty()) return ranks;
+  const nlohmann::json reply = nlohmann::json::parse(body, nullptr, false);
+  if (reply.is_discarded() || reply.value("status", "") != "success") return ranks;
+  for (const auto& series : reply["data"]["result"])
+    if (series["metric"].contains("rank")) ranks.insert(series["metric"]["rank"].get<std::string>());
+  return ranks;
+}
+
+TEST(Observability, PrometheusScrapesEveryRankAndThePushgatewayTakesPushes) {
+  if (!fs::exists("/usr/bin/prometheus") || !fs::exists("/usr/bin/prometheus-pushgateway"))
+    GTEST_SKIP() << "Debian's prometheus and prometheus-pushgateway are missing: run scripts/install-deps.sh";
+  ScratchDirectory dir("tessera_observability_");
+  const int metrics_port = free_port(), prometheus_port = free_port(), gateway_port = free_port();
+  std::ofstream(dir / "prometheus.yml") << "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+                                           "scrape_configs:\n"
+                                           "  - job_name: tessera\n"
+                                           "    static_configs: [{targets: ['127.0.0.1:"
+                                        << metrics_port << "']}]\n";
+  Job prometheus(
+      {"/usr/bin/prometheus", "--config.file=" + (dir / "prometheus.yml"), "--storage.tsdb.path=" + (dir / "tsdb"),
+       "--web.listen-address=127.0.0.1:" + std::to_string(prometheus_port)},
+      dir / "prometheus.log");
+  Job gateway({"/usr/bin/prometheus-pushgateway", "--web.listen-address=127.0.0.1:" + std::to_string(gateway_port)},
+              dir / "pushgateway.log");
+  ASSERT_TRUE(wait_until([&] { return !http_get(prometheus_port, "/-/ready").empty(); }, seconds(60)))
+      << prometheus.output();
+  ASSERT_TRUE(wait_until([&] { return !http_get(gateway_port, "/-/ready").empty(); }, seconds(60))) << gateway.output();
+
+  // Training runs until Prometheus has both ranks' loss, then is stopped (SIGUSR1 to mpirun: every rank stops).
+  Job train(tessera_command(2, words("--model gpt --synthetic --vocab-size 64 --seq-length 16 --num-layers 1 "
+                                     "--num-heads 2 --hidden-size 32 --micro-batch-size 4 --train-steps 1000000 "
+                                     "--threads 1 --log-interval 2 --metrics-port " +
+                                     std::to_string(metrics_port) +
+                                     " --metrics-push http://127.0.0.1:" + std::to_string(gateway_port))),
+            dir / "train.log");
+  // Queried while the job runs: once its target is gone, Prometheus marks the series stale.
+  const std::set<std::string> both{"0", "1"};
+  const bool scraped = wait_until(
+      [&] {
+        return ranks_in_prometheus(prometheus_port, "tessera_loss") == both &&
+               ranks_in_prometheus(prometheus_port, "tessera_comm_bytes_total") == both;
+      },
+      seconds(120));
+  ::kill(train.pid(), SIGUSR1);
+  train.wait(seconds(60));
+  EXPECT_TRUE(scraped) << "Prometheus never returned tessera_loss for ranks 0 and 1; targets: "
+                       << http_get(prometheus_port, "/api/v1/targets") << "\ntraining:\n"
+                       << train.output();
+  EXPECT_TRUE(contains(train.output(), "metrics: Prometheus can scrape http://")) << train.output();
+
+  const std::string pushed = http_get(gateway_port, "/metrics");
+  for (const char* rank : {"0", "1"})
+    EXPECT_TRUE(contains(
+        pushed, std::string("tessera_loss{instance=\"") + host_name() + "\",job=\"tessera\",rank=\"" + rank + "\"}"))
+        << pushed.substr(0, 3000);
+  // One human line per interval: no Katib name=value lines unless asked.
+  EXPECT_FALSE(contains(train.output(), "\nstep=2 ")) << train.output();
+  EXPECT_TRUE(contains(train.output(), "step 2/")) << train.output();
+}
+
+TEST(Observability, ASlowRankIsNamedTheStraggler) {
+  ScratchDirectory dir("tessera_straggler_");
+  std::vector<std::string> environment = job_environment();
+  environment.push_back("TESSERA_FAULT=slow@3:2,slow@4:2");  // rank 2 sleeps 2 s as steps 3 and 4 begin
+  const Outcome run = run_command(
+      tessera_command(4, words("--model mlp --synthetic --hidden 64 --micro-batch-size 8 --train-steps 6 --threads 1 "
+                               "--log-interval 2 --katib-metrics --metrics " +
+                               (dir / "metrics.jsonl"))),
+      dir / "train.log", seconds(120), environment);
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_TRUE(contains(run.output, "straggler: rank 2 computed")) << run.output;
+  EXPECT_TRUE(contains(run.output, "step=2 ")) << "--katib-metrics prints Katib's lines:\n" << run.output;
+  const io::MetricsLog log = io::read_metrics(dir / "metrics.jsonl");
+  bool named = false;
+  for (const io::StepRecord& step : log.steps)
+    for (const auto& [name, value] : step.extra)
+      if (name == "straggler_rank" && step.step == 4) {
+        EXPECT_EQ(value, 2.0);
+        named = true;
+      }
+  EXPECT_TRUE(named) << "no straggler_rank in the metrics of step 4";
+  for (const io::StepRecord& step : log.steps)
+    for (const auto& [name, value] : step.extra)
+      if (name == "straggler_slowdown" && step.step == 4) {
+        EXPECT_GT(value, 3.0);
+      }
+}
+
+}  // namespace
+}  // namespace tessera::testing
