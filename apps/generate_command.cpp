@@ -68,17 +68,11 @@ io::Tokenizer open_tokenizer(const GenerateArguments& args, const io::Checkpoint
                   ", which is not here (a relative path is relative to where `tessera train` ran); give --tokenizer "
                   "with that dataset's path, or --prompt-ids with --print-ids");
   }
-  std::optional<io::Tokenizer> tokenizer = io::Tokenizer::load(path);
-  if (!tokenizer) {
-    TESSERA_CHECK(vocab_size == 256, "generate: ", path, " stores no tokenizer and the model's vocabulary is ",
-                  vocab_size,
-                  ", not the 256 bytes of `prepare text`; give --tokenizer (a dataset from `prepare text "
-                  "--tokenizer bpe`), or --prompt-ids with --print-ids");
-    tokenizer = io::Tokenizer::bytes();
-  }
-  TESSERA_CHECK(tokenizer->vocab_size() <= vocab_size, "generate: the tokenizer of ", path, " has ",
-                tokenizer->vocab_size(), " tokens, more than the model's vocabulary of ", vocab_size,
-                "; give the --tokenizer of the data the model was trained on");
+  std::optional<io::Tokenizer> tokenizer = io::Tokenizer::for_model_data(path, vocab_size);
+  TESSERA_CHECK(tokenizer.has_value(), "generate: ", path, " stores no tokenizer and the model's vocabulary is ",
+                vocab_size,
+                ", not the 256 bytes of `prepare text`; give --tokenizer (a dataset from `prepare text "
+                "--tokenizer bpe`), or --prompt-ids with --print-ids");
   return std::move(*tokenizer);
 }
 

@@ -12,11 +12,11 @@ io::Tokenizer data_tokenizer(const TrainConfig& c, int64_t vocab_size) {
   TESSERA_CHECK(!c.data.empty(),
                 "--sample-interval: samples are decoded with --data's tokenizer, and --synthetic "
                 "data has none; drop --sample-interval");
-  if (std::optional<io::Tokenizer> stored = io::Tokenizer::load(c.data)) return std::move(*stored);
-  TESSERA_CHECK(vocab_size == 256, "--sample-interval: ", c.data,
+  std::optional<io::Tokenizer> tokenizer = io::Tokenizer::for_model_data(c.data, vocab_size);
+  TESSERA_CHECK(tokenizer.has_value(), "--sample-interval: ", c.data,
                 " stores no tokenizer (its tokens came from another tool), so samples cannot be decoded; prepare "
                 "the text with `tessera prepare text --tokenizer bpe`, or drop --sample-interval");
-  return io::Tokenizer::bytes();
+  return std::move(*tokenizer);
 }
 
 }  // namespace

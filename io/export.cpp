@@ -15,6 +15,7 @@
 #include "core/context.h"
 #include "core/error.h"
 #include "io/checkpoint.h"
+#include "io/model_weights.h"
 #include "io/safetensors.h"
 #include "io/tokenizer.h"
 
@@ -59,10 +60,6 @@ const std::string& metadata_value(const CheckpointReader& reader, const std::str
   return found->second;
 }
 
-int64_t metadata_integer(const CheckpointReader& reader, const std::string& key) {
-  return std::stoll(metadata_value(reader, key));
-}
-
 const char* torch_dtype(DType dtype) {
   switch (dtype) {
     case DType::bf16:
@@ -102,18 +99,18 @@ struct Prepared {
 
 // The GPT's config.json for transformers' GPT2LMHeadModel.
 nlohmann::json hf_gpt2_config(const CheckpointReader& reader, DType dtype) {
-  const int64_t hidden = metadata_integer(reader, "model.hidden_size");
+  const nn::ModelConfig model = checkpoint_model(reader).config;
   const auto dropout = reader.metadata().find("config.hidden-dropout");
   const double p = dropout == reader.metadata().end() ? 0.0 : std::stod(dropout->second);
   return {{"architectures", {"GPT2LMHeadModel"}},
           {"model_type", "gpt2"},
-          {"vocab_size", metadata_integer(reader, "model.vocab_size")},
-          {"n_positions", metadata_integer(reader, "model.seq_length")},
-          {"n_ctx", metadata_integer(reader, "model.seq_length")},
-          {"n_embd", hidden},
-          {"n_layer", metadata_integer(reader, "model.num_layers")},
-          {"n_head", metadata_integer(reader, "model.num_heads")},
-          {"n_inner", metadata_integer(reader, "model.ffn_hidden_size")},
+          {"vocab_size", model.vocab_size},
+          {"n_positions", model.seq_length},
+          {"n_ctx", model.seq_length},
+          {"n_embd", model.hidden_size},
+          {"n_layer", model.num_layers},
+          {"n_head", model.num_heads},
+          {"n_inner", model.ffn()},
           {"activation_function", "gelu_new"},
           {"layer_norm_epsilon", 1e-5},
           {"resid_pdrop", p},
@@ -140,16 +137,12 @@ void write_tokenizer(const CheckpointReader& reader, const std::string& tokenize
                             "; give --tokenizer DATASET.h5";
     return;
   }
-  std::optional<Tokenizer> tokenizer = Tokenizer::load(data);
-  const int64_t vocab_size = metadata_integer(reader, "model.vocab_size");
-  if (!tokenizer && vocab_size == 256) tokenizer = Tokenizer::bytes();
+  const std::optional<Tokenizer> tokenizer =
+      Tokenizer::for_model_data(data, checkpoint_model(reader).config.vocab_size);
   if (!tokenizer) {
     result.tokenizer_note = "no tokenizer written: " + data + " stores none (its tokens came from another tool)";
     return;
   }
-  TESSERA_CHECK(tokenizer->vocab_size() <= vocab_size, "export: the tokenizer of ", data, " has ",
-                tokenizer->vocab_size(), " tokens, more than the model's vocabulary of ", vocab_size,
-                "; give the --tokenizer of the data the model was trained on");
   result.vocab = (directory / "vocab.json").string();
   result.merges = (directory / "merges.txt").string();
   tokenizer->write_gpt2_files(result.vocab, result.merges);
@@ -198,7 +191,7 @@ ExportResult export_checkpoint(const std::string& checkpoint, const std::string&
   TESSERA_CHECK(kind == "gpt", "export --format hf-gpt2: checkpoint ", reader.path(), " holds a ", kind, " (--model ",
                 kind, "), not a GPT; export it with --format tessera");
   DType dtype = DType::f32;
-  for (const HfGpt2Name& name : hf_gpt2_names(metadata_integer(reader, "model.num_layers"))) {
+  for (const HfGpt2Name& name : hf_gpt2_names(checkpoint_model(reader).config.num_layers)) {
     const auto stored = std::find_if(reader.tensors().begin(), reader.tensors().end(),
                                      [&](const StoredTensor& t) { return t.name == name.tessera; });
     TESSERA_CHECK(stored != reader.tensors().end(), "export --format hf-gpt2: checkpoint ", reader.path(),

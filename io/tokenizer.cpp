@@ -662,6 +662,16 @@ void Tokenizer::save(const std::string& h5_path) const {
   TESSERA_HDF5_CHECK_AT(h5_path, H5Fflush(file.get(), H5F_SCOPE_GLOBAL));
 }
 
+std::optional<Tokenizer> Tokenizer::for_model_data(const std::string& h5_path, int64_t vocab_size) {
+  std::optional<Tokenizer> tokenizer = load(h5_path);
+  if (!tokenizer && vocab_size == 256) tokenizer = bytes();
+  if (tokenizer)
+    TESSERA_CHECK(tokenizer->vocab_size() <= vocab_size, "the tokenizer of ", h5_path, " has ", tokenizer->vocab_size(),
+                  " tokens, more than the model's vocabulary of ", vocab_size,
+                  "; use the tokenizer of the data the model was trained on");
+  return tokenizer;
+}
+
 std::optional<Tokenizer> Tokenizer::load(const std::string& h5_path) {
   Hdf5QuietErrors quiet;
   Hdf5Handle file = open_hdf5_read(h5_path);

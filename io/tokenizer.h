@@ -94,6 +94,12 @@ class Tokenizer {
   // group (its ids are bytes). Everything is validated; errors name the file
   // and the dataset.
   static std::optional<Tokenizer> load(const std::string& h5_path);
+  // What decodes the ids of a model trained on the dataset `h5_path` with a
+  // vocabulary of `vocab_size`: the stored tokenizer, or bytes when there is
+  // none and the vocabulary is 256 (`prepare text`'s default); nothing when
+  // the ids came from another tool (Megatron, llm.c files). A stored
+  // tokenizer larger than the vocabulary is refused naming both.
+  static std::optional<Tokenizer> for_model_data(const std::string& h5_path, int64_t vocab_size);
 
  private:
   // Where a token or merge came from, for messages ("merges.txt line 7").
