@@ -19,6 +19,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "io/http_url.h"
 #include "nn/model_kind.h"
 
 namespace tessera::app {
@@ -249,6 +250,25 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
       .add_option("--straggler-threshold", c.straggler_threshold,
                   "Every --log-interval steps, name a rank whose compute time per step is this fraction above the "
                   "median of all ranks' (0: off)")
+      ->capture_default_str()
+      ->group(output);
+  command
+      .add_option("--mlflow-uri", c.mlflow_uri,
+                  "Rank 0 records the run in this MLflow tracking server (http(s)://HOST:5000): every setting as a "
+                  "parameter, the metrics of every step, the curves and metrics file at the end; a server that fails "
+                  "is a warning, never a stop. MLFLOW_TRACKING_TOKEN or _USERNAME/_PASSWORD authenticate; "
+                  "MLFLOW_RUN_ID goes on with an existing run")
+      ->group(output);
+  command
+      .add_option("--mlflow-experiment", c.mlflow_experiment,
+                  "The MLflow experiment, created when missing (default: $MLFLOW_EXPERIMENT_NAME, else Default)")
+      ->group(output);
+  command.add_option("--mlflow-run-name", c.mlflow_run_name, "The MLflow run's name (default: the server picks one)")
+      ->group(output);
+  command
+      .add_option("--mlflow-timeout", c.mlflow_timeout,
+                  "Seconds the end of training waits for the MLflow server to take what is still queued (each "
+                  "request times out after at most 10 s)")
       ->capture_default_str()
       ->group(output);
   command.add_option("--trace", c.trace, "Write a Chrome-trace (Perfetto) timeline to this file")->group(output);
@@ -806,8 +826,13 @@ void validate(const TrainConfig& c) {
                 c.comm_timeout);
   TESSERA_CHECK(std::isfinite(c.straggler_threshold) && c.straggler_threshold >= 0,
                 "--straggler-threshold must be 0 (off) or a positive fraction, got ", c.straggler_threshold);
-  TESSERA_CHECK(c.metrics_push.empty() || c.metrics_push.rfind("http://", 0) == 0, "--metrics-push ", c.metrics_push,
-                ": give the Pushgateway's URL, e.g. http://pushgateway:9091");
+  if (!c.metrics_push.empty()) io::parse_http_url(c.metrics_push, "--metrics-push", "http://pushgateway:9091");
+  if (!c.mlflow_uri.empty()) io::parse_http_url(c.mlflow_uri, "--mlflow-uri", "http://mlflow:5000", true);
+  TESSERA_CHECK(std::isfinite(c.mlflow_timeout) && c.mlflow_timeout > 0, "--mlflow-timeout must be a positive number "
+                "of seconds, got ", c.mlflow_timeout);
+  TESSERA_CHECK(!c.mlflow_uri.empty() || (c.mlflow_experiment.empty() && c.mlflow_run_name.empty()),
+                "--mlflow-experiment and --mlflow-run-name name the run of --mlflow-uri; give the tracking server's "
+                "URL too, e.g. --mlflow-uri http://mlflow:5000");
   TESSERA_CHECK(c.sample_interval >= 0 && c.sample_tokens > 0 && c.sample_top_k >= 0,
                 "--sample-interval and --sample-top-k must not be negative and --sample-tokens must be positive");
   TESSERA_CHECK(std::isfinite(c.sample_temperature) && c.sample_temperature >= 0.0f,
@@ -916,7 +941,8 @@ std::string describe(const TrainConfig& c) {
       << " comm_timeout=" << c.comm_timeout << "\neval_interval=" << c.eval_interval << " eval_iters=" << c.eval_iters
       << " metrics=" << c.metrics << " trace=" << c.trace << " katib_metrics=" << c.katib_metrics
       << " metrics_port=" << c.metrics_port << " metrics_push=" << c.metrics_push
-      << " straggler_threshold=" << c.straggler_threshold;
+      << " straggler_threshold=" << c.straggler_threshold << " mlflow_uri=" << c.mlflow_uri
+      << " mlflow_experiment=" << c.mlflow_experiment << " mlflow_run_name=" << c.mlflow_run_name;
   if (!c.save.empty() || !c.resume.empty())
     out << "\nsave=" << c.save << " save_interval=" << c.save_interval
         << " save_interval_minutes=" << c.save_interval_minutes << " save_timeout=" << c.save_timeout
@@ -1004,6 +1030,10 @@ std::vector<std::pair<std::string, std::string>> settings(const TrainConfig& c) 
       {"metrics-port", std::to_string(c.metrics_port)},
       {"metrics-push", c.metrics_push},
       {"straggler-threshold", exact(c.straggler_threshold)},
+      {"mlflow-uri", c.mlflow_uri},
+      {"mlflow-experiment", c.mlflow_experiment},
+      {"mlflow-run-name", c.mlflow_run_name},
+      {"mlflow-timeout", exact(c.mlflow_timeout)},
       {"trace", c.trace},
       {"config", c.config_file},
       {"save", c.save},

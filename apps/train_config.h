@@ -83,6 +83,10 @@ struct TrainConfig {
   int metrics_port = 0;        // --metrics-port P: rank 0 serves every rank's metrics at :P/metrics (Prometheus)
   std::string metrics_push;    // --metrics-push URL: rank 0 pushes them to a Prometheus Pushgateway
   double straggler_threshold = 0.2;  // --straggler-threshold: compute this much above the median names a straggler
+  std::string mlflow_uri;            // --mlflow-uri URL: rank 0 records the run in this MLflow tracking server
+  std::string mlflow_experiment;     // --mlflow-experiment NAME (default: $MLFLOW_EXPERIMENT_NAME, else Default)
+  std::string mlflow_run_name;       // --mlflow-run-name NAME (default: the server picks one)
+  double mlflow_timeout = 30.0;      // --mlflow-timeout S: how long the end of training waits for the server
   std::string trace;          // Chrome-trace/Perfetto timeline file
   std::string config_file;    // --config
 

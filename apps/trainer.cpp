@@ -30,6 +30,7 @@
 #include "apps/rank_agreement.h"
 #include "apps/train_checkpoint.h"
 #include "apps/train_monitor.h"
+#include "apps/train_tracking.h"
 #include "apps/train_samples.h"
 #include "core/context.h"
 #include "core/device_runtime.h"
@@ -625,15 +626,15 @@ io::StepRecord step_record(int64_t step, int64_t total_steps, const parallel::St
 }
 
 // An evaluation into the metrics and, on rank 0 (`progress` non-null), a line above the progress bar.
-void report_eval(const EvalResult& eval, int64_t step, bool tokens, io::MetricsWriter& metrics,
-                 io::ProgressLine* progress) {
+io::EvalRecord report_eval(const EvalResult& eval, int64_t step, bool tokens, io::MetricsWriter& metrics,
+                           io::ProgressLine* progress) {
   io::EvalRecord record;
   record.step = step;
   record.eval_loss = eval.loss;
   record.eval_accuracy = eval.accuracy;
   if (tokens) record.eval_bits_per_byte = eval.loss / std::log(2.0);
   metrics.log_eval(record);
-  if (!progress) return;
+  if (!progress) return record;
   char line[160];
   if (eval.accuracy)
     std::snprintf(line, sizeof line, "eval step %lld: loss %.4f, accuracy %.2f%% (%lld samples)",
@@ -643,6 +644,7 @@ void report_eval(const EvalResult& eval, int64_t step, bool tokens, io::MetricsW
                   static_cast<long long>(step), eval.loss, eval.loss / std::log(2.0),
                   static_cast<long long>(eval.count));
   progress->print_above(line);
+  return record;
 }
 
 // The micro-batches of one step from `source` (their data waits traced), the
@@ -998,6 +1000,12 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
     std::printf("metrics: Prometheus can scrape http://%s:%d/metrics (every rank's series, refreshed every %lld steps)\n",
                 env ? env->hostname().c_str() : "localhost", monitor.metrics_port(),
                 static_cast<long long>(c.log_interval));
+  // --mlflow-uri: rank 0 records the run in MLflow from a background thread (apps/train_tracking.h).
+  RunTracking tracking(c, root,
+                       RunFacts{"dp=" + std::to_string(grid.dp_size()) + " tp=" + std::to_string(grid.tp_size()) +
+                                    " pp=" + std::to_string(grid.pp_size()),
+                                device.to_string(), c.precision, world->size(), env ? mpi_library_version() : "",
+                                resumed ? counters.step : -1});
   if (root && counters.step >= total_steps && total_steps > 0)
     std::printf("nothing to do: the checkpoint is at step %lld and --train-steps/--epochs ask for %lld\n",
                 static_cast<long long>(counters.step), static_cast<long long>(total_steps));
@@ -1063,6 +1071,7 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
     monitor.record_step(record, figures);
     for (const auto& figure : monitor.exchange(step + 1, step + 1 == total_steps)) record.extra.push_back(figure);
     metrics.log_step(record);
+    tracking.log_step(record);
     progress.update(record);
     result.last_loss = record.loss;
     result.losses.push_back(record.loss);
@@ -1078,7 +1087,7 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
       const EvalResult eval =
           evaluate(ctx, *model, loss, c, device, dtype, trace, dp, PipelineEval{engine, &grid.pp(), stage_input_shape});
       katib_due = true;  // the metrics writer prints the eval's Katib line
-      report_eval(eval, step + 1, tokens, metrics, root ? &progress : nullptr);
+      tracking.log_eval(report_eval(eval, step + 1, tokens, metrics, root ? &progress : nullptr));
       monitor.record_eval(eval.loss);
       if (last) result.final_eval = eval;
     }
@@ -1128,6 +1137,7 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   trace.close();
   result.median_ms_per_step = median(step_ms);
   if (root) print_summary(c, result, stop_reason, trace.path(), world->size());
+  tracking.finish(result, !stop_reason.empty());
   return result;
 }
 

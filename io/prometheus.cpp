@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "io/http_url.h"
 #include "io/metrics.h"
 
 namespace tessera::io {
@@ -43,18 +44,6 @@ std::string sample_value(double value) {
   if (std::isnan(value)) return "NaN";
   if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
   return json_number(value);  // the shortest text that reads back as the same double
-}
-
-// "http://host:9091/prefix" → {"http://host:9091", "/prefix"}.
-std::pair<std::string, std::string> split_url(const std::string& url) {
-  const size_t scheme = url.find("://");
-  TESSERA_CHECK(scheme != std::string::npos && url.compare(0, scheme, "http") == 0, "--metrics-push ", url,
-                ": give the Pushgateway's URL, e.g. http://pushgateway:9091");
-  const size_t path = url.find('/', scheme + 3);
-  if (path == std::string::npos) return {url, ""};
-  std::string prefix = url.substr(path);
-  while (!prefix.empty() && prefix.back() == '/') prefix.pop_back();
-  return {url.substr(0, path), prefix};
 }
 
 }  // namespace
@@ -138,9 +127,9 @@ void MetricsEndpoint::publish(std::string text) {
 GatewayPusher::GatewayPusher(std::string url, std::string job, std::string instance,
                              std::function<void(const std::string&)> warn)
     : warn_(std::move(warn)) {
-  auto [base, prefix] = split_url(url);
-  base_ = std::move(base);
-  path_ = prefix + "/metrics/job/" + job + "/instance/" + instance;
+  HttpUrl parsed = parse_http_url(url, "--metrics-push", "http://pushgateway:9091");
+  base_ = std::move(parsed.base);
+  path_ = parsed.prefix + "/metrics/job/" + job + "/instance/" + instance;
   thread_ = std::thread([this] { run(); });
 }
 

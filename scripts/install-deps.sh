@@ -43,9 +43,11 @@ for pkg in "${packages[@]}"; do
   [[ $status == "install ok installed" ]] || missing+=("$pkg")
 done
 # Steps after the Debian packages, run also when none was missing:
-# kubectl (kustomize), hadolint and an unpacked sshd into /opt/tessera-tools (k8s/install-tools.sh).
+# kubectl (kustomize), hadolint and an unpacked sshd into /opt/tessera-tools (k8s/install-tools.sh);
+# an MLflow tracking server for the tracking tests into /opt/tessera-tools/mlflow (scripts/install-mlflow.sh).
 after_packages() {
   "$(dirname "$0")/../k8s/install-tools.sh"
+  "$(dirname "$0")/install-mlflow.sh"
 }
 ((${#missing[@]} == 0)) && { after_packages; exit 0; }
 

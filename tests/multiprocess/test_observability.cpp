@@ -5,11 +5,8 @@
 // receives --metrics-push. TESSERA_FAULT=slow on one rank of 4 is named the
 // straggler with its rank, in the log and in the metrics file. By default
 // stdout has one human line per interval and no Katib lines.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -30,19 +27,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using std::chrono::seconds;
-
-// A port nothing listens on now (bound to 0, read back, closed): the servers bind it next.
-int free_port() {
-  const int probe = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  const bool ok = ::bind(probe, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
-                  ::getsockname(probe, reinterpret_cast<sockaddr*>(&address), &length) == 0;
-  ::close(probe);
-  return ok ? ntohs(address.sin_port) : 0;
-}
 
 std::string http_get(int port, const std::string& path) {
   httplib::Client client("127.0.0.1", port);

@@ -7,10 +7,13 @@
 // TESSERA_BINARY and TESSERA_MPIEXEC.
 #pragma once
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -126,6 +129,20 @@ class Job {
   bool done_ = false;
   int status_ = -1;
 };
+
+// A loopback port nothing listens on now (bound to 0, read back, closed):
+// a server the test starts binds it next.
+inline int free_port() {
+  const int probe = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  const bool ok = ::bind(probe, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+                  ::getsockname(probe, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  ::close(probe);
+  return ok ? ntohs(address.sin_port) : 0;
+}
 
 // How a job ended: {status, seconds, output, anything left running}.
 struct Outcome {

@@ -1,0 +1,53 @@
+// MLflow tracking of a `tessera train` run (--mlflow-uri, rank 0 only): the
+// run opened with every setting as a parameter and the layout, versions and
+// host as tags; each step's and evaluation's figures as metrics (queued: the
+// step never waits for the server, io/mlflow.h); at the end the curves
+// (curves.svg), the metrics file (metrics.jsonl) and the last checkpoint's
+// path (tag tessera.checkpoint), and the run's status: FINISHED, KILLED
+// (stopped by a signal or --exit-interval, to be resumed) or FAILED (an
+// error ended training).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "apps/train_config.h"
+#include "apps/trainer.h"
+#include "io/metrics.h"
+#include "io/mlflow.h"
+
+namespace tessera::app {
+
+// What the run is, for the tags.
+struct RunFacts {
+  std::string layout;       // e.g. "dp=2 tp=1 pp=1 world=2"
+  std::string device;       // "cpu", "cuda:0"
+  std::string precision;
+  int world_size = 1;
+  std::string mpi_library;  // empty without MPI
+  int64_t resumed_step = -1;
+};
+
+class RunTracking {
+ public:
+  // Off (every call does nothing) without --mlflow-uri or on ranks other than 0.
+  RunTracking(const TrainConfig& config, bool root, const RunFacts& facts);
+  ~RunTracking();  // without finish(): the run ends as FAILED
+
+  void log_step(const io::StepRecord& record);
+  void log_eval(const io::EvalRecord& record);
+  // Artifacts and the final status, waiting at most --mlflow-timeout for the
+  // server; prints where the run is, or warns what was not recorded.
+  void finish(const TrainResult& result, bool stopped_early);
+
+ private:
+  void queue(std::vector<io::MlflowMetric> metrics);
+  void queue_artifacts();
+
+  const TrainConfig& config_;
+  std::unique_ptr<io::MlflowRun> run_;
+  io::MetricsLog log_;  // this process's records, for the curves when there is no --metrics file
+};
+
+}  // namespace tessera::app
