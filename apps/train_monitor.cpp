@@ -48,8 +48,16 @@ enum Figure {
 };
 
 // The GPU figures, after kGpuFirst: the NVML index, then GpuSample's fields.
-enum GpuFigure { kGpuIndex, kGpuUtilization, kGpuMemoryUsed, kGpuMemoryTotal, kGpuPower, kGpuTemperature, kGpuSmClock,
-                 kGpuMemoryClock };
+enum GpuFigure {
+  kGpuIndex,
+  kGpuUtilization,
+  kGpuMemoryUsed,
+  kGpuMemoryTotal,
+  kGpuPower,
+  kGpuTemperature,
+  kGpuSmClock,
+  kGpuMemoryClock
+};
 
 // Room for any host name (Linux's are at most 64 bytes).
 constexpr int64_t kHostNameBytes = 256;
@@ -235,18 +243,21 @@ std::string TrainingMonitor::prometheus(const std::vector<std::vector<double>>& 
       per_rank(config_.model == "gpt" ? "tessera_tokens_per_second" : "tessera_samples_per_second",
                "Throughput of the whole job over the last step", "gauge", ranks, kThroughput, nodes_),
       per_rank("tessera_step_seconds", "Mean step time since the last exchange", "gauge", ranks, kStepSeconds, nodes_),
-      per_rank("tessera_data_wait_seconds", "Mean time per step waiting for batches", "gauge", ranks, kDataWaitSeconds, nodes_),
+      per_rank("tessera_data_wait_seconds", "Mean time per step waiting for batches", "gauge", ranks, kDataWaitSeconds,
+               nodes_),
       per_rank("tessera_rank_compute_seconds", "Mean time per step not waiting for data or gradient synchronisation",
                "gauge", ranks, kComputeSeconds, nodes_),
       per_rank("tessera_rank_communication_seconds", "Mean exposed gradient synchronisation per step", "gauge", ranks,
                kSyncSeconds, nodes_),
-      per_rank("tessera_grad_norm", "Gradient norm of the last step (before clipping)", "gauge", ranks, kGradNorm, nodes_),
-      per_rank("tessera_skipped_steps_total", "Steps skipped for non-finite gradients", "counter", ranks,
-               kSkippedTotal, nodes_),
+      per_rank("tessera_grad_norm", "Gradient norm of the last step (before clipping)", "gauge", ranks, kGradNorm,
+               nodes_),
+      per_rank("tessera_skipped_steps_total", "Steps skipped for non-finite gradients", "counter", ranks, kSkippedTotal,
+               nodes_),
       per_rank("tessera_checkpoint_stall_seconds_total", "Time the step loop waited for checkpoint saves", "counter",
                ranks, kCheckpointStallTotal, nodes_),
   };
-  io::PrometheusFamily written{"tessera_checkpoint_write_seconds", "Time the last checkpoint took to write", "gauge", {}};
+  io::PrometheusFamily written{
+      "tessera_checkpoint_write_seconds", "Time the last checkpoint took to write", "gauge", {}};
   for (size_t r = 0; r < ranks.size(); ++r)
     if (!std::isnan(ranks[r][kCheckpointWriteSeconds]))
       written.samples.push_back({rank_labels(r, nodes_), ranks[r][kCheckpointWriteSeconds]});
@@ -272,8 +283,7 @@ std::string TrainingMonitor::prometheus(const std::vector<std::vector<double>>& 
         {"tessera_memory_reserved_bytes", "Bytes the caching allocator holds", kReserved},
         {"tessera_memory_peak_bytes", "Peak bytes allocated in the last step", kPeak}}) {
     io::PrometheusFamily family{name, help, "gauge", {}};
-    for (size_t r = 0; r < ranks.size(); ++r)
-      family.samples.push_back({rank_labels(r, nodes_), ranks[r][figure]});
+    for (size_t r = 0; r < ranks.size(); ++r) family.samples.push_back({rank_labels(r, nodes_), ranks[r][figure]});
     for (io::PrometheusSample& sample : family.samples) sample.labels.emplace_back("device", device);
     families.push_back(family);
   }

@@ -56,8 +56,7 @@ class GpuMonitor {
   // The GPU at `pci_bus_id` (CUDA's; empty: NVML's index `cuda_index`),
   // through `library` (NVML's; a stand-in in tests). No NVML or no such GPU:
   // as no GPU, without an error.
-  GpuMonitor(const std::string& pci_bus_id, int cuda_index,
-             const std::string& library = parallel::Nvml::kLibrary);
+  GpuMonitor(const std::string& pci_bus_id, int cuda_index, const std::string& library = parallel::Nvml::kLibrary);
 
   bool available() const { return gpu_.has_value(); }
   std::vector<double> figures() const;

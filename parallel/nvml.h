@@ -54,7 +54,7 @@ class Nvml {
   GpuSample sample(unsigned index) const;
 
  private:
-  using Status = int;   // nvmlReturn_t; 0 is NVML_SUCCESS
+  using Status = int;    // nvmlReturn_t; 0 is NVML_SUCCESS
   using Device = void*;  // nvmlDevice_t
   struct PciInfo {       // nvmlPciInfo_t as nvmlDeviceGetPciInfo_v3 fills it
     char bus_id_legacy[16];
