@@ -126,10 +126,10 @@ double or_nan(const std::optional<double>& value) {
 TrainingMonitor::TrainingMonitor(const TrainConfig& c, parallel::ProcessGrid& grid, Context& context, Device device,
                                  std::function<void(const std::string&)> say)
     : config_(c), grid_(grid), context_(context), device_(device), say_(std::move(say)) {
-  const std::vector<std::string> nodes = gather_host_names(grid.world(), context);
+  std::vector<std::string> nodes = gather_host_names(grid.world(), context);
   if (device.is_cuda()) gpu_ = GpuMonitor(cuda_runtime::pci_bus_id(device.index), device.index);
   if (grid.world().rank() != 0) return;
-  nodes_ = nodes;
+  nodes_ = std::move(nodes);
   job_id_ = launcher_job_id();
   if (c.metrics_port > 0) endpoint_ = std::make_unique<io::MetricsEndpoint>("0.0.0.0", c.metrics_port);
   if (!c.metrics_push.empty())
