@@ -1,15 +1,20 @@
 // TrainingMonitor (apps/train_monitor.h): the window of figures, the
-// exchange, the straggler rule and the Prometheus families.
+// exchange, the straggler rule and the Prometheus families; GpuMonitor's
+// readings and families.
 #include "apps/train_monitor.h"
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <tuple>
 
+#include "core/cuda_runtime.h"
 #include "core/error.h"
 
 namespace tessera::app {
@@ -34,8 +39,28 @@ enum Figure {
   kAllocated,
   kReserved,
   kPeak,
-  kFigures
+  kDpSeconds,
+  kTpSeconds,
+  kPpSeconds,
+  kCheckpointWriteSeconds,
+  kGpuFirst,  // GpuMonitor::kFigures of them
+  kFigures = kGpuFirst + GpuMonitor::kFigures
 };
+
+// The GPU figures, after kGpuFirst: the NVML index, then GpuSample's fields.
+enum GpuFigure {
+  kGpuIndex,
+  kGpuUtilization,
+  kGpuMemoryUsed,
+  kGpuMemoryTotal,
+  kGpuPower,
+  kGpuTemperature,
+  kGpuSmClock,
+  kGpuMemoryClock
+};
+
+// Room for any host name (Linux's are at most 64 bytes).
+constexpr int64_t kHostNameBytes = 256;
 
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
@@ -43,19 +68,57 @@ double median(std::vector<double> values) {
   return n == 0 ? 0.0 : n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
+// Every per-rank series' labels: the rank and its host.
+io::PrometheusLabels rank_labels(size_t rank, const std::vector<std::string>& nodes) {
+  return {{"rank", std::to_string(rank)}, {"node", nodes[rank]}};
+}
+
 io::PrometheusFamily per_rank(const std::string& name, const std::string& help, const std::string& type,
-                              const std::vector<std::vector<double>>& ranks, Figure figure) {
+                              const std::vector<std::vector<double>>& ranks, Figure figure,
+                              const std::vector<std::string>& nodes) {
   io::PrometheusFamily family{name, help, type, {}};
-  for (size_t r = 0; r < ranks.size(); ++r) family.samples.push_back({{{"rank", std::to_string(r)}}, ranks[r][figure]});
+  for (size_t r = 0; r < ranks.size(); ++r) family.samples.push_back({rank_labels(r, nodes), ranks[r][figure]});
   return family;
+}
+
+std::string host_name() {
+  char host[kHostNameBytes] = {};
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
+// Every rank's host name, by rank: one all-gather of fixed-size byte arrays.
+std::vector<std::string> gather_host_names(parallel::Communicator& world, Context& context) {
+  const std::string mine = host_name();
+  std::vector<uint8_t> bytes(size_t(kHostNameBytes), 0);
+  std::copy(mine.begin(), mine.end(), bytes.begin());
+  const Tensor local = context.from_vector(Shape{kHostNameBytes}, bytes, Device::cpu());
+  Tensor all = context.empty(Shape{kHostNameBytes * world.size()}, DType::u8, Device::cpu());
+  world.all_gather(local, all)->wait();
+  const std::vector<uint8_t> gathered = all.to_vector<uint8_t>();
+  std::vector<std::string> names;
+  for (int r = 0; r < world.size(); ++r) {
+    const char* name = reinterpret_cast<const char*>(gathered.data() + r * kHostNameBytes);
+    names.emplace_back(name, strnlen(name, size_t(kHostNameBytes)));
+  }
+  return names;
+}
+
+// The launcher's id of this job (Slurm's, else Open MPI's or PMIx's), or "".
+std::string launcher_job_id() {
+  for (const char* name : {"SLURM_JOB_ID", "OMPI_MCA_orte_ess_jobid", "PMIX_NAMESPACE"})
+    if (const char* value = std::getenv(name); value && *value) return value;
+  return "";
 }
 
 // The Pushgateway group of this job: rank 0's host, and Slurm's job id when there is one.
 std::string push_instance() {
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
   const char* job = std::getenv("SLURM_JOB_ID");
-  return std::string(host) + (job && *job ? std::string("-") + job : "");
+  return host_name() + (job && *job ? std::string("-") + job : "");
+}
+
+double or_nan(const std::optional<double>& value) {
+  return value.value_or(NAN);
 }
 
 }  // namespace
@@ -63,7 +126,11 @@ std::string push_instance() {
 TrainingMonitor::TrainingMonitor(const TrainConfig& c, parallel::ProcessGrid& grid, Context& context, Device device,
                                  std::function<void(const std::string&)> say)
     : config_(c), grid_(grid), context_(context), device_(device), say_(std::move(say)) {
+  std::vector<std::string> nodes = gather_host_names(grid.world(), context);
+  if (device.is_cuda()) gpu_ = GpuMonitor(cuda_runtime::pci_bus_id(device.index), device.index);
   if (grid.world().rank() != 0) return;
+  nodes_ = std::move(nodes);
+  job_id_ = launcher_job_id();
   if (c.metrics_port > 0) endpoint_ = std::make_unique<io::MetricsEndpoint>("0.0.0.0", c.metrics_port);
   if (!c.metrics_push.empty())
     pusher_ = std::make_unique<io::GatewayPusher>(
@@ -85,6 +152,7 @@ void TrainingMonitor::record_step(const io::StepRecord& record, const StepFigure
   window_sync_s_ += figures.sync_seconds;
   if (record.skipped) skipped_total_ += 1;
   checkpoint_stall_total_ += figures.checkpoint_stall_seconds;
+  if (figures.checkpoint_write_seconds) checkpoint_write_s_ = *figures.checkpoint_write_seconds;
 }
 
 std::vector<double> TrainingMonitor::local_figures() const {
@@ -108,6 +176,12 @@ std::vector<double> TrainingMonitor::local_figures() const {
   f[kAllocated] = double(stats.allocated_bytes);
   f[kReserved] = double(stats.reserved_bytes);
   f[kPeak] = double(stats.peak_allocated_bytes);
+  f[kDpSeconds] = grid_.dp().counters().seconds;
+  f[kTpSeconds] = grid_.tp().counters().seconds;
+  f[kPpSeconds] = grid_.pp().counters().seconds;
+  f[kCheckpointWriteSeconds] = checkpoint_write_s_;
+  const std::vector<double> gpu = gpu_.figures();
+  std::copy(gpu.begin(), gpu.end(), f.begin() + kGpuFirst);
   return f;
 }
 
@@ -163,39 +237,58 @@ std::vector<std::pair<std::string, double>> TrainingMonitor::exchange(int64_t st
 std::string TrainingMonitor::prometheus(const std::vector<std::vector<double>>& ranks,
                                         const std::optional<Straggler>& straggler) const {
   std::vector<io::PrometheusFamily> families = {
-      per_rank("tessera_step", "Optimizer steps done", "gauge", ranks, kStep),
-      per_rank("tessera_loss", "Training loss of the last step", "gauge", ranks, kLoss),
-      per_rank("tessera_learning_rate", "Learning rate of the last step", "gauge", ranks, kLr),
+      per_rank("tessera_step", "Optimizer steps done", "gauge", ranks, kStep, nodes_),
+      per_rank("tessera_loss", "Training loss of the last step", "gauge", ranks, kLoss, nodes_),
+      per_rank("tessera_learning_rate", "Learning rate of the last step", "gauge", ranks, kLr, nodes_),
       per_rank(config_.model == "gpt" ? "tessera_tokens_per_second" : "tessera_samples_per_second",
-               "Throughput of the whole job over the last step", "gauge", ranks, kThroughput),
-      per_rank("tessera_step_seconds", "Mean step time since the last exchange", "gauge", ranks, kStepSeconds),
-      per_rank("tessera_data_wait_seconds", "Mean time per step waiting for batches", "gauge", ranks, kDataWaitSeconds),
+               "Throughput of the whole job over the last step", "gauge", ranks, kThroughput, nodes_),
+      per_rank("tessera_step_seconds", "Mean step time since the last exchange", "gauge", ranks, kStepSeconds, nodes_),
+      per_rank("tessera_data_wait_seconds", "Mean time per step waiting for batches", "gauge", ranks, kDataWaitSeconds,
+               nodes_),
       per_rank("tessera_rank_compute_seconds", "Mean time per step not waiting for data or gradient synchronisation",
-               "gauge", ranks, kComputeSeconds),
+               "gauge", ranks, kComputeSeconds, nodes_),
       per_rank("tessera_rank_communication_seconds", "Mean exposed gradient synchronisation per step", "gauge", ranks,
-               kSyncSeconds),
-      per_rank("tessera_grad_norm", "Gradient norm of the last step (before clipping)", "gauge", ranks, kGradNorm),
-      per_rank("tessera_skipped_steps_total", "Steps skipped for non-finite gradients", "counter", ranks,
-               kSkippedTotal),
+               kSyncSeconds, nodes_),
+      per_rank("tessera_grad_norm", "Gradient norm of the last step (before clipping)", "gauge", ranks, kGradNorm,
+               nodes_),
+      per_rank("tessera_skipped_steps_total", "Steps skipped for non-finite gradients", "counter", ranks, kSkippedTotal,
+               nodes_),
       per_rank("tessera_checkpoint_stall_seconds_total", "Time the step loop waited for checkpoint saves", "counter",
-               ranks, kCheckpointStallTotal),
+               ranks, kCheckpointStallTotal, nodes_),
   };
-  io::PrometheusFamily bytes{
-      "tessera_comm_bytes_total", "Bytes this rank's communicators moved, per parallel axis", "counter", {}};
+  io::PrometheusFamily written{
+      "tessera_checkpoint_write_seconds", "Time the last checkpoint took to write", "gauge", {}};
   for (size_t r = 0; r < ranks.size(); ++r)
-    for (const auto& [axis, figure] : {std::pair{"dp", kDpBytes}, {"tp", kTpBytes}, {"pp", kPpBytes}})
-      bytes.samples.push_back({{{"rank", std::to_string(r)}, {"axis", axis}}, ranks[r][figure]});
-  families.push_back(bytes);
+    if (!std::isnan(ranks[r][kCheckpointWriteSeconds]))
+      written.samples.push_back({rank_labels(r, nodes_), ranks[r][kCheckpointWriteSeconds]});
+  if (!written.samples.empty()) families.push_back(written);
+  for (const auto& [name, help, figures] :
+       {std::tuple{"tessera_comm_bytes_total", "Bytes this rank's communicators moved, per parallel axis",
+                   std::array{kDpBytes, kTpBytes, kPpBytes}},
+        {"tessera_comm_seconds_total",
+         "Time this rank spent in its communicators' operations and waits, per parallel axis",
+         std::array{kDpSeconds, kTpSeconds, kPpSeconds}}}) {
+    io::PrometheusFamily family{name, help, "counter", {}};
+    for (size_t r = 0; r < ranks.size(); ++r)
+      for (size_t axis = 0; axis < 3; ++axis) {
+        io::PrometheusLabels labels = rank_labels(r, nodes_);
+        labels.emplace_back("axis", std::array{"dp", "tp", "pp"}[axis]);
+        family.samples.push_back({labels, ranks[r][figures[axis]]});
+      }
+    families.push_back(family);
+  }
   const std::string device = device_.to_string();
   for (const auto& [name, help, figure] :
        {std::tuple{"tessera_memory_allocated_bytes", "Bytes allocated on the training device", kAllocated},
         {"tessera_memory_reserved_bytes", "Bytes the caching allocator holds", kReserved},
         {"tessera_memory_peak_bytes", "Peak bytes allocated in the last step", kPeak}}) {
     io::PrometheusFamily family{name, help, "gauge", {}};
-    for (size_t r = 0; r < ranks.size(); ++r)
-      family.samples.push_back({{{"rank", std::to_string(r)}, {"device", device}}, ranks[r][figure]});
+    for (size_t r = 0; r < ranks.size(); ++r) family.samples.push_back({rank_labels(r, nodes_), ranks[r][figure]});
+    for (io::PrometheusSample& sample : family.samples) sample.labels.emplace_back("device", device);
     families.push_back(family);
   }
+  for (io::PrometheusFamily& family : GpuMonitor::families(ranks, kGpuFirst, nodes_))
+    families.push_back(std::move(family));
   families.push_back({"tessera_eval_loss", "Loss of the last evaluation", "gauge", {{{}, eval_loss_}}});
   families.push_back({"tessera_straggler_rank",
                       "The rank named a straggler at the last exchange (-1: none)",
@@ -211,9 +304,57 @@ std::string TrainingMonitor::prometheus(const std::vector<std::vector<double>>& 
                       {{{{"model", config_.model},
                          {"layout", "dp=" + std::to_string(grid_.dp_size()) + " tp=" + std::to_string(grid_.tp_size()) +
                                         " pp=" + std::to_string(grid_.pp_size())},
-                         {"version", TESSERA_VERSION}},
+                         {"version", TESSERA_VERSION},
+                         {"job_id", job_id_}},
                         1.0}}});
   return io::prometheus_text(families);
+}
+
+}  // namespace tessera::app
+
+namespace tessera::app {
+
+GpuMonitor::GpuMonitor(const std::string& pci_bus_id, int cuda_index, const std::string& library)
+    : nvml_(std::make_unique<parallel::Nvml>(library)), gpu_(nvml_->find_gpu(pci_bus_id, unsigned(cuda_index))) {}
+
+std::vector<double> GpuMonitor::figures() const {
+  std::vector<double> f(kFigures, NAN);
+  if (!gpu_) return f;
+  const parallel::GpuSample sample = nvml_->sample(*gpu_);
+  f[kGpuIndex] = double(*gpu_);
+  f[kGpuUtilization] = or_nan(sample.utilization_ratio);
+  f[kGpuMemoryUsed] = or_nan(sample.memory_used_bytes);
+  f[kGpuMemoryTotal] = or_nan(sample.memory_total_bytes);
+  f[kGpuPower] = or_nan(sample.power_watts);
+  f[kGpuTemperature] = or_nan(sample.temperature_celsius);
+  f[kGpuSmClock] = or_nan(sample.sm_clock_hertz);
+  f[kGpuMemoryClock] = or_nan(sample.memory_clock_hertz);
+  return f;
+}
+
+std::vector<io::PrometheusFamily> GpuMonitor::families(const std::vector<std::vector<double>>& ranks, size_t offset,
+                                                       const std::vector<std::string>& nodes) {
+  std::vector<io::PrometheusFamily> families;
+  for (const auto& [name, help, figure] :
+       {std::tuple{"tessera_gpu_utilization_ratio", "Share of the last sample period a kernel ran on the GPU, 0 to 1",
+                   kGpuUtilization},
+        {"tessera_gpu_memory_used_bytes", "GPU memory in use (every process)", kGpuMemoryUsed},
+        {"tessera_gpu_memory_total_bytes", "GPU memory installed", kGpuMemoryTotal},
+        {"tessera_gpu_power_watts", "GPU board power draw", kGpuPower},
+        {"tessera_gpu_temperature_celsius", "GPU die temperature", kGpuTemperature},
+        {"tessera_gpu_sm_clock_hertz", "GPU streaming multiprocessor clock", kGpuSmClock},
+        {"tessera_gpu_memory_clock_hertz", "GPU memory clock", kGpuMemoryClock}}) {
+    io::PrometheusFamily family{name, help, "gauge", {}};
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      const double index = ranks[r][offset + kGpuIndex], value = ranks[r][offset + size_t(figure)];
+      if (std::isnan(index) || std::isnan(value)) continue;
+      io::PrometheusLabels labels = rank_labels(r, nodes);
+      labels.emplace_back("gpu", std::to_string(int64_t(index)));
+      family.samples.push_back({labels, value});
+    }
+    if (!family.samples.empty()) families.push_back(std::move(family));
+  }
+  return families;
 }
 
 }  // namespace tessera::app

@@ -7,15 +7,18 @@
 //     median of all ranks' by more than --straggler-threshold, as Megatron's
 //     straggler detector does; in a synchronous job the others spend that
 //     time waiting in communication, so step times alone would not show it;
-//   - renders every rank's series (label rank="r") in the Prometheus text
-//     format for --metrics-port (served by rank 0: one scrape target per job)
-//     and --metrics-push (a Pushgateway).
+//   - renders every rank's series (labels rank="r" and node="<its host>") in
+//     the Prometheus text format for --metrics-port (served by rank 0: one
+//     scrape target per job) and --metrics-push (a Pushgateway), with its
+//     GPU's readings through NVML (GpuMonitor) where the rank trains on one.
 // The straggler figures also go into the metrics record of that step.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,6 +28,7 @@
 #include "core/context.h"
 #include "io/metrics.h"
 #include "io/prometheus.h"
+#include "parallel/nvml.h"
 #include "parallel/process_grid.h"
 
 namespace tessera::app {
@@ -35,6 +39,36 @@ struct StepFigures {
   double data_wait_seconds = 0.0;  // waiting for the loader's batches
   double sync_seconds = 0.0;       // gradient synchronisation after backward (exposed communication)
   double checkpoint_stall_seconds = 0.0;
+  std::optional<double> checkpoint_write_seconds;  // a checkpoint published in this step: its write time
+};
+
+// The GPU part of an exchange: this rank's CUDA device read through NVML
+// when the exchange is due (a few cheap queries), carried as kFigures doubles
+// (NaN: no GPU, no NVML, or a query that failed), and rendered by rank 0 as
+// the tessera_gpu_* families (DCGM exporter's quantities in base units).
+class GpuMonitor {
+ public:
+  // The GPU's NVML index, then GpuSample's fields in their order.
+  static constexpr size_t kFigures = 8;
+
+  // No GPU: figures() are all NaN.
+  GpuMonitor() = default;
+  // The GPU at `pci_bus_id` (CUDA's; empty: NVML's index `cuda_index`),
+  // through `library` (NVML's; a stand-in in tests). No NVML or no such GPU:
+  // as no GPU, without an error.
+  GpuMonitor(const std::string& pci_bus_id, int cuda_index, const std::string& library = parallel::Nvml::kLibrary);
+
+  bool available() const { return gpu_.has_value(); }
+  std::vector<double> figures() const;
+
+  // One family per quantity that at least one rank has, one series per such
+  // rank (labels rank, node, gpu); ranks[r][offset...] are rank r's figures.
+  static std::vector<io::PrometheusFamily> families(const std::vector<std::vector<double>>& ranks, size_t offset,
+                                                    const std::vector<std::string>& nodes);
+
+ private:
+  std::unique_ptr<parallel::Nvml> nvml_;
+  std::optional<unsigned> gpu_;
 };
 
 // A straggler found at an exchange.
@@ -46,8 +80,10 @@ struct Straggler {
 
 class TrainingMonitor {
  public:
-  // Starts rank 0's endpoint (--metrics-port) and pusher (--metrics-push);
-  // `say` prints a line for people (rank 0's progress output).
+  // Collective over the world: gathers every rank's host name (the `node`
+  // label); starts rank 0's endpoint (--metrics-port) and pusher
+  // (--metrics-push); `say` prints a line for people (rank 0's progress
+  // output). A rank training on a CUDA device reads it through NVML.
   TrainingMonitor(const TrainConfig& config, parallel::ProcessGrid& grid, Context& context, Device device,
                   std::function<void(const std::string&)> say);
   ~TrainingMonitor();
@@ -76,10 +112,13 @@ class TrainingMonitor {
   std::function<void(const std::string&)> say_;
   std::unique_ptr<io::MetricsEndpoint> endpoint_;
   std::unique_ptr<io::GatewayPusher> pusher_;
+  std::vector<std::string> nodes_;  // every rank's host name, by world rank (rank 0)
+  std::string job_id_;              // the launcher's job id (tessera_info's job_id)
+  GpuMonitor gpu_;
   // The window since the last exchange, and totals.
   io::StepRecord last_record_;
   double window_steps_ = 0, window_step_s_ = 0, window_data_s_ = 0, window_sync_s_ = 0;
-  double skipped_total_ = 0, checkpoint_stall_total_ = 0;
+  double skipped_total_ = 0, checkpoint_stall_total_ = 0, checkpoint_write_s_ = NAN;
   double eval_loss_ = NAN;
   std::vector<Straggler> stragglers_;
 };

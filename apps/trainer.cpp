@@ -1066,8 +1066,10 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
     figures.step_seconds = seconds;
     figures.data_wait_seconds = data_wait;
     figures.sync_seconds = double(sync.reduction_end_ns - sync.backward_end_ns) * 1e-9;
-    for (const auto& [name, value] : record.extra)
+    for (const auto& [name, value] : record.extra) {
       if (name == "checkpoint_stall_ms") figures.checkpoint_stall_seconds += value * 1e-3;
+      if (name == "checkpoint_write_s") figures.checkpoint_write_seconds = value;
+    }
     monitor.record_step(record, figures);
     for (const auto& figure : monitor.exchange(step + 1, step + 1 == total_steps)) record.extra.push_back(figure);
     metrics.log_step(record);

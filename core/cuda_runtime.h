@@ -15,6 +15,9 @@ int device_count();      // usable devices; 0 without a driver, a device, or the
 std::string describe();  // runtime/driver versions and devices, for logs
 
 void set_device(int device);
+// The device's PCI address as "0000:3b:00.0" (cudaDeviceGetPCIBusId), for
+// finding it in NVML; "" when it cannot be had (or without the backend).
+std::string pci_bus_id(int device);
 
 void* stream_create(int device);  // a non-blocking stream on `device`
 void stream_destroy(void* stream) noexcept;

@@ -51,15 +51,29 @@ struct P2POp {
 };
 
 // What a communicator has moved since it was made (or reset): calls and
-// bytes per kind of operation. Bytes are the size of the buffer the caller
-// passed, the way nccl-tests reports sizes: the tensor for all-reduce,
-// broadcast, send and recv; the input [size()·n] for reduce-scatter; the
-// output [size()·n] for all-gather. Groups of one count too (they move
-// nothing, but the call was made).
+// bytes per kind of operation, and the time this rank spent in its calls.
+// Bytes are the size of the buffer the caller passed, the way nccl-tests
+// reports sizes: the tensor for all-reduce, broadcast, send and recv; the
+// input [size()·n] for reduce-scatter; the output [size()·n] for all-gather.
+// Groups of one count too (they move nothing, but the call was made).
+//
+// `seconds` is wall time on this rank's host thread inside the communicator:
+// issuing every operation, barrier(), and its handles' wait() and test() (and
+// destroying an unfinished handle, which waits). It is exposed (blocked)
+// communication time, not link time: an operation that completes while the
+// rank computes adds only the cost of issuing and waiting for it, and a rank
+// that reaches a collective late is not charged for it, the ranks that wait
+// for it are. Counted by the Communicator base class for every backend (MPI,
+// NCCL, the emulated channel, groups of one). Under NCCL wait() does not
+// block the host (it orders the compute stream after the communication), so
+// there the figure is the host's time only and the GPU's wait shows in step
+// time instead; poll() (progress while the reducer waits for gradients) is
+// not counted.
 struct CommCounters {
   enum Kind { all_reduce, reduce_scatter, all_gather, broadcast, send, recv, kinds };
   int64_t calls[kinds] = {};
   int64_t bytes[kinds] = {};
+  double seconds = 0.0;
   int64_t total_bytes() const {
     int64_t total = 0;
     for (const int64_t b : bytes) total += b;
@@ -92,20 +106,22 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
+  // The operations: each counts its call, bytes and time (counters()) and
+  // hands the work to the backend's issue_* below.
   // In place on `tensor`; avg divides the sum by size() (integers: truncated).
-  virtual CommHandle all_reduce(Tensor& tensor, ReduceOp op) = 0;
+  CommHandle all_reduce(Tensor& tensor, ReduceOp op);
   // input [size() · n] → output [n]: rank r gets block r of the reduction.
-  virtual CommHandle reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) = 0;
+  CommHandle reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op);
   // input [n] → output [size() · n], block r from rank r. In place when
   // `input` is this rank's block of `output` (MPI_IN_PLACE, NCCL's in-place
   // all-gather): ZeRO-1/2 gather their updated pieces that way.
-  virtual CommHandle all_gather(const Tensor& input, Tensor& output) = 0;
-  virtual CommHandle broadcast(Tensor& tensor, int root) = 0;
-  virtual CommHandle send(const Tensor& tensor, int peer) = 0;
-  virtual CommHandle recv(Tensor& tensor, int peer) = 0;
+  CommHandle all_gather(const Tensor& input, Tensor& output);
+  CommHandle broadcast(Tensor& tensor, int root);
+  CommHandle send(const Tensor& tensor, int peer);
+  CommHandle recv(Tensor& tensor, int peer);
   // All sends and receives as one group (no deadlock whatever their order).
-  virtual CommHandle send_recv(const std::vector<P2POp>& ops) = 0;
-  virtual void barrier() = 0;
+  CommHandle send_recv(const std::vector<P2POp>& ops);
+  void barrier();
   // Makes progress on outstanding nonblocking operations (MPI); free otherwise.
   virtual void poll() {}
   // Publishes what this rank is doing from now on (`step`: the checkpoint's),
@@ -120,18 +136,27 @@ class Communicator {
   // `key`, named `name` (collective over this communicator).
   virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
 
- protected:
-  // Implementations call this once per operation they issue.
+ private:
+  // The backend's side of each operation, called once per operation by the
+  // public ones above (which count it): starts it and returns its handle
+  // (barrier: returns when every rank has reached it).
+  virtual CommHandle issue_all_reduce(Tensor& tensor, ReduceOp op) = 0;
+  virtual CommHandle issue_reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) = 0;
+  virtual CommHandle issue_all_gather(const Tensor& input, Tensor& output) = 0;
+  virtual CommHandle issue_broadcast(Tensor& tensor, int root) = 0;
+  virtual CommHandle issue_send(const Tensor& tensor, int peer) = 0;
+  virtual CommHandle issue_recv(Tensor& tensor, int peer) = 0;
+  virtual CommHandle issue_send_recv(const std::vector<P2POp>& ops) = 0;
+  virtual void issue_barrier() = 0;
+
   void count(CommCounters::Kind kind, const Tensor& buffer) {
     ++counters_.calls[kind];
     counters_.bytes[kind] += int64_t(buffer.nbytes());
   }
-  void count(const std::vector<P2POp>& ops) {
-    for (const P2POp& op : ops)
-      count(op.kind == P2POp::Kind::send ? CommCounters::send : CommCounters::recv, op.tensor);
-  }
+  // `issue`'s handle, its time and its handle's waits added to counters_.seconds.
+  template <typename Issue>
+  CommHandle timed(Issue&& issue);
 
- private:
   CommCounters counters_;
   double timeout_s_ = 0.0;
   std::string timeout_flag_ = "--comm-timeout";

@@ -34,43 +34,6 @@ class LocalCommunicator final : public Communicator {
   const std::string& name() const override { return name_; }
   int rank() const override { return 0; }
   int size() const override { return 1; }
-
-  CommHandle all_reduce(Tensor& tensor, ReduceOp) override {
-    ++sequence_;
-    count(CommCounters::all_reduce, tensor);
-    return done();
-  }
-  CommHandle reduce_scatter(const Tensor& input, Tensor& output, ReduceOp) override {
-    ++sequence_;
-    count(CommCounters::reduce_scatter, input);
-    copy_unless_same(input, output, "reduce_scatter");
-    return done();
-  }
-  CommHandle all_gather(const Tensor& input, Tensor& output) override {
-    ++sequence_;
-    count(CommCounters::all_gather, output);
-    copy_unless_same(input, output, "all_gather");
-    return done();
-  }
-  CommHandle broadcast(Tensor& tensor, int root) override {
-    TESSERA_CHECK(root == 0, "broadcast on '", name_, "' (a group of one): root ", root, " does not exist");
-    ++sequence_;
-    count(CommCounters::broadcast, tensor);
-    return done();
-  }
-  CommHandle send(const Tensor&, int peer) override {
-    TESSERA_THROW("send on '", name_, "' (a group of one, no MPI): there is no peer ", peer);
-  }
-  CommHandle recv(Tensor&, int peer) override {
-    TESSERA_THROW("recv on '", name_, "' (a group of one, no MPI): there is no peer ", peer);
-  }
-  CommHandle send_recv(const std::vector<P2POp>& ops) override {
-    TESSERA_CHECK(ops.empty(), "send_recv on '", name_, "' (a group of one, no MPI): there is no peer ",
-                  ops.front().peer);
-    ++sequence_;
-    return done();
-  }
-  void barrier() override { ++sequence_; }
   uint64_t sequence() const override { return sequence_; }
   std::unique_ptr<Communicator> split(int, int, const std::string& name) override {
     ++sequence_;
@@ -78,6 +41,39 @@ class LocalCommunicator final : public Communicator {
   }
 
  private:
+  CommHandle issue_all_reduce(Tensor&, ReduceOp) override {
+    ++sequence_;
+    return done();
+  }
+  CommHandle issue_reduce_scatter(const Tensor& input, Tensor& output, ReduceOp) override {
+    ++sequence_;
+    copy_unless_same(input, output, "reduce_scatter");
+    return done();
+  }
+  CommHandle issue_all_gather(const Tensor& input, Tensor& output) override {
+    ++sequence_;
+    copy_unless_same(input, output, "all_gather");
+    return done();
+  }
+  CommHandle issue_broadcast(Tensor&, int root) override {
+    TESSERA_CHECK(root == 0, "broadcast on '", name_, "' (a group of one): root ", root, " does not exist");
+    ++sequence_;
+    return done();
+  }
+  CommHandle issue_send(const Tensor&, int peer) override {
+    TESSERA_THROW("send on '", name_, "' (a group of one, no MPI): there is no peer ", peer);
+  }
+  CommHandle issue_recv(Tensor&, int peer) override {
+    TESSERA_THROW("recv on '", name_, "' (a group of one, no MPI): there is no peer ", peer);
+  }
+  CommHandle issue_send_recv(const std::vector<P2POp>& ops) override {
+    TESSERA_CHECK(ops.empty(), "send_recv on '", name_, "' (a group of one, no MPI): there is no peer ",
+                  ops.front().peer);
+    ++sequence_;
+    return done();
+  }
+  void issue_barrier() override { ++sequence_; }
+
   std::string name_;
   uint64_t sequence_ = 0;
 };

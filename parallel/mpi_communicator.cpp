@@ -539,9 +539,8 @@ void check_peer(const std::string& at, const char* what, int peer, int size) {
 
 }  // namespace
 
-CommHandle MpiCommunicator::all_reduce(Tensor& tensor, ReduceOp op) {
+CommHandle MpiCommunicator::issue_all_reduce(Tensor& tensor, ReduceOp op) {
   begin("all_reduce");
-  count(CommCounters::all_reduce, tensor);
   const std::string at = where("all_reduce", tensor) + " " + op_name(op);
   check_tensor(at, "", tensor);
   auto work = std::make_unique<MpiWork>(this, at);
@@ -570,9 +569,8 @@ CommHandle MpiCommunicator::all_reduce(Tensor& tensor, ReduceOp op) {
   return start(std::move(work));
 }
 
-CommHandle MpiCommunicator::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) {
+CommHandle MpiCommunicator::issue_reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) {
   begin("reduce_scatter");
-  count(CommCounters::reduce_scatter, input);
   const std::string at = where("reduce_scatter", input) + " " + op_name(op);
   check_whole_and_block(at, "input", input, "output", output, size_);
   auto work = std::make_unique<MpiWork>(this, at);
@@ -603,9 +601,8 @@ CommHandle MpiCommunicator::reduce_scatter(const Tensor& input, Tensor& output, 
   return start(std::move(work));
 }
 
-CommHandle MpiCommunicator::all_gather(const Tensor& input, Tensor& output) {
+CommHandle MpiCommunicator::issue_all_gather(const Tensor& input, Tensor& output) {
   begin("all_gather");
-  count(CommCounters::all_gather, output);
   const std::string at = where("all_gather", output);
   check_whole_and_block(at, "output", output, "input", input, size_);
   auto work = std::make_unique<MpiWork>(this, at);
@@ -632,9 +629,8 @@ CommHandle MpiCommunicator::all_gather(const Tensor& input, Tensor& output) {
   return start(std::move(work));
 }
 
-CommHandle MpiCommunicator::broadcast(Tensor& tensor, int root) {
+CommHandle MpiCommunicator::issue_broadcast(Tensor& tensor, int root) {
   begin("broadcast");
-  count(CommCounters::broadcast, tensor);
   const std::string at = where("broadcast", tensor) + " from root " + std::to_string(root);
   check_tensor(at, "", tensor);
   check_peer(at, "root", root, size_);
@@ -654,9 +650,8 @@ namespace {
 constexpr int kP2PTag = 0;  // one tag: messages between two ranks match in the order they were posted
 }  // namespace
 
-CommHandle MpiCommunicator::send(const Tensor& tensor, int peer) {
+CommHandle MpiCommunicator::issue_send(const Tensor& tensor, int peer) {
   begin("send");
-  count(CommCounters::send, tensor);
   const std::string at = where("send", tensor) + " to rank " + std::to_string(peer);
   check_tensor(at, "", tensor);
   check_peer(at, "peer", peer, size_);
@@ -668,9 +663,8 @@ CommHandle MpiCommunicator::send(const Tensor& tensor, int peer) {
   return start(std::move(work));
 }
 
-CommHandle MpiCommunicator::recv(Tensor& tensor, int peer) {
+CommHandle MpiCommunicator::issue_recv(Tensor& tensor, int peer) {
   begin("recv");
-  count(CommCounters::recv, tensor);
   const std::string at = where("recv", tensor) + " from rank " + std::to_string(peer);
   check_tensor(at, "", tensor);
   check_peer(at, "peer", peer, size_);
@@ -684,9 +678,8 @@ CommHandle MpiCommunicator::recv(Tensor& tensor, int peer) {
   return start(std::move(work));
 }
 
-CommHandle MpiCommunicator::send_recv(const std::vector<P2POp>& ops) {
+CommHandle MpiCommunicator::issue_send_recv(const std::vector<P2POp>& ops) {
   begin("send_recv");
-  count(ops);
   const std::string at =
       where("send_recv") + " (" + std::to_string(ops.size()) + (ops.size() == 1 ? " transfer)" : " transfers)");
   for (const P2POp& op : ops) {
@@ -714,7 +707,7 @@ CommHandle MpiCommunicator::send_recv(const std::vector<P2POp>& ops) {
   return start(std::move(work));
 }
 
-void MpiCommunicator::barrier() {
+void MpiCommunicator::issue_barrier() {
   begin("barrier");
   if (size_ == 1) return;
   auto work = std::make_unique<MpiWork>(this, where("barrier"));

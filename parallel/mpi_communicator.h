@@ -63,14 +63,6 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  CommHandle all_reduce(Tensor& tensor, ReduceOp op) override;
-  CommHandle reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) override;
-  CommHandle all_gather(const Tensor& input, Tensor& output) override;
-  CommHandle broadcast(Tensor& tensor, int root) override;
-  CommHandle send(const Tensor& tensor, int peer) override;
-  CommHandle recv(Tensor& tensor, int peer) override;
-  CommHandle send_recv(const std::vector<P2POp>& ops) override;
-  void barrier() override;
   void poll() override;
   void set_activity(RankActivity activity, int64_t step) override;
   uint64_t sequence() const override { return sequence_; }
@@ -80,6 +72,14 @@ class MpiCommunicator final : public Communicator {
   size_t outstanding() const { return live_.size(); }  // operations not yet completed
 
  private:
+  CommHandle issue_all_reduce(Tensor& tensor, ReduceOp op) override;
+  CommHandle issue_reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) override;
+  CommHandle issue_all_gather(const Tensor& input, Tensor& output) override;
+  CommHandle issue_broadcast(Tensor& tensor, int root) override;
+  CommHandle issue_send(const Tensor& tensor, int peer) override;
+  CommHandle issue_recv(Tensor& tensor, int peer) override;
+  CommHandle issue_send_recv(const std::vector<P2POp>& ops) override;
+  void issue_barrier() override;
   struct Adopt {};
   MpiCommunicator(Adopt, MPI_Comm owned, std::string name);  // takes ownership of `owned`
   void init();

@@ -24,39 +24,33 @@ class DeviceRoutedCommunicator final : public Communicator {
   int rank() const override { return mpi_->rank(); }
   int size() const override { return mpi_->size(); }
 
-  CommHandle all_reduce(Tensor& tensor, ReduceOp op) override {
+ private:
+  CommHandle issue_all_reduce(Tensor& tensor, ReduceOp op) override {
     ++sequence_;
-    count(CommCounters::all_reduce, tensor);
     return route(tensor).all_reduce(tensor, op);
   }
-  CommHandle reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) override {
+  CommHandle issue_reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) override {
     ++sequence_;
-    count(CommCounters::reduce_scatter, input);
     return route(input).reduce_scatter(input, output, op);
   }
-  CommHandle all_gather(const Tensor& input, Tensor& output) override {
+  CommHandle issue_all_gather(const Tensor& input, Tensor& output) override {
     ++sequence_;
-    count(CommCounters::all_gather, output);
     return route(input).all_gather(input, output);
   }
-  CommHandle broadcast(Tensor& tensor, int root) override {
+  CommHandle issue_broadcast(Tensor& tensor, int root) override {
     ++sequence_;
-    count(CommCounters::broadcast, tensor);
     return route(tensor).broadcast(tensor, root);
   }
-  CommHandle send(const Tensor& tensor, int peer) override {
+  CommHandle issue_send(const Tensor& tensor, int peer) override {
     ++sequence_;
-    count(CommCounters::send, tensor);
     return route(tensor).send(tensor, peer);
   }
-  CommHandle recv(Tensor& tensor, int peer) override {
+  CommHandle issue_recv(Tensor& tensor, int peer) override {
     ++sequence_;
-    count(CommCounters::recv, tensor);
     return route(tensor).recv(tensor, peer);
   }
-  CommHandle send_recv(const std::vector<P2POp>& ops) override {
+  CommHandle issue_send_recv(const std::vector<P2POp>& ops) override {
     ++sequence_;
-    count(ops);
     if (ops.empty()) return mpi_->send_recv(ops);
     Communicator& backend = route(ops.front().tensor);
     for (const P2POp& op : ops)
@@ -64,10 +58,12 @@ class DeviceRoutedCommunicator final : public Communicator {
                     "): one group mixes host and device tensors; issue one send_recv per device kind");
     return backend.send_recv(ops);
   }
-  void barrier() override {
+  void issue_barrier() override {
     ++sequence_;
     mpi_->barrier();
   }
+
+ public:
   void poll() override { mpi_->poll(); }
   void set_activity(RankActivity activity, int64_t step) override { mpi_->set_activity(activity, step); }
   void set_timeout(double seconds, const std::string& flag = "--comm-timeout") override {

@@ -192,17 +192,15 @@ CommHandle StreamCommunicator::launch(const std::string& at, std::vector<Tensor>
   return std::make_unique<StreamWork>(compute, std::move(done), std::move(keep), *channel_, at);
 }
 
-CommHandle StreamCommunicator::all_reduce(Tensor& tensor, ReduceOp op) {
+CommHandle StreamCommunicator::issue_all_reduce(Tensor& tensor, ReduceOp op) {
   ++sequence_;
-  count(CommCounters::all_reduce, tensor);
   const std::string at = where("all_reduce") + " " + op_name(op);
   check_device(at, "", tensor);
   return launch(at, {tensor}, [&] { channel_->all_reduce(tensor, op, stream_); });
 }
 
-CommHandle StreamCommunicator::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) {
+CommHandle StreamCommunicator::issue_reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) {
   ++sequence_;
-  count(CommCounters::reduce_scatter, input);
   const std::string at = where("reduce_scatter") + " " + op_name(op);
   check_device(at, "input", input);
   check_device(at, "output", output);
@@ -213,9 +211,8 @@ CommHandle StreamCommunicator::reduce_scatter(const Tensor& input, Tensor& outpu
   return launch(at, {input, output}, [&] { channel_->reduce_scatter(input, output, op, stream_); });
 }
 
-CommHandle StreamCommunicator::all_gather(const Tensor& input, Tensor& output) {
+CommHandle StreamCommunicator::issue_all_gather(const Tensor& input, Tensor& output) {
   ++sequence_;
-  count(CommCounters::all_gather, output);
   const std::string at = where("all_gather");
   check_device(at, "input", input);
   check_device(at, "output", output);
@@ -226,9 +223,8 @@ CommHandle StreamCommunicator::all_gather(const Tensor& input, Tensor& output) {
   return launch(at, {input, output}, [&] { channel_->all_gather(input, output, stream_); });
 }
 
-CommHandle StreamCommunicator::broadcast(Tensor& tensor, int root) {
+CommHandle StreamCommunicator::issue_broadcast(Tensor& tensor, int root) {
   ++sequence_;
-  count(CommCounters::broadcast, tensor);
   const std::string at = where("broadcast") + " from root " + std::to_string(root);
   check_device(at, "", tensor);
   TESSERA_CHECK(root >= 0 && root < size(), at, ": root ", root, " is not a rank of this communicator (0..", size() - 1,
@@ -236,17 +232,16 @@ CommHandle StreamCommunicator::broadcast(Tensor& tensor, int root) {
   return launch(at, {tensor}, [&] { channel_->broadcast(tensor, root, stream_); });
 }
 
-CommHandle StreamCommunicator::send(const Tensor& tensor, int peer) {
-  return send_recv({{P2POp::Kind::send, tensor, peer}});
+CommHandle StreamCommunicator::issue_send(const Tensor& tensor, int peer) {
+  return issue_send_recv({{P2POp::Kind::send, tensor, peer}});
 }
 
-CommHandle StreamCommunicator::recv(Tensor& tensor, int peer) {
-  return send_recv({{P2POp::Kind::recv, tensor, peer}});
+CommHandle StreamCommunicator::issue_recv(Tensor& tensor, int peer) {
+  return issue_send_recv({{P2POp::Kind::recv, tensor, peer}});
 }
 
-CommHandle StreamCommunicator::send_recv(const std::vector<P2POp>& ops) {
+CommHandle StreamCommunicator::issue_send_recv(const std::vector<P2POp>& ops) {
   ++sequence_;
-  count(ops);
   const std::string at =
       where("send_recv") + " (" + std::to_string(ops.size()) + (ops.size() == 1 ? " transfer)" : " transfers)");
   std::vector<Tensor> keep;
@@ -259,7 +254,7 @@ CommHandle StreamCommunicator::send_recv(const std::vector<P2POp>& ops) {
   return launch(at, std::move(keep), [&] { channel_->send_recv(ops, stream_); });
 }
 
-void StreamCommunicator::barrier() {
+void StreamCommunicator::issue_barrier() {
   ++sequence_;
   const std::string at = where("barrier");
   Tensor token = ctx_.zeros(Shape{1}, DType::f32, device_);  // written on the compute stream: launch orders it

@@ -87,14 +87,6 @@ class StreamCommunicator final : public Communicator {
   int rank() const override { return channel_->rank(); }
   int size() const override { return channel_->size(); }
 
-  CommHandle all_reduce(Tensor& tensor, ReduceOp op) override;
-  CommHandle reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) override;
-  CommHandle all_gather(const Tensor& input, Tensor& output) override;
-  CommHandle broadcast(Tensor& tensor, int root) override;
-  CommHandle send(const Tensor& tensor, int peer) override;
-  CommHandle recv(Tensor& tensor, int peer) override;
-  CommHandle send_recv(const std::vector<P2POp>& ops) override;
-  void barrier() override;
   uint64_t sequence() const override { return sequence_; }
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
 
@@ -103,6 +95,14 @@ class StreamCommunicator final : public Communicator {
   CollectiveChannel& channel() { return *channel_; }
 
  private:
+  CommHandle issue_all_reduce(Tensor& tensor, ReduceOp op) override;
+  CommHandle issue_reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) override;
+  CommHandle issue_all_gather(const Tensor& input, Tensor& output) override;
+  CommHandle issue_broadcast(Tensor& tensor, int root) override;
+  CommHandle issue_send(const Tensor& tensor, int peer) override;
+  CommHandle issue_recv(Tensor& tensor, int peer) override;
+  CommHandle issue_send_recv(const std::vector<P2POp>& ops) override;
+  void issue_barrier() override;
   void start_watchdog();
   // The watchdog's verdict (on its thread): report, abort the channel, end the process.
   [[noreturn]] void fail_and_exit(const OperationWatchdog::Failure& failure);

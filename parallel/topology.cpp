@@ -1,9 +1,9 @@
-// Topology discovery from sysfs/procfs (and NVML when it is there), the
-// per-rank decision, and its text forms. See topology.h for what is read and
-// why; the rules of the decision are written beside decide_topology().
+// Topology discovery from sysfs/procfs (and NVML when it is there:
+// parallel/nvml.h), the per-rank decision, and its text forms. See topology.h
+// for what is read and why; the rules of the decision are written beside
+// decide_topology().
 #include "parallel/topology.h"
 
-#include <dlfcn.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "parallel/nvml.h"
 
 extern char** environ;
 
@@ -202,58 +203,6 @@ std::vector<int> discover_allowed_cpus(const fs::path& root) {
   return {};
 }
 
-// NVML, opened with dlopen so that nothing links against it and a build needs
-// no GPU driver. Owns the library handle and the nvmlInit/nvmlShutdown pair.
-class Nvml {
- public:
-  Nvml() {
-    handle_ = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!handle_) return;
-    init_ = reinterpret_cast<Status (*)()>(dlsym(handle_, "nvmlInit_v2"));
-    shutdown_ = reinterpret_cast<Status (*)()>(dlsym(handle_, "nvmlShutdown"));
-    count_ = reinterpret_cast<Status (*)(unsigned*)>(dlsym(handle_, "nvmlDeviceGetCount_v2"));
-    handle_by_index_ = reinterpret_cast<Status (*)(unsigned, void**)>(dlsym(handle_, "nvmlDeviceGetHandleByIndex_v2"));
-    pci_info_ = reinterpret_cast<Status (*)(void*, PciInfo*)>(dlsym(handle_, "nvmlDeviceGetPciInfo_v3"));
-    started_ = init_ && shutdown_ && count_ && handle_by_index_ && pci_info_ && init_() == 0;
-  }
-  ~Nvml() {
-    if (started_) shutdown_();
-    if (handle_) dlclose(handle_);
-  }
-  Nvml(const Nvml&) = delete;
-  Nvml& operator=(const Nvml&) = delete;
-
-  std::optional<std::vector<std::string>> gpu_addresses() const {
-    if (!started_) return std::nullopt;
-    unsigned count = 0;
-    if (count_(&count) != 0) return std::nullopt;
-    std::vector<std::string> addresses;
-    for (unsigned i = 0; i < count; ++i) {
-      void* device = nullptr;
-      PciInfo info{};
-      if (handle_by_index_(i, &device) != 0 || pci_info_(device, &info) != 0) return std::nullopt;
-      info.bus_id[sizeof info.bus_id - 1] = '\0';
-      addresses.push_back(normalize_pci_address(info.bus_id));
-    }
-    return addresses;
-  }
-
- private:
-  using Status = int;  // nvmlReturn_t; 0 is NVML_SUCCESS
-  struct PciInfo {     // nvmlPciInfo_t as nvmlDeviceGetPciInfo_v3 fills it
-    char bus_id_legacy[16];
-    unsigned domain, bus, device, pci_device_id, pci_subsystem_id;
-    char bus_id[32];
-  };
-  void* handle_ = nullptr;
-  bool started_ = false;
-  Status (*init_)() = nullptr;
-  Status (*shutdown_)() = nullptr;
-  Status (*count_)(unsigned*) = nullptr;
-  Status (*handle_by_index_)(unsigned, void**) = nullptr;
-  Status (*pci_info_)(void*, PciInfo*) = nullptr;
-};
-
 std::vector<Gpu> discover_gpus(const fs::path& root, const fs::path& devices_root, const DiscoveryOptions& options,
                                Topology& topology) {
   std::vector<Gpu> gpus;
@@ -270,7 +219,7 @@ std::vector<Gpu> discover_gpus(const fs::path& root, const fs::path& devices_roo
 
   std::optional<std::vector<std::string>> listed = options.gpu_addresses;
   std::error_code error;
-  if (!listed && options.use_nvml && fs::equivalent(root, "/", error)) listed = Nvml().gpu_addresses();
+  if (!listed && options.use_nvml && fs::equivalent(root, "/", error)) listed = nvml_gpu_addresses();
   if (listed) {
     std::vector<Gpu> visible;
     std::string missing;
@@ -382,7 +331,11 @@ std::vector<int> parse_cpu_list(const std::string& text, const std::string& what
 }
 
 std::optional<std::vector<std::string>> nvml_gpu_addresses() {
-  return Nvml().gpu_addresses();
+  const std::optional<std::vector<std::string>> ids = Nvml().gpu_bus_ids();
+  if (!ids) return std::nullopt;
+  std::vector<std::string> addresses;
+  for (const std::string& id : *ids) addresses.push_back(normalize_pci_address(id));
+  return addresses;
 }
 
 Topology discover_topology(const std::string& root, const DiscoveryOptions& options) {

@@ -26,6 +26,15 @@ int device_count() {
   return count;
 }
 
+std::string pci_bus_id(int device) {
+  char id[32] = {};
+  if (cudaDeviceGetPCIBusId(id, int(sizeof id), device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {};
+  }
+  return id;
+}
+
 std::string describe() {
   int runtime = 0, driver = 0;
   cudaRuntimeGetVersion(&runtime);

@@ -30,6 +30,9 @@ int device_count() {
 std::string describe() {
   return "not built";
 }
+std::string pci_bus_id(int) {
+  return {};
+}
 void set_device(int) {
   no_cuda("set_device");
 }

@@ -7,7 +7,8 @@
 # the component composes with other overlays and survives k8s/render --name;
 # broken PodMonitors are rejected with a message naming them; the Grafana
 # dashboard parses, every panel has a query, every tessera_* name in a query is
-# one that tessera serves (the list of docs/metrics.md, "Prometheus"), and
+# one that tessera serves (the list of docs/metrics.md, "Prometheus"), no
+# panel reads DCGM exporter's series (tessera_gpu_* are the ranks' own), and
 # rank filters are only on series that carry a rank. With a tessera that has
 # --metrics-port, a short run is scraped for real.
 import copy
@@ -39,7 +40,8 @@ PORT = 9500
 PODMONITOR = ("monitoring.coreos.com/v1", "PodMonitor")
 
 # What `tessera train --metrics-port` serves (rank 0, every rank's series with
-# rank="<r>" unless said otherwise): name -> (type, labels besides rank).
+# rank="<r>" and node="<its host>" unless said otherwise): name -> (type,
+# labels besides rank and node).
 METRICS = {
     "tessera_step": ("gauge", set()),
     "tessera_loss": ("gauge", set()),
@@ -64,11 +66,18 @@ METRICS = {
     "tessera_rank_communication_seconds": ("gauge", set()),
     "tessera_gpu_utilization_ratio": ("gauge", {"gpu"}),
     "tessera_gpu_memory_used_bytes": ("gauge", {"gpu"}),
-    "tessera_info": ("gauge", {"version", "model", "layout"}),
+    "tessera_gpu_memory_total_bytes": ("gauge", {"gpu"}),
+    "tessera_gpu_power_watts": ("gauge", {"gpu"}),
+    "tessera_gpu_temperature_celsius": ("gauge", {"gpu"}),
+    "tessera_gpu_sm_clock_hertz": ("gauge", {"gpu"}),
+    "tessera_gpu_memory_clock_hertz": ("gauge", {"gpu"}),
+    "tessera_info": ("gauge", {"version", "model", "layout", "job_id"}),
 }
 WITHOUT_RANK = {"tessera_straggler_rank", "tessera_straggler_slowdown_ratio"}
 # One series for the job, with or without a rank label: panels must not filter them by rank.
 RANK_OPTIONAL = {"tessera_eval_loss", "tessera_info"}
+# Labels only Prometheus (its scrape configuration) or the Pushgateway (its grouping key) attach.
+SCRAPE_LABELS = {"namespace", "job", "instance"}
 
 
 def of_kind(docs, kind):
@@ -160,6 +169,8 @@ class TheOverlay(unittest.TestCase):
         self.assertEqual((endpoint["port"], endpoint["path"], endpoint["interval"]), ("metrics", "/metrics", "15s"))
         self.assertIn({"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "instance"},
                       endpoint["relabelings"])
+        # The series carry their own `node` and `rank`: a target label of either name would rename theirs.
+        self.assertEqual({r.get("targetLabel") for r in endpoint["relabelings"]} & {"node", "rank"}, set())
         self.assertEqual(monitor["metadata"]["labels"]["release"], "kube-prometheus-stack")
 
     def test_the_component_composes_with_other_overlays(self):
@@ -346,7 +357,8 @@ class Dashboard(unittest.TestCase):
         used = {name for _, expr in self.queries for name in re.findall(r"\btessera_[a-z0-9_]+", expr)}
         self.assertEqual(used - set(METRICS), set(), "not served by tessera")
         self.assertEqual(set(METRICS) - used, set(), "served but on no panel")
-        self.assertTrue(any("DCGM_FI_DEV_GPU_UTIL" in expr for _, expr in self.queries))
+        # The GPU panels read the ranks' own tessera_gpu_* series, not DCGM exporter's.
+        self.assertFalse(any("DCGM_" in expr for _, expr in self.queries))
 
     def test_label_filters_fit_the_series(self):
         for title, expr in self.queries:
@@ -354,9 +366,9 @@ class Dashboard(unittest.TestCase):
                 if not name.startswith("tessera_"):
                     continue
                 with self.subTest(panel=title, metric=name):
-                    labels = {"namespace", "job", "instance"} | METRICS[name][1]
+                    labels = SCRAPE_LABELS | METRICS[name][1]
                     if name not in WITHOUT_RANK | RANK_OPTIONAL:
-                        labels.add("rank")
+                        labels |= {"rank", "node"}
                     # A rank filter on a series without a rank label would empty the panel
                     # as soon as one rank is picked.
                     self.assertLessEqual(set(matchers), labels)
@@ -487,7 +499,10 @@ class Served(unittest.TestCase):
         names = {name for name, _, _ in samples}
         self.assertEqual({n for n in names if n.startswith("tessera_")} - set(METRICS), set(),
                          "served but not documented (docs/metrics.md) nor known to the dashboard")
-        self.assertLessEqual({"tessera_step", "tessera_loss", "tessera_info", "tessera_eval_loss"}, names)
+        self.assertLessEqual({"tessera_step", "tessera_loss", "tessera_info", "tessera_eval_loss",
+                              "tessera_comm_seconds_total"}, names)
+        # A CPU rank has no GPU to read: no tessera_gpu_* series at all.
+        self.assertEqual({n for n in names if n.startswith("tessera_gpu_")}, set())
         for name, kind in types.items():
             if name in METRICS:
                 self.assertEqual(kind, METRICS[name][0], name)
@@ -499,10 +514,14 @@ class Served(unittest.TestCase):
                 if name in RANK_OPTIONAL:
                     expected |= {"rank"} & set(labels)
                 elif name not in WITHOUT_RANK:
-                    expected.add("rank")
+                    expected |= {"rank", "node"}
                 self.assertEqual(set(labels), expected)
+                # Prometheus would rename a target's own job or instance to exported_job, exported_instance.
+                self.assertEqual(set(labels) & SCRAPE_LABELS, set())
                 if "rank" in labels:
                     self.assertEqual(labels["rank"], "0")  # one process: rank 0 only
+                if "node" in labels:
+                    self.assertEqual(labels["node"], socket.gethostname())
                 if "axis" in labels:
                     self.assertIn(labels["axis"], ("dp", "tp", "pp"))
 

@@ -337,6 +337,51 @@ TEST_F(MpiCommunicatorTest, BarrierHoldsEveryRankUntilAllArrive) {
   }
 }
 
+// CommCounters::seconds is the time a rank spends inside the communicator:
+// the last rank sleeps before it joins an all-reduce (issued, then waited),
+// a point-to-point exchange (send_recv, waited) and a barrier; every other
+// rank's counted time covers those sleeps, the sleeper's is small, and each
+// rank's count is within its own stopwatch around the calls. The ranks leave
+// the MPI_Barrier before it at slightly different times (a rank may be
+// descheduled: 4 ranks share 2 cores), hence 0.1 s of slack per sleep.
+TEST_F(MpiCommunicatorTest, SecondsCountTheTimeARankWaitsInItsOperations) {
+  const auto sleep = std::chrono::milliseconds(400);
+  const double slept = 0.4, slack = 0.1;
+  const int sleeper = ranks_ - 1, next = (me_ + 1) % ranks_, previous = (me_ + ranks_ - 1) % ranks_;
+  auto other = world_->split(0, me_, "other");  // waits for nothing: counts nothing
+  Tensor x = ctx_.full(Shape{1000}, DType::f32, 1.0);
+  Tensor out = ctx_.full(Shape{1000}, DType::f32, 2.0), in = ctx_.empty(Shape{1000}, DType::f32);
+  MPI_Barrier(MPI_COMM_WORLD);
+  world_->reset_counters();
+  EXPECT_EQ(world_->counters().seconds, 0.0);
+  const auto start = std::chrono::steady_clock::now();
+  if (me_ == sleeper) std::this_thread::sleep_for(sleep);
+  CommHandle reduction = world_->all_reduce(x, ReduceOp::sum);
+  reduction->wait();
+  if (me_ == sleeper) std::this_thread::sleep_for(sleep);
+  world_->send_recv({{P2POp::Kind::send, out, next}, {P2POp::Kind::recv, in, previous}})->wait();
+  if (me_ == sleeper) std::this_thread::sleep_for(sleep);
+  world_->barrier();
+  const double stopwatch = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double counted = world_->counters().seconds;
+  EXPECT_EQ(x.to_vector<float>(), std::vector<float>(1000, float(ranks_)));
+  EXPECT_EQ(in.to_vector<float>(), std::vector<float>(1000, 2.0f));
+  EXPECT_LE(counted, stopwatch) << "rank " << me_;
+  if (me_ == sleeper) {
+    EXPECT_LT(counted, 3 * slack) << "rank " << me_ << " came last to every operation";
+  } else {
+    // Every rank but the sleeper waits for it in the all-reduce and the
+    // barrier; in the exchange only rank 0 does (it receives from the sleeper).
+    const double waits = me_ == 0 ? 3 : 2;
+    EXPECT_GE(counted, waits * (slept - slack)) << "rank " << me_;
+  }
+  EXPECT_EQ(world_->counters().calls[parallel::CommCounters::all_reduce], 1);
+  EXPECT_EQ(other->counters().seconds, 0.0);
+  world_->reset_counters();
+  EXPECT_EQ(world_->counters().seconds, 0.0);
+  EXPECT_EQ(world_->counters().total_bytes(), 0);
+}
+
 TEST_F(MpiCommunicatorTest, SequenceCountsOperationsAndErrorsNameThem) {
   EXPECT_EQ(world_->sequence(), 0u);
   Tensor x = ctx_.full(Shape{3}, DType::f32, 1.0);

@@ -177,14 +177,6 @@ class RecordingCommunicator final : public Communicator {
   const std::string& name() const override { return name_; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  parallel::CommHandle all_reduce(Tensor&, parallel::ReduceOp) override { return unused(); }
-  parallel::CommHandle reduce_scatter(const Tensor&, Tensor&, parallel::ReduceOp) override { return unused(); }
-  parallel::CommHandle all_gather(const Tensor&, Tensor&) override { return unused(); }
-  parallel::CommHandle broadcast(Tensor&, int) override { return unused(); }
-  parallel::CommHandle send(const Tensor&, int) override { return unused(); }
-  parallel::CommHandle recv(Tensor&, int) override { return unused(); }
-  parallel::CommHandle send_recv(const std::vector<parallel::P2POp>&) override { return unused(); }
-  void barrier() override { unused(); }
   uint64_t sequence() const override { return 0; }
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
     (*log_)[name].push_back({color, key});
@@ -192,6 +184,14 @@ class RecordingCommunicator final : public Communicator {
   }
 
  private:
+  parallel::CommHandle issue_all_reduce(Tensor&, parallel::ReduceOp) override { return unused(); }
+  parallel::CommHandle issue_reduce_scatter(const Tensor&, Tensor&, parallel::ReduceOp) override { return unused(); }
+  parallel::CommHandle issue_all_gather(const Tensor&, Tensor&) override { return unused(); }
+  parallel::CommHandle issue_broadcast(Tensor&, int) override { return unused(); }
+  parallel::CommHandle issue_send(const Tensor&, int) override { return unused(); }
+  parallel::CommHandle issue_recv(Tensor&, int) override { return unused(); }
+  parallel::CommHandle issue_send_recv(const std::vector<parallel::P2POp>&) override { return unused(); }
+  void issue_barrier() override { unused(); }
   static parallel::CommHandle unused() { TESSERA_THROW("the recording communicator only records splits"); }
   int rank_, size_;
   std::string name_;

@@ -1,8 +1,9 @@
 // A running job seen from outside, against the real servers, started here on
 // loopback and stopped after: Debian's Prometheus scrapes a 2-rank training
 // run's --metrics-port (a configuration written by the test) and its HTTP
-// query API returns the loss series of both ranks; Debian's Pushgateway
-// receives --metrics-push. TESSERA_FAULT=slow on one rank of 4 is named the
+// query API returns the loss and communication series of both ranks (each
+// rank's series labelled with its host; its communication seconds counted);
+// Debian's Pushgateway receives --metrics-push. TESSERA_FAULT=slow on one rank of 4 is named the
 // straggler with its rank, in the log and in the metrics file. By default
 // stdout has one human line per interval and no Katib lines.
 #include <gtest/gtest.h>
@@ -85,7 +86,8 @@ TEST(Observability, PrometheusScrapesEveryRankAndThePushgatewayTakesPushes) {
   // Training runs until Prometheus has both ranks' loss, then is stopped (SIGUSR1 to mpirun: every rank stops).
   Job train(tessera_command(2, words("--model gpt --synthetic --vocab-size 64 --seq-length 16 --num-layers 1 "
                                      "--num-heads 2 --hidden-size 32 --micro-batch-size 4 --train-steps 1000000 "
-                                     "--threads 1 --log-interval 2 --metrics-port " +
+                                     "--threads 1 --log-interval 2 --save-interval 4 --metrics " +
+                                     (dir / "metrics.jsonl") + " --save " + (dir / "save") + " --metrics-port " +
                                      std::to_string(metrics_port) +
                                      " --metrics-push http://127.0.0.1:" + std::to_string(gateway_port))),
             dir / "train.log");
@@ -94,20 +96,51 @@ TEST(Observability, PrometheusScrapesEveryRankAndThePushgatewayTakesPushes) {
   const bool scraped = wait_until(
       [&] {
         return ranks_in_prometheus(prometheus_port, "tessera_loss") == both &&
-               ranks_in_prometheus(prometheus_port, "tessera_comm_bytes_total") == both;
+               ranks_in_prometheus(prometheus_port, "tessera_comm_bytes_total") == both &&
+               ranks_in_prometheus(prometheus_port, "tessera_comm_seconds_total") == both;
       },
       seconds(120));
+  // Rank 0's own text, while the job runs, once a checkpoint (every 4 steps) has been written and
+  // exchanged: every rank's series carries its host; each data-parallel rank has waited in its
+  // gradient all-reduces (counted by its communicator); the job id is tessera_info's job_id, never
+  // a `job` label of the target's own.
+  const std::string written = "tessera_checkpoint_write_seconds{rank=\"0\",node=\"" + host_name() + "\"} ";
+  std::string served;
+  wait_until(
+      [&] {
+        served = http_get(metrics_port, "/metrics");
+        return contains(served, written) && contains(served, "tessera_checkpoint_write_seconds{rank=\"1\"");
+      },
+      seconds(60));
   ::kill(train.pid(), SIGUSR1);
   train.wait(seconds(60));
   EXPECT_TRUE(scraped) << "Prometheus never returned tessera_loss for ranks 0 and 1; targets: "
                        << http_get(prometheus_port, "/api/v1/targets") << "\ntraining:\n"
                        << train.output();
   EXPECT_TRUE(contains(train.output(), "metrics: Prometheus can scrape http://")) << train.output();
+  for (const char* rank : {"0", "1"}) {
+    const std::string series =
+        std::string("tessera_comm_seconds_total{rank=\"") + rank + "\",node=\"" + host_name() + "\",axis=\"dp\"} ";
+    const size_t at = served.find(series);
+    ASSERT_NE(at, std::string::npos) << series << "\n" << served;
+    EXPECT_GT(std::stod(served.substr(at + series.size())), 0.0) << served;
+  }
+  EXPECT_TRUE(contains(served, "job_id=\"")) << served;
+  // Rank 0's served write time is one its metrics file recorded (checkpoint_write_s).
+  const size_t at = served.find(written);
+  ASSERT_NE(at, std::string::npos) << served;
+  const double served_write = std::stod(served.substr(at + written.size()));
+  bool recorded = false;
+  for (const io::StepRecord& step : io::read_metrics(dir / "metrics.jsonl").steps)
+    for (const auto& [name, value] : step.extra)
+      if (name == "checkpoint_write_s" && value == served_write) recorded = true;
+  EXPECT_TRUE(recorded) << "served checkpoint write time " << served_write << " is in no checkpoint_write_s";
+  EXPECT_FALSE(contains(served, "job=\"")) << served;
 
   const std::string pushed = http_get(gateway_port, "/metrics");
   for (const char* rank : {"0", "1"})
-    EXPECT_TRUE(contains(
-        pushed, std::string("tessera_loss{instance=\"") + host_name() + "\",job=\"tessera\",rank=\"" + rank + "\"}"))
+    EXPECT_TRUE(contains(pushed, std::string("tessera_loss{instance=\"") + host_name() + "\",job=\"tessera\",node=\"" +
+                                     host_name() + "\",rank=\"" + rank + "\"}"))
         << pushed.substr(0, 3000);
   // One human line per interval: no Katib name=value lines unless asked.
   EXPECT_FALSE(contains(train.output(), "\nstep=2 ")) << train.output();
