@@ -17,6 +17,8 @@
 #                 the tolerances below
 #   checkpoint    --save, a stop (--exit-interval) and --resume auto on the GPU: the resumed
 #                 steps equal the uninterrupted run's bit for bit, the checksums verify
+#   metrics       --metrics-port while training on the device: communication seconds, memory,
+#                 and NVML's tessera_gpu_* readings of the GPU
 #   gemm          f32 and bf16 TFLOP/s through the tensor API against cuBLAS (benchmarks/gemm_cuda)
 #   gpt2-124m     a GPT-2-124M-shaped bf16 training step (12 layers, d 768, 12 heads, context
 #                 1024, vocabulary 50304, synthetic data): tokens/s and MFU
@@ -344,6 +346,41 @@ else
   else
     record checkpoint FAIL "resumed at step ${first_resumed:-?} (want $((half + 1))); $differing of $compared losses differ from the uninterrupted run"
   fi
+fi
+
+# ---------------------------------------------------------------------------
+# metrics: --metrics-port on the device; /metrics read while it trains: communication
+# seconds, memory, and on a GPU NVML's tessera_gpu_* readings (the part no CPU machine runs)
+# ---------------------------------------------------------------------------
+fetch_metrics() {  # fetch_metrics PORT: GET /metrics through bash's /dev/tcp (no curl needed)
+  (exec 3<>"/dev/tcp/127.0.0.1/$1" && printf 'GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n' >&3 && cat <&3) 2>/dev/null || true
+}
+mport=$((19500 + $$ % 500))
+mlog=$out/logs/metrics.log
+"$tessera" train "${mlp_flags[@]}" --train-steps 100000 --log-interval 5 --device "$device" \
+  --metrics-port "$mport" >"$mlog" 2>&1 &
+mpid=$!
+scraped=""
+for _ in $(seq 120); do
+  sleep 1
+  scraped=$(fetch_metrics "$mport")
+  grep -q '^tessera_step{' <<<"$scraped" && break
+  kill -0 "$mpid" 2>/dev/null || break
+done
+kill -USR1 "$mpid" 2>/dev/null || true
+wait "$mpid" || true
+printf '%s\n' "$scraped" >"$out/logs/metrics-scrape.txt"
+gpu_util=$(sed -n 's/^tessera_gpu_utilization_ratio{.*} \(.*\)/\1/p' <<<"$scraped" | head -1)
+gpu_mem=$(sed -n 's/^tessera_gpu_memory_used_bytes{.*} \(.*\)/\1/p' <<<"$scraped" | head -1)
+gpu_watts=$(sed -n 's/^tessera_gpu_power_watts{.*} \(.*\)/\1/p' <<<"$scraped" | head -1)
+if ! grep -q '^tessera_comm_seconds_total{' <<<"$scraped" || ! grep -q '^tessera_memory_allocated_bytes{' <<<"$scraped"; then
+  record metrics FAIL "no tessera_comm_seconds_total or tessera_memory_allocated_bytes at :$mport/metrics; see logs/metrics.log"
+elif [[ $device == emu ]]; then
+  record metrics PASS "served (emu: no NVML, no tessera_gpu_* series)"
+elif [[ -z $gpu_util || -z $gpu_mem ]]; then
+  record metrics FAIL "no tessera_gpu_utilization_ratio / memory_used_bytes from NVML; see logs/metrics-scrape.txt"
+else
+  record metrics PASS "NVML: utilisation $gpu_util, memory used $gpu_mem B, power ${gpu_watts:-?} W"
 fi
 
 # ---------------------------------------------------------------------------
