@@ -181,6 +181,10 @@ io::CheckpointMetadata training_metadata(const TrainState& s, const Counters& k)
   meta["scaler.enabled"] = s.scaler->enabled() ? "true" : "false";
   meta["scaler.scale"] = text(s.scaler->scale());
   meta["scaler.growth_tracker"] = std::to_string(s.scaler->growth_tracker());
+  if (const std::string run = s.tracking_run_id ? s.tracking_run_id() : ""; !run.empty()) {
+    meta["tracking.mlflow_run_id"] = run;
+    meta["tracking.mlflow_uri"] = c.mlflow_uri;
+  }
   meta["sampler.epoch"] = std::to_string(k.sampler.epoch);
   meta["sampler.samples"] = std::to_string(k.sampler.samples);
   meta["sampler.global_micro_batch"] = std::to_string(s.global_micro_batch);
@@ -344,6 +348,8 @@ Resumed load_training_checkpoint(const TrainState& s, const std::string& path) {
                                  saved_zero, meta.integer("layout.world"));
   out.resharded = saved_dp != s.dp || saved_zero != s.replica->zero_stage() || meta.integer("layout.tp") != s.tp ||
                   meta.integer("layout.pp") != s.pp || saved_chunks != s.virtual_stages;
+  if (const auto run = meta.find("tracking.mlflow_run_id")) out.mlflow_run_id = *run;
+  if (const auto uri = meta.find("tracking.mlflow_uri")) out.mlflow_uri = *uri;
   for (const auto& [key, value] : settings(c)) {
     if (key == "resume") continue;
     const std::optional<std::string> saved = meta.find("config." + key);

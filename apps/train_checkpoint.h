@@ -68,6 +68,9 @@ struct TrainState {
   int virtual_stages = 1;  // --virtual-pipeline-stages (chunks per pipeline stage)
   int dp_rank = 0, tp_rank = 0, pp_rank = 0;
   int64_t global_micro_batch = 0;  // samples of one micro-batch over the data-parallel ranks
+  // Rank 0 under --mlflow-uri: the MLflow run's id once the server gave it
+  // (stored in checkpoints, so that a resumed run goes on with the same run).
+  std::function<std::string()> tracking_run_id;
 };
 
 struct Counters {
@@ -127,6 +130,7 @@ struct Resumed {
   std::string saved_layout;                   // "dp=2 tp=1 pp=1 zero=1 on 2 ranks"
   bool resharded = false;                     // saved under another dp size or --zero setting
   std::vector<std::string> changed_settings;  // "lr 0.001 -> 0.002", for rank 0's start-up line
+  std::string mlflow_run_id, mlflow_uri;      // the MLflow run the checkpoint's run recorded into (empty: none)
 };
 
 // Collective over state.world: checks that the checkpoint at `path` was

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 #include <optional>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "io/plot.h"
@@ -54,6 +55,31 @@ std::string read_file(const std::string& path) {
   return out.str();
 }
 
+// Where the --save directory remembers its MLflow run: written at the end of
+// each part (a checkpoint saved before the server answered lacks the id).
+std::filesystem::path run_file(const TrainConfig& c) {
+  return std::filesystem::path(c.save) / "mlflow-run.json";
+}
+
+// The run a resumed training goes on with: the checkpoint's, else the --save
+// directory's, when it was recorded on this --mlflow-uri ("" otherwise).
+std::string resumed_run(const TrainConfig& c, const RunFacts& facts) {
+  if (facts.resumed_step < 0) return "";
+  if (!facts.resumed_run_id.empty()) return facts.resumed_uri == c.mlflow_uri ? facts.resumed_run_id : "";
+  if (c.save.empty()) return "";
+  const nlohmann::json saved = nlohmann::json::parse(read_file(run_file(c).string()), nullptr, false);
+  if (!saved.is_object() || saved.value("mlflow_uri", "") != c.mlflow_uri) return "";
+  return saved.value("run_id", "");
+}
+
+void remember_run(const TrainConfig& c, const std::string& run_id) {
+  if (c.save.empty() || run_id.empty()) return;
+  const std::filesystem::path file = run_file(c), temporary = file.string() + ".tmp";
+  std::ofstream(temporary) << nlohmann::json{{"mlflow_uri", c.mlflow_uri}, {"run_id", run_id}}.dump() << "\n";
+  std::error_code error;
+  std::filesystem::rename(temporary, file, error);
+}
+
 }  // namespace
 
 RunTracking::RunTracking(const TrainConfig& c, bool root, const RunFacts& facts) : config_(c) {
@@ -62,7 +88,7 @@ RunTracking::RunTracking(const TrainConfig& c, bool root, const RunFacts& facts)
   options.server = io::MlflowServer::from_environment(c.mlflow_uri);
   options.experiment = !c.mlflow_experiment.empty() ? c.mlflow_experiment : env_or("MLFLOW_EXPERIMENT_NAME", "Default");
   options.run_name = c.mlflow_run_name;
-  options.run_id = env_or("MLFLOW_RUN_ID", "");
+  options.run_id = env_or("MLFLOW_RUN_ID", resumed_run(c, facts));
   for (const auto& [key, value] : settings(c)) options.params.emplace_back(key, value);
   options.tags = run_tags(c, facts);
   options.finish_timeout_seconds = c.mlflow_timeout;
@@ -138,6 +164,7 @@ void RunTracking::finish(const TrainResult& result, bool stopped_early) {
   if (!result.checkpoint.empty())
     run_->set_tag("tessera.checkpoint", std::filesystem::absolute(result.checkpoint).string());
   const io::MlflowOutcome outcome = run_->finish(stopped_early ? "KILLED" : "FINISHED");
+  remember_run(config_, outcome.run_id);
   if (outcome.run_id.empty()) {
     std::fprintf(stderr,
                  "tessera: warning: MLflow at %s: the run was not recorded (%lld metric values not sent); the "

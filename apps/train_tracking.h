@@ -1,5 +1,6 @@
 // MLflow tracking of a `tessera train` run (--mlflow-uri, rank 0 only): the
-// run opened with every setting as a parameter and the layout, versions and
+// run opened (or, resuming a checkpoint that recorded one, reopened) with
+// every setting as a parameter and the layout, versions and
 // host as tags; each step's and evaluation's figures as metrics (queued: the
 // step never waits for the server, io/mlflow.h); at the end the curves
 // (curves.svg), the metrics file (metrics.jsonl) and the last checkpoint's
@@ -27,6 +28,9 @@ struct RunFacts {
   int world_size = 1;
   std::string mpi_library;  // empty without MPI
   int64_t resumed_step = -1;
+  // The MLflow run the resumed checkpoint's run recorded into, and its server:
+  // the same run goes on when --mlflow-uri is that server (MLFLOW_RUN_ID first).
+  std::string resumed_run_id, resumed_uri;
 };
 
 class RunTracking {
@@ -35,6 +39,8 @@ class RunTracking {
   RunTracking(const TrainConfig& config, bool root, const RunFacts& facts);
   ~RunTracking();  // without finish(): the run ends as FAILED
 
+  // The MLflow run's id once the server gave it ("" before, and when off).
+  std::string run_id() const { return run_ ? run_->run_id() : ""; }
   void log_step(const io::StepRecord& record);
   void log_eval(const io::EvalRecord& record);
   // Artifacts and the final status, waiting at most --mlflow-timeout for the

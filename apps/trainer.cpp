@@ -1005,7 +1005,9 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
                        RunFacts{"dp=" + std::to_string(grid.dp_size()) + " tp=" + std::to_string(grid.tp_size()) +
                                     " pp=" + std::to_string(grid.pp_size()),
                                 device.to_string(), c.precision, world->size(), env ? mpi_library_version() : "",
-                                resumed ? counters.step : -1});
+                                resumed ? counters.step : -1, resumed ? resumed->mlflow_run_id : "",
+                                resumed ? resumed->mlflow_uri : ""});
+  if (root && !c.mlflow_uri.empty()) state.tracking_run_id = [&tracking] { return tracking.run_id(); };
   if (root && counters.step >= total_steps && total_steps > 0)
     std::printf("nothing to do: the checkpoint is at step %lld and --train-steps/--epochs ask for %lld\n",
                 static_cast<long long>(counters.step), static_cast<long long>(total_steps));

@@ -49,8 +49,12 @@ Json key_values(const MlflowPairs& pairs) {
 
 MlflowRunInfo run_info(const Json& run) {
   const Json& info = run.at("info");
-  return {info.value("run_id", ""), info.value("experiment_id", ""), info.value("artifact_uri", ""),
-          info.value("status", ""), info.value("run_name", "")};
+  MlflowRunInfo out{info.value("run_id", ""), info.value("experiment_id", ""), info.value("artifact_uri", ""),
+                    info.value("status", ""), info.value("run_name", ""), {}};
+  if (run.contains("data") && run["data"].contains("params"))
+    for (const Json& param : run["data"]["params"])
+      out.params.emplace_back(param.value("key", ""), param.value("value", ""));
+  return out;
 }
 
 // "mlflow-artifacts:/1/abc/artifacts" or "mlflow-artifacts://host:5000/1/abc/artifacts" → "1/abc/artifacts".
@@ -237,6 +241,11 @@ MlflowOutcome MlflowRun::finish(const std::string& status) {
   return outcome_;
 }
 
+std::string MlflowRun::run_id() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return info_.run_id;
+}
+
 // The thread: sleeps a batch interval (or until finish()), sends what is
 // queued, and backs off (1 s doubling to 30 s) while the server fails.
 void MlflowRun::run() {
@@ -346,12 +355,26 @@ void MlflowRun::send_queued(std::unique_lock<std::mutex>& lock) {
   }
 }
 
-// A new run in the experiment, or the existing run MLFLOW_RUN_ID names, set running again.
+// A new run in the experiment, or an existing run (MLFLOW_RUN_ID, a resumed
+// checkpoint's) set running again. MLflow keeps a parameter's first value:
+// those that changed since are said once and not sent.
 MlflowRunInfo MlflowRun::open_run() {
   if (!options_.run_id.empty()) {
     MlflowRunInfo info = client_->get_run(options_.run_id);
     client_->set_status(info.run_id, "RUNNING");
     client_->log_batch(info.run_id, {}, {}, options_.tags);
+    std::string changed;
+    std::erase_if(options_.params, [&](const std::pair<std::string, std::string>& param) {
+      for (const auto& [key, value] : info.params)
+        if (key == param.first && value != param.second) {
+          changed += (changed.empty() ? "" : ", ") + key + " '" + value + "' -> '" + param.second + "'";
+          return true;
+        }
+      return false;
+    });
+    if (!changed.empty())
+      warn_("MLflow: run " + info.run_id + " goes on; it keeps the parameters of its first part (MLflow does not " +
+            "change a parameter), and these changed since: " + changed);
     return info;
   }
   const std::string experiment = client_->experiment_id(options_.experiment);

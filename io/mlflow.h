@@ -62,6 +62,7 @@ class MlflowError : public std::runtime_error {
 
 struct MlflowRunInfo {
   std::string run_id, experiment_id, artifact_uri, status, run_name;
+  MlflowPairs params;  // what the server holds (get_run only)
 };
 
 class MlflowClient {
@@ -94,7 +95,7 @@ struct MlflowRunOptions {
   MlflowServer server;
   std::string experiment = "Default";
   std::string run_name;  // empty: the server picks one
-  std::string run_id;    // an existing run to go on with (MLFLOW_RUN_ID); empty: a new run
+  std::string run_id;    // an existing run to go on with (MLFLOW_RUN_ID, or a resumed checkpoint's); empty: a new run
   MlflowPairs params, tags;
   double finish_timeout_seconds = 30.0;  // how long finish() waits for the queue to reach the server
   double batch_interval_seconds = 1.0;   // metrics are sent at most this often
@@ -126,6 +127,8 @@ class MlflowRun {
   // Sends what is queued, ends the run with `status` (FINISHED, FAILED,
   // KILLED), waiting at most finish_timeout_seconds; once.
   MlflowOutcome finish(const std::string& status = "FINISHED");
+  // The run's id once the server gave it (empty before, or when it never did).
+  std::string run_id();
 
  private:
   struct Artifact {

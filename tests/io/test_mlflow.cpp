@@ -212,9 +212,9 @@ TEST(Mlflow, UrisAreCheckedAndArtifactRootsOutsideTheProxyRefused) {
   io::MlflowServer server;
   server.uri = "https://tracking.example.com/prefix/";
   io::MlflowClient client(server);
-  EXPECT_EQ(client.run_page({"r", "3", "", "", ""}), "https://tracking.example.com/prefix/#/experiments/3/runs/r");
+  EXPECT_EQ(client.run_page({"r", "3", "", "", "", {}}), "https://tracking.example.com/prefix/#/experiments/3/runs/r");
   try {
-    client.upload_artifact({"r", "3", "s3://bucket/3/r/artifacts", "", ""}, "curves.svg", "x");
+    client.upload_artifact({"r", "3", "s3://bucket/3/r/artifacts", "", "", {}}, "curves.svg", "x");
     ADD_FAILURE() << "an s3:// root was taken";
   } catch (const io::MlflowError& error) {
     EXPECT_FALSE(error.retryable());

@@ -7,6 +7,7 @@
 // the layout and the checkpoint. A server stopped in the middle of a run, or
 // none at all, costs a warning: training finishes, the checkpoint and the
 // metrics file are whole, and what reached the server is a prefix of them.
+// A run resumed from a checkpoint goes on in the MLflow run it began.
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <unistd.h>
@@ -247,6 +248,58 @@ TEST(Tracking, AServerStoppedMidRunCostsAWarningNotTheTraining) {
   ASSERT_GE(recorded.size(), 9u);
   ASSERT_LT(recorded.size(), 40u);
   EXPECT_TRUE(std::equal(recorded.begin(), recorded.end(), steps.begin()));
+}
+
+// "mlflow: run <id> recorded ..." → <id>.
+std::string recorded_run(const std::string& output) {
+  const size_t at = output.find("mlflow: run ");
+  if (at == std::string::npos) return "";
+  const size_t start = at + std::string("mlflow: run ").size();
+  return output.substr(start, output.find(' ', start) - start);
+}
+
+TEST(Tracking, AResumedRunGoesOnInTheSameMlflowRun) {
+  SKIP_WITHOUT_MLFLOW();
+  ScratchDirectory dir("tessera_mlflow_resume_");
+  const int port = free_port();
+  TrackingServer server(dir.path, port);
+  ASSERT_TRUE(server.up()) << server.output();
+  // The same command twice: it stops at step 10 (--exit-interval), then resumes from the checkpoint to 20.
+  const auto command = tessera_command(
+      1, words("--model mlp --synthetic --hidden 32 --micro-batch-size 8 --train-steps 20 --exit-interval 10 "
+               "--threads 1 --log-interval 5 --resume auto --mlflow-experiment resumed --mlflow-uri http://127.0.0.1:" +
+               std::to_string(port) + " --save " + (dir / "ckpt") + " --metrics " + (dir / "metrics.jsonl")));
+  const Outcome first = run_command(command, dir / "first.log", seconds(120), quiet_environment());
+  ASSERT_EQ(first.status, 0) << first.output;
+  // The second part pauses 2 s at step 12 (the run reopened by then): its step-20 checkpoint records the run.
+  std::vector<std::string> slow = quiet_environment();
+  slow.push_back("TESSERA_FAULT=slow@12:0");
+  const Outcome second = run_command(command, dir / "second.log", seconds(120), slow);
+  ASSERT_EQ(second.status, 0) << second.output;
+  ASSERT_FALSE(recorded_run(first.output).empty()) << first.output;
+  EXPECT_EQ(recorded_run(second.output), recorded_run(first.output)) << second.output;
+  EXPECT_FALSE(contains(second.output, "warning: MLflow")) << second.output;
+
+  // A third part from that checkpoint into another --save directory (no mlflow-run.json there): the
+  // checkpoint's own record of the run is what continues it.
+  const Outcome third = run_command(
+      tessera_command(1, words("--model mlp --synthetic --hidden 32 --micro-batch-size 8 --train-steps 25 "
+                               "--threads 1 --log-interval 5 --mlflow-experiment resumed --mlflow-uri http://127.0.0.1:" +
+                               std::to_string(port) + " --resume " + (dir / "ckpt/step_00000020") + " --save " +
+                               (dir / "other") + " --metrics " + (dir / "metrics.jsonl"))),
+      dir / "third.log", seconds(120), quiet_environment());
+  ASSERT_EQ(third.status, 0) << third.output;
+  EXPECT_EQ(recorded_run(third.output), recorded_run(first.output)) << third.output;
+
+  const Json run = read_back(port, "resumed", dir.path);
+  ASSERT_FALSE(run.is_discarded());
+  EXPECT_EQ(run["runs"], 1);
+  EXPECT_EQ(run["status"], "FINISHED");
+  EXPECT_EQ(run["tags"]["tessera.resumed_at_step"], "20");
+  const auto expected = file_losses(dir / "metrics.jsonl");
+  ASSERT_EQ(expected.size(), 25u);
+  EXPECT_EQ(server_losses(run), expected);
+  EXPECT_EQ(run.value("metrics.jsonl", ""), file_text(dir / "metrics.jsonl"));
 }
 
 TEST(Tracking, NoServerAtAllIsAWarningAndABadUriIsRefused) {
