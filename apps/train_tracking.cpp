@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <cstdio>
@@ -18,11 +17,6 @@
 
 namespace tessera::app {
 namespace {
-
-int64_t unix_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string env_or(const char* name, std::string fallback) {
   const char* value = std::getenv(name);
@@ -101,14 +95,10 @@ RunTracking::RunTracking(const TrainConfig& c, bool root, const RunFacts& facts)
 
 RunTracking::~RunTracking() = default;
 
-void RunTracking::queue(std::vector<io::MlflowMetric> metrics) {
-  run_->log_metrics(std::move(metrics));
-}
-
 void RunTracking::log_step(const io::StepRecord& r) {
   if (!run_) return;
   log_.steps.push_back(r);
-  const int64_t now = unix_ms();
+  const int64_t now = io::unix_time_ms();
   std::vector<io::MlflowMetric> metrics = {{"loss", r.loss, now, r.step},
                                            {"lr", r.lr, now, r.step},
                                            {"ms_per_step", r.ms_per_step, now, r.step}};
@@ -121,17 +111,17 @@ void RunTracking::log_step(const io::StepRecord& r) {
   optional("loss_scale", r.loss_scale);
   if (r.skipped) metrics.push_back({"skipped", 1.0, now, r.step});
   for (const auto& [key, value] : r.extra) metrics.push_back({key, value, now, r.step});
-  queue(std::move(metrics));
+  run_->log_metrics(std::move(metrics));
 }
 
 void RunTracking::log_eval(const io::EvalRecord& r) {
   if (!run_) return;
   log_.evals.push_back(r);
-  const int64_t now = unix_ms();
+  const int64_t now = io::unix_time_ms();
   std::vector<io::MlflowMetric> metrics = {{"eval_loss", r.eval_loss, now, r.step}};
   if (r.eval_accuracy) metrics.push_back({"eval_accuracy", *r.eval_accuracy, now, r.step});
   if (r.eval_bits_per_byte) metrics.push_back({"eval_bits_per_byte", *r.eval_bits_per_byte, now, r.step});
-  queue(std::move(metrics));
+  run_->log_metrics(std::move(metrics));
 }
 
 // curves.svg and metrics.jsonl: from the --metrics file, which holds the

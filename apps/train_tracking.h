@@ -48,7 +48,6 @@ class RunTracking {
   void finish(const TrainResult& result, bool stopped_early);
 
  private:
-  void queue(std::vector<io::MlflowMetric> metrics);
   void queue_artifacts();
 
   const TrainConfig& config_;

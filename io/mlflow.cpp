@@ -29,11 +29,6 @@ std::string env_or_empty(const char* name) {
   return value ? value : "";
 }
 
-int64_t unix_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 // Doubles as protobuf's JSON mapping reads them: non-finite values as strings.
 Json metric_value(double value) {
   if (std::isnan(value)) return "NaN";
@@ -79,6 +74,11 @@ void write_local_artifact(const std::string& root_uri, const std::string& relati
 }
 
 }  // namespace
+
+int64_t unix_time_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 
 MlflowServer MlflowServer::from_environment(std::string uri) {
   MlflowServer server;
@@ -349,7 +349,7 @@ void MlflowRun::send_queued(std::unique_lock<std::mutex>& lock) {
     artifacts_.pop_front();
   }
   if (!final_status_.empty() && !ended_) {
-    send(lock, "the run's end", [&] { client_->set_status(info_.run_id, final_status_, unix_ms()); });
+    send(lock, "the run's end", [&] { client_->set_status(info_.run_id, final_status_, unix_time_ms()); });
     ended_ = true;
     idle_.notify_all();
   }
@@ -378,7 +378,7 @@ MlflowRunInfo MlflowRun::open_run() {
     return info;
   }
   const std::string experiment = client_->experiment_id(options_.experiment);
-  return client_->create_run(experiment, options_.run_name, options_.tags, unix_ms());
+  return client_->create_run(experiment, options_.run_name, options_.tags, unix_time_ms());
 }
 
 }  // namespace tessera::io

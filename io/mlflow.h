@@ -31,6 +31,9 @@ namespace tessera::io {
 
 using MlflowPairs = std::vector<std::pair<std::string, std::string>>;
 
+// Now in MLflow's timestamps: milliseconds since the Unix epoch.
+int64_t unix_time_ms();
+
 struct MlflowMetric {
   std::string key;
   double value = 0.0;  // NaN and infinities are sent as MLflow reads them
