@@ -215,6 +215,7 @@ void TrainingCheckpoints::save(const Counters& counters, bool final) {
   using Clock = std::chrono::steady_clock;
   const TrainConfig& c = *state_.config;
   if (saver_.pending()) publish();  // the previous save first (waiting for its writes if need be)
+  keep_directory_locked();
   const auto start = Clock::now();
   // A final save goes the same way (host copy, background write) and is
   // published at once: every checkpoint of an --async-save run is written by
@@ -230,6 +231,24 @@ void TrainingCheckpoints::save(const Counters& counters, bool final) {
     add_stall(stall);  // the loop's wait to start it, reported now; publishing it adds its own
     pending_stall_s_ = stall;
     if (final) publish();
+  }
+}
+
+// Rank 0, before each save: a --save directory removed (or replaced) during
+// the run no longer keeps another job out, so it is made again and locked
+// again, with a warning; if another job has taken it meanwhile, the run stops
+// rather than write into that job's checkpoints.
+void TrainingCheckpoints::keep_directory_locked() {
+  io::SaveDirectoryLock* lock = state_.save_lock;
+  if (lock == nullptr || lock->still_in_place()) return;
+  const std::string& dir = state_.config->save;
+  say_("warning: --save " + dir +
+       " was removed or replaced during the run; taking it again (checkpoints written there before are gone)");
+  try {
+    lock->take_again();
+  } catch (const Error& taken) {
+    TESSERA_THROW(taken.message(), " (it was removed during this run, and the job named took it since; this run ",
+                  "stops without saving there)");
   }
 }
 

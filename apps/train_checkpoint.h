@@ -37,6 +37,7 @@
 #include "apps/train_config.h"
 #include "core/dtype.h"
 #include "io/checkpoint.h"
+#include "io/save_lock.h"
 #include "nn/grad_scaler.h"
 #include "nn/lr_schedule.h"
 #include "nn/models.h"
@@ -71,6 +72,8 @@ struct TrainState {
   // Rank 0 under --mlflow-uri: the MLflow run's id once the server gave it
   // (stored in checkpoints, so that a resumed run goes on with the same run).
   std::function<std::string()> tracking_run_id;
+  // Rank 0 under --save: the directory's lock, checked before every save.
+  io::SaveDirectoryLock* save_lock = nullptr;
 };
 
 struct Counters {
@@ -107,6 +110,7 @@ class TrainingCheckpoints {
   double total_stall_ms() const { return total_stall_ms_; }
 
  private:
+  void keep_directory_locked();
   void add_figure(const std::string& name, double value);
   void add_stall(double seconds);
   void report(const io::PublishedCheckpoint& published, double stall, double save_stall, bool background);

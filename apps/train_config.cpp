@@ -85,7 +85,13 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
       ->delimiter(',')
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->group(model);
-  command.add_option("--vocab-size", c.vocab_size, "GPT vocabulary size")->group(model);
+  command.add_option("--vocab-size", c.vocab_size,
+                     "GPT vocabulary size (default: the dataset's, padded to --make-vocab-size-divisible-by; 256 "
+                     "with --synthetic)")
+      ->group(model);
+  command.add_option("--make-vocab-size-divisible-by", c.make_vocab_size_divisible_by,
+                     "Without --vocab-size: pad the dataset's vocabulary to a multiple of this (as Megatron-LM)")
+      ->group(model);
   command.add_option("--seq-length", c.seq_length, "GPT context length")->group(model);
   command.add_option("--num-layers", c.num_layers, "GPT Transformer blocks")->group(model);
   command.add_option("--num-heads", c.num_heads, "GPT attention heads")->group(model);
@@ -741,11 +747,16 @@ void refuse_unused_settings(const CLI::App& command, const TrainConfig& c, const
               "the width of the GPT's feed-forward blocks, and " + model + " does not use it" + widths);
     refuse_if("--seq-length", true, "the GPT's context length, and " + model + " does not use it");
     refuse_if("--vocab-size", true, "the GPT's vocabulary, and " + model + " does not use it");
+    refuse_if("--make-vocab-size-divisible-by", true, "pads the GPT's vocabulary, and " + model + " does not use it");
     refuse_if("--hidden-dropout", true,
               "dropout in the GPT's blocks, and " + model + " does not use it (it has no dropout)");
     refuse_if("--recompute", c.recompute,
               "recomputes the GPT's Transformer blocks in backward, and " + model + " has none");
   }
+  if (kind == nn::ModelKind::gpt && given("--vocab-size"))
+    refuse_if("--make-vocab-size-divisible-by", true,
+              "pads the dataset's vocabulary when --vocab-size is not given, and --vocab-size " +
+                  std::to_string(c.vocab_size) + " is; drop one of them");
   if (kind != nn::ModelKind::mlp)
     refuse_if("--hidden", true,
               "the MLP's layer widths, and " + setting("--model", c.model) + " does not use it" +
@@ -871,6 +882,10 @@ void validate(const TrainConfig& c) {
   TESSERA_CHECK(c.eval_interval >= 0 && c.eval_iters >= 0 && c.log_interval > 0,
                 "--eval-interval and --eval-iters must not be negative and --log-interval must be positive");
   TESSERA_CHECK(c.max_skipped_steps > 0, "--max-skipped-steps must be positive, got ", c.max_skipped_steps);
+  TESSERA_CHECK(c.vocab_size >= 0, "--vocab-size must not be negative (0, the default: the dataset's), got ",
+                c.vocab_size);
+  TESSERA_CHECK(c.make_vocab_size_divisible_by >= 1 && c.make_vocab_size_divisible_by <= 1 << 20,
+                "--make-vocab-size-divisible-by must be from 1 to 1048576, got ", c.make_vocab_size_divisible_by);
   TESSERA_CHECK(c.zero >= 0 && c.zero <= 3, "--zero must be 0, 1, 2 or 3, got ", c.zero);
   TESSERA_CHECK(c.zero_prefetch >= 0, "--zero-prefetch must not be negative, got ", c.zero_prefetch);
   TESSERA_CHECK(c.tensor_parallel >= 1, "--tensor-parallel must be at least 1, got ", c.tensor_parallel);
@@ -924,7 +939,7 @@ std::string describe(const TrainConfig& c) {
   const nn::ModelKind kind = nn::parse_model_kind(c.model);
   if (kind == nn::ModelKind::mlp) out << " hidden=" << list(c.hidden);
   if (kind == nn::ModelKind::gpt)
-    out << " vocab_size=" << c.vocab_size << " seq_length=" << c.seq_length << " num_layers=" << c.num_layers
+    out << " vocab_size=" << (c.vocab_size ? std::to_string(c.vocab_size) : "auto") << " seq_length=" << c.seq_length << " num_layers=" << c.num_layers
         << " num_heads=" << c.num_heads << " hidden_size=" << c.hidden_size << " ffn_hidden_size=" << c.ffn_hidden_size
         << " hidden_dropout=" << c.hidden_dropout << " recompute=" << c.recompute;
   out << "\ndata=" << (c.synthetic ? "synthetic" : c.data) << " eval_data=" << c.eval_data
@@ -979,6 +994,7 @@ std::vector<std::pair<std::string, std::string>> settings(const TrainConfig& c) 
       {"model", c.model},
       {"hidden", hidden},
       {"vocab-size", std::to_string(c.vocab_size)},
+      {"make-vocab-size-divisible-by", std::to_string(c.make_vocab_size_divisible_by)},
       {"seq-length", std::to_string(c.seq_length)},
       {"num-layers", std::to_string(c.num_layers)},
       {"num-heads", std::to_string(c.num_heads)},

@@ -20,7 +20,8 @@ struct TrainConfig {
   // Model.
   std::string model = "mlp";                   // --model mlp|cnn|gpt
   std::vector<int64_t> hidden = {1024, 1024};  // --hidden (mlp)
-  int64_t vocab_size = 256;                    // gpt (checked against the dataset)
+  int64_t vocab_size = 0;                      // gpt; 0: the dataset's, padded (256 with --synthetic)
+  int64_t make_vocab_size_divisible_by = 128;  // gpt, --vocab-size 0: the dataset's vocabulary padded to a multiple
   int64_t seq_length = 256;
   int64_t num_layers = 4;
   int64_t num_heads = 4;

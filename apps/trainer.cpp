@@ -74,13 +74,36 @@ DType compute_dtype(const std::string& precision) {
   return DType::f32;
 }
 
+// The GPT's vocabulary without --vocab-size and without data (--synthetic).
+constexpr int64_t kSyntheticVocabSize = 256;
+
+// `vocab` rounded up to a multiple of `multiple` (Megatron-LM's
+// --make-vocab-size-divisible-by: rows of the table that no token uses, for
+// GEMM-friendly shapes).
+int64_t padded_vocab_size(int64_t vocab, int64_t multiple) {
+  return (vocab + multiple - 1) / multiple * multiple;
+}
+
+// Without --vocab-size: where the GPT's vocabulary came from, for the start-up lines.
+std::string describe_vocabulary(const TrainConfig& c, const nn::ModelConfig& m,
+                                const std::optional<io::DatasetInfo>& data) {
+  if (m.kind != nn::ModelKind::gpt || c.vocab_size > 0) return {};
+  if (!data)
+    return "vocabulary: " + std::to_string(m.vocab_size) + " (--synthetic; --vocab-size to change it)";
+  std::string text = "vocabulary: " + std::to_string(m.vocab_size) + " from " + data->path;
+  if (m.vocab_size != data->vocab_size)
+    text += " (its " + std::to_string(data->vocab_size) + " tokens padded to a multiple of " +
+            std::to_string(c.make_vocab_size_divisible_by) + ", --make-vocab-size-divisible-by)";
+  return text + "; --vocab-size to choose another";
+}
+
 // The model's configuration from the flags and, when there is data, from the
 // dataset (input shape and classes, or vocabulary).
 nn::ModelConfig model_config(const TrainConfig& c, const std::optional<io::DatasetInfo>& data) {
   nn::ModelConfig m;
   m.kind = nn::parse_model_kind(c.model);
   m.hidden = c.hidden;
-  m.vocab_size = c.vocab_size;
+  m.vocab_size = c.vocab_size > 0 ? c.vocab_size : kSyntheticVocabSize;
   m.seq_length = c.seq_length;
   m.num_layers = c.num_layers;
   m.num_heads = c.num_heads;
@@ -94,7 +117,9 @@ nn::ModelConfig model_config(const TrainConfig& c, const std::optional<io::Datas
   TESSERA_CHECK(wants_tokens == has_tokens, "--model ", c.model, " needs ",
                 wants_tokens ? "a token dataset (tessera prepare text)" : "an image dataset (tessera prepare idx)",
                 " but ", data->path, " holds ", has_tokens ? "tokens" : "images");
-  if (has_tokens) {
+  if (has_tokens && c.vocab_size == 0) {
+    m.vocab_size = padded_vocab_size(data->vocab_size, c.make_vocab_size_divisible_by);
+  } else if (has_tokens) {
     TESSERA_CHECK(c.vocab_size >= data->vocab_size, "--vocab-size ", c.vocab_size, " is smaller than the vocabulary (",
                   data->vocab_size, ") of ", data->path, "; raise --vocab-size to at least ", data->vocab_size);
   } else {
@@ -340,6 +365,15 @@ void inject_step_faults(int64_t step, int rank, BatchSource& source, Device devi
     announce("device_fault");
     provoke_device_fault(device);
   }
+}
+
+// TESSERA_FAULT=startup_hang (core/fault.h): this rank stops for good during
+// start-up, before the first step, as a check or a load that never ends.
+void inject_start_up_fault(int rank) {
+  if (!fault_due("startup_hang", 0, rank)) return;
+  std::fprintf(stderr, "tessera: TESSERA_FAULT: startup_hang on rank %d\n", rank);
+  std::fflush(stderr);
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
 }
 
 // --device cuda: the local rank's GPU under MPI; --device emu likewise the
@@ -626,13 +660,22 @@ io::StepRecord step_record(int64_t step, int64_t total_steps, const parallel::St
 }
 
 // An evaluation into the metrics and, on rank 0 (`progress` non-null), a line above the progress bar.
-io::EvalRecord report_eval(const EvalResult& eval, int64_t step, bool tokens, io::MetricsWriter& metrics,
-                           io::ProgressLine* progress) {
+// The evaluation data's tokens per byte of text (a language model's, when
+// the file knows its text's bytes: io::DatasetInfo::text_bytes).
+std::optional<double> tokens_per_byte(const std::optional<io::DatasetInfo>& eval_data, bool tokens) {
+  if (!tokens || !eval_data || !eval_data->text_bytes || *eval_data->text_bytes <= 0) return std::nullopt;
+  return double(eval_data->num_tokens) / double(*eval_data->text_bytes);
+}
+
+// `tokens_per_byte`: of the evaluation data (a language model's), when its
+// text's bytes are known; bits per byte = nats per token / ln 2 x tokens per byte.
+io::EvalRecord report_eval(const EvalResult& eval, int64_t step, std::optional<double> tokens_per_byte,
+                           io::MetricsWriter& metrics, io::ProgressLine* progress) {
   io::EvalRecord record;
   record.step = step;
   record.eval_loss = eval.loss;
   record.eval_accuracy = eval.accuracy;
-  if (tokens) record.eval_bits_per_byte = eval.loss / std::log(2.0);
+  if (tokens_per_byte) record.eval_bits_per_byte = eval.loss / std::log(2.0) * *tokens_per_byte;
   metrics.log_eval(record);
   if (!progress) return record;
   char line[160];
@@ -775,6 +818,23 @@ std::vector<std::array<int64_t, 3>> estimate_memory(const TrainConfig& c, nn::Mo
   return out;
 }
 
+// --estimate-memory on its own: the figures from the model's shapes alone
+// (placeholders: nothing is allocated or initialised), so a model of any
+// size is estimated at once, on any machine.
+TrainResult estimate_only(const TrainConfig& c, const nn::ModelConfig& model_cfg, const nn::ModelSpec& spec,
+                          parallel::ProcessGrid& grid, int64_t micro_batches, parallel::Communicator& world,
+                          Context& ctx) {
+  nn::ModelSpec shapes = spec;
+  shapes.shapes_only = true;
+  const parallel::StageModel stage_model = parallel::build_stage_model(
+      model_cfg, shapes, grid, c.sequence_parallel, c.pipeline_split, c.virtual_pipeline_stages);
+  TrainResult estimate;
+  estimate.data_parallel_size = grid.dp_size();
+  estimate.memory_estimate =
+      estimate_memory(c, *stage_model.module, grid.dp_size(), micro_batches, spec.dtype, world, ctx);
+  return estimate;
+}
+
 // This step's peaks (the allocator's counters since the step began) into
 // the metrics record and the run's peaks.
 void record_memory(const AllocatorStats& stats, io::StepRecord& record, TrainResult::PeakMemory& peak) {
@@ -788,6 +848,19 @@ void record_memory(const AllocatorStats& stats, io::StepRecord& record, TrainRes
     record.extra.emplace_back(names[i], double(values[i]));
     *peaks[i] = std::max(*peaks[i], values[i]);
   }
+}
+
+// --zero 1/2/3 shards over the data-parallel ranks: with one it only adds
+// memory (the flat buffers and, at 2/3, the units' gathers), so it is refused.
+void check_zero_has_ranks(const TrainConfig& c, const parallel::ProcessGrid& grid) {
+  if (c.zero == 0 || grid.dp_size() > 1) return;
+  const int64_t model_ranks = int64_t(grid.tp_size()) * grid.pp_size();
+  TESSERA_THROW("--zero ", c.zero, " shards ", c.zero == 1 ? "the optimizer state" : c.zero == 2
+                    ? "the optimizer state and gradients" : "the parameters, gradients and optimizer state",
+                " over the data-parallel ranks, and this layout has one (", model_ranks, " rank(s) = --tensor-parallel ",
+                grid.tp_size(), " x --pipeline-parallel ", grid.pp_size(),
+                "): it would only add memory; drop --zero, or start a multiple of ", model_ranks,
+                " ranks (e.g. mpirun -np ", 2 * model_ranks, " for 2 data-parallel ranks)");
 }
 
 // The MPI and NCCL libraries, and what the topology says this node's rank 0
@@ -853,6 +926,7 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   parallel::ProcessGrid grid(*world, grid_sizes);
   parallel::Communicator& dp = grid.dp();
   const bool root = world->rank() == 0;
+  check_zero_has_ranks(c, grid);
   const std::string layout =
       env ? env->describe_layout()  // collective over MPI_COMM_WORLD
           : std::to_string(world->size()) + " rank(s) of the communicator '" + world->name() + "'";
@@ -863,6 +937,13 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   spec.device = device;
   spec.dtype = dtype;
   spec.seed = c.seed;
+  const int64_t accumulation = micro_batches_per_step(c, dp.size());
+  TESSERA_CHECK(c.virtual_pipeline_stages == 1 || accumulation % grid.pp_size() == 0, "--virtual-pipeline-stages ",
+                c.virtual_pipeline_stages, ": a step's ", accumulation, " micro-batches (--global-batch-size ",
+                c.global_batch_size, " / (--micro-batch-size ", c.micro_batch_size, " x ", dp.size(),
+                " data-parallel ranks)) must be a multiple of --pipeline-parallel ", grid.pp_size(),
+                "; use --global-batch-size ", c.micro_batch_size * dp.size() * grid.pp_size(), " or a multiple of it");
+  if (c.estimate_memory) return estimate_only(c, model_cfg, spec, grid, accumulation, *world, ctx);
   // This rank's part of the model: the layers of its pipeline stage, split
   // over its tensor-parallel group, with its loss (parallel/stage_model.h).
   parallel::StageModel stage_model = parallel::build_stage_model(model_cfg, spec, grid, c.sequence_parallel,
@@ -874,6 +955,7 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   nn::Parameter* tied_table = stage_model.tied_table;
   const std::function<Shape(const Tensor&)>& stage_input_shape = stage_model.input_shape;
   std::vector<nn::Parameter*> parameters = model->parameters();
+  inject_start_up_fault(world->rank());
   if (!c.init_from.empty()) {
     // Before the optimizer copies them (masters) and ZeRO-3 shards them; a resumed checkpoint replaces them.
     const io::WeightsLoaded loaded = io::load_safetensors_weights(c.init_from, parameters, model_cfg.num_layers);
@@ -884,12 +966,6 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   }
   TrainingSamples samples(c, *model);
   const PipelineGroups groups = split_pipeline_groups(*world, grid, stage);
-  const int64_t accumulation = micro_batches_per_step(c, dp.size());
-  TESSERA_CHECK(c.virtual_pipeline_stages == 1 || accumulation % grid.pp_size() == 0, "--virtual-pipeline-stages ",
-                c.virtual_pipeline_stages, ": a step's ", accumulation, " micro-batches (--global-batch-size ",
-                c.global_batch_size, " / (--micro-batch-size ", c.micro_batch_size, " x ", dp.size(),
-                " data-parallel ranks)) must be a multiple of --pipeline-parallel ", grid.pp_size(),
-                "; use --global-batch-size ", c.micro_batch_size * dp.size() * grid.pp_size(), " or a multiple of it");
 
   // The trace first: the data-parallel reducer writes its communication into it.
   io::TraceOptions trace_options;
@@ -897,12 +973,6 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   trace_options.rank = world->rank();
   trace_options.world_size = world->size();
   io::TraceWriter trace(trace_options);
-  if (c.estimate_memory) {
-    TrainResult estimate;
-    estimate.data_parallel_size = dp.size();
-    estimate.memory_estimate = estimate_memory(c, *model, dp.size(), accumulation, dtype, *world, ctx);
-    return estimate;
-  }
   parallel::DataParallel replica(parameters, dp, optimizer_config(c),
                                  data_parallel_options(c, grid, groups.model.get(), tied_table, *model, trace));
   nn::GradScaler scaler = nn::GradScaler::for_dtype(dtype);
@@ -926,6 +996,7 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   parallel::PipelineEngine* engine = grid.pp_size() > 1 ? &train_step.engine() : nullptr;  // evaluation
 
   TrainState state = train_state(c, model_cfg, dtype, parameters, replica, scaler, *world, grid);
+  state.save_lock = save_lock ? &*save_lock : nullptr;
   const std::optional<Resumed> resumed = resume_if_asked(c, state, *world, ctx, device);
   Counters counters = resumed ? resumed->counters : Counters{};
 
@@ -958,6 +1029,8 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
     std::printf("ranks: %s; %s; communicator %s; data parallel: %s\n", layout.c_str(), grid.describe().c_str(),
                 backend.c_str(), replica_description.c_str());
     if (!stage_description.empty()) std::printf("%s\n", stage_description.c_str());
+    if (const std::string vocabulary = describe_vocabulary(c, model_cfg, data_info); !vocabulary.empty())
+      std::printf("%s\n", vocabulary.c_str());
     if (env) std::printf("%s", describe_libraries_and_topology(*env).c_str());
     if (data_info) std::printf("data: %s\n", data_info->describe().c_str());
     std::printf("%s", describe_resume(c, resumed, counters, total_steps, state).c_str());
@@ -975,6 +1048,7 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
                    {"zero", std::to_string(c.zero)}});
 
   const bool tokens = nn::model_traits(model_cfg.kind).reads_tokens;
+  const std::optional<double> eval_tokens_per_byte = tokens_per_byte(eval_info, tokens);
   const int64_t samples_per_step = accumulation * c.micro_batch_size * dp.size();
   const bool evaluate_per_epoch = c.eval_interval == 0 && source.batches_per_epoch() > 0;
   const int64_t steps_per_epoch =
@@ -1011,6 +1085,7 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   if (root && counters.step >= total_steps && total_steps > 0)
     std::printf("nothing to do: the checkpoint is at step %lld and --train-steps/--epochs ask for %lld\n",
                 static_cast<long long>(counters.step), static_cast<long long>(total_steps));
+  signals.training_started();  // from here a signal asks for a checkpoint at the next step boundary
   if (total_steps == 0 && counters.step == 0) {  // --init-from, --train-steps 0: the weights as they came
     checkpoints.save(counters, true);
     result.checkpoint = checkpoints.last_published();
@@ -1091,7 +1166,7 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
       const EvalResult eval =
           evaluate(ctx, *model, loss, c, device, dtype, trace, dp, PipelineEval{engine, &grid.pp(), stage_input_shape});
       katib_due = true;  // the metrics writer prints the eval's Katib line
-      tracking.log_eval(report_eval(eval, step + 1, tokens, metrics, root ? &progress : nullptr));
+      tracking.log_eval(report_eval(eval, step + 1, eval_tokens_per_byte, metrics, root ? &progress : nullptr));
       monitor.record_eval(eval.loss);
       if (last) result.final_eval = eval;
     }

@@ -12,8 +12,12 @@
 // A missing step matches every step, a missing rank every rank. Kinds:
 //   checkpoint_crash  the process raises SIGKILL in the middle of writing a
 //                     checkpoint (after some tensors, before the rename);
-//   slow_checkpoint   it sleeps 6 s in the middle of writing a checkpoint (a
+//   slow_checkpoint   it takes 6 s longer in the middle of writing a
+//                     checkpoint, its writer making progress all along (a
 //                     save slower than --comm-timeout must not be a stall);
+//   checkpoint_hang   its writer stops for good in the middle of writing a
+//                     checkpoint (a dead mount, a stopped process): the others
+//                     must name it within --comm-timeout, not --save-timeout;
 //   crash             the process kills itself (SIGKILL) as the step begins;
 //   hang              it stops for good as the step begins (the others'
 //                     next collective times out: --comm-timeout);
@@ -22,6 +26,9 @@
 //   truncated_data    from the step on, the rank reads its --data file through
 //                     a copy cut to half its bytes (the readers' own checks
 //                     must end the job, naming the rank and the file);
+//   startup_hang      it stops for good during start-up, after building the
+//                     model and before the first step (use no @step): a
+//                     start-up that never ends must still end on a signal;
 //   device_fault      its device faults as the step begins, as after a
 //                     kernel's illegal memory access (a real one on CUDA, an
 //                     injected sticky error on the emulated device): the

@@ -45,9 +45,9 @@ void send_to_writer(parallel::Communicator& world, const std::vector<TensorPlan>
     for (const PieceInfo* piece : plans[t].owned)
       if (piece->rank == rank && piece->local.numel() > 0)
         world.send(pieces[size_t(piece->index)].local.to(Device::cpu()), 0)->wait();
-    if (t == crash_after) crash_if_due(step, rank);
+    if (t == crash_after) crash_if_due(step, rank, [&world] { world.heartbeat(); });
   }
-  if (plans.empty()) crash_if_due(step, rank);
+  if (plans.empty()) crash_if_due(step, rank, [&world] { world.heartbeat(); });
 }
 
 // Rank 0's side of phases 4 and 5. After its first error it only receives
@@ -170,11 +170,13 @@ std::string save_gathered(parallel::Communicator& world, Context& scratch, const
   RankZeroSave save(world, scratch, job.what);
   save.open(job.save_dir, job.temporary, job.needed, job.step, job.metadata);
   const size_t crash_after = job.plans.size() / 2;  // the same fault point as the other ranks'
+  const WriteProgress progress = [&world] { world.heartbeat(); };  // a sign of life between tensors
   for (size_t t = 0; t < job.plans.size(); ++t) {
     save.write_tensor(job.plans[t], pieces);
-    if (t == crash_after) crash_if_due(job.step, rank);
+    progress();
+    if (t == crash_after) crash_if_due(job.step, rank, progress);
   }
-  if (job.plans.empty()) crash_if_due(job.step, rank);
+  if (job.plans.empty()) crash_if_due(job.step, rank, progress);
   save.write_rank_states(job.all);
   save.publish(job.save_dir, job.temporary, job.final_path, job.keep, job.needed);
   broadcast_outcome(world, scratch, save.failure());

@@ -169,8 +169,12 @@ std::vector<RankInfo> gather_descriptors(parallel::Communicator& world, Context&
 std::vector<TensorPlan> plan_tensors(const std::vector<RankInfo>& ranks, const std::string& what);
 // Rank 0's `failure` (empty: success), on every rank.
 std::string broadcast_outcome(parallel::Communicator& world, Context& scratch, const std::string& failure);
-// The slow_checkpoint and checkpoint_crash faults of TESSERA_FAULT, at a writer's midpoint.
-void crash_if_due(int64_t step, int rank);
+// A writer's sign of life between slabs (parallel::Communicator::heartbeat
+// on the thread that communicates; a timestamp for a background writer).
+using WriteProgress = std::function<void()>;
+// The slow_checkpoint, checkpoint_hang and checkpoint_crash faults of
+// TESSERA_FAULT, at a writer's midpoint (a slow write still makes progress).
+void crash_if_due(int64_t step, int rank, const WriteProgress& progress);
 // Bytes a checkpoint of `plans` and the ranks' state will take on disk.
 int64_t checkpoint_file_bytes(const std::vector<TensorPlan>& plans, const std::vector<RankInfo>& all, bool sharded);
 

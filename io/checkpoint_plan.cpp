@@ -235,16 +235,25 @@ std::string broadcast_outcome(parallel::Communicator& world, Context& scratch, c
 
 // The checkpoint_crash fault: this process dies here (tests prove the
 // previous checkpoint survives).
-void crash_if_due(int64_t step, int rank) {
-  if (fault_due("slow_checkpoint", step, rank)) {
-    std::fprintf(stderr, "tessera: TESSERA_FAULT: slow_checkpoint while writing the step-%lld checkpoint on rank %d\n",
+void crash_if_due(int64_t step, int rank, const WriteProgress& progress) {
+  const auto announce = [&](const char* kind) {
+    std::fprintf(stderr, "tessera: TESSERA_FAULT: %s while writing the step-%lld checkpoint on rank %d\n", kind,
                  static_cast<long long>(step), rank);
     std::fflush(stderr);
-    std::this_thread::sleep_for(std::chrono::seconds(6));
+  };
+  if (fault_due("slow_checkpoint", step, rank)) {  // a slow disk: 6 s, making progress all along
+    announce("slow_checkpoint");
+    for (int tenth = 0; tenth < 60; ++tenth) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (progress) progress();
+    }
+  }
+  if (fault_due("checkpoint_hang", step, rank)) {  // a writer stuck for good (a dead mount, a stopped process)
+    announce("checkpoint_hang");
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
   }
   if (fault_due("checkpoint_crash", step, rank)) {
-    std::fprintf(stderr, "tessera: TESSERA_FAULT: checkpoint_crash while writing the step-%lld checkpoint on rank %d\n",
-                 static_cast<long long>(step), rank);
+    announce("checkpoint_crash");
     std::fflush(nullptr);
     end_process(ProcessEnd::injected_crash, 128 + SIGKILL);
   }

@@ -143,7 +143,7 @@ std::vector<const PieceInfo*> owned_pieces(const SaveJob& job, int rank) {
 constexpr int64_t kSlabBytes = int64_t(8) << 20;
 
 // Returns the piece's CRC-32 (also stored as its dataset's attribute).
-uint32_t write_piece(const std::string& path, hid_t file, const OwnedPiece& piece) {
+uint32_t write_piece(const std::string& path, hid_t file, const OwnedPiece& piece, const WriteProgress& progress) {
   const PieceInfo& info = *piece.info;
   const std::string name = piece_dataset_name(info.name, info.index);
   Hdf5Handle links = property_list_handle(TESSERA_HDF5_CHECK_AT(path, H5Pcreate(H5P_LINK_CREATE)));
@@ -160,6 +160,7 @@ uint32_t write_piece(const std::string& path, hid_t file, const OwnedPiece& piec
     TESSERA_HDF5_CHECK_AT(path, H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, &first, nullptr, &one, &count));
     TESSERA_HDF5_CHECK_AT(path, H5Dwrite(dataset.get(), memory_type_of(info.dtype), memory.get(), space.get(),
                                          H5P_DEFAULT, piece.bytes + first * element));
+    progress();
   }
   write_string_attribute(path, dataset.get(), kDtypeAttribute, dtype_name(info.dtype));
   const uint32_t crc = crc32_of(piece.bytes, size_t(piece.size));
@@ -171,7 +172,8 @@ uint32_t write_piece(const std::string& path, hid_t file, const OwnedPiece& piec
 // owned piece (tensors/<name>/<index in the rank's list>) with its dtype and
 // CRC, flushed, closed and fsynced. Never throws: the error (naming the rank
 // and the file) is the outcome, reported by every rank in finish.
-WriteOutcome write_rank_file(const SaveJob& job, int rank, const std::vector<OwnedPiece>& owned) {
+WriteOutcome write_rank_file(const SaveJob& job, int rank, const std::vector<OwnedPiece>& owned,
+                             const WriteProgress& progress) {
   WriteOutcome outcome;
   const auto start = Clock::now();
   const std::string path = (job.temporary / rank_file_name(rank)).string();
@@ -182,11 +184,11 @@ WriteOutcome write_rank_file(const SaveJob& job, int rank, const std::vector<Own
     write_int64_attribute(path, file.get(), "step", job.step);
     write_int64_attribute(path, file.get(), "rank", rank);
     for (size_t i = 0; i < owned.size(); ++i) {
-      outcome.crcs.push_back(write_piece(path, file.get(), owned[i]));
+      outcome.crcs.push_back(write_piece(path, file.get(), owned[i], progress));
       outcome.bytes += owned[i].size;
-      if (i == owned.size() / 2) crash_if_due(job.step, rank);
+      if (i == owned.size() / 2) crash_if_due(job.step, rank, progress);
     }
-    if (owned.empty()) crash_if_due(job.step, rank);
+    if (owned.empty()) crash_if_due(job.step, rank, progress);
     TESSERA_HDF5_CHECK_AT(path, H5Fflush(file.get(), H5F_SCOPE_GLOBAL));  // errors surface here, not in close
     file.reset();
     fsync_path(path, false);
@@ -395,6 +397,7 @@ struct CheckpointSaver::State {
   std::vector<Tensor> snapshot;  // the host copies the background thread writes from
   std::thread writer;
   std::atomic<bool> own_written{false};  // this rank's file (and marker) written, or failed
+  std::atomic<int64_t> written_slabs{0};  // the background writer's progress, for finish()'s heartbeats
   std::atomic<bool> done{false};         // the thread has ended (rank 0: after publishing)
   WriteOutcome outcome;                  // this rank's write, read once own_written
   std::string publication_failure;       // rank 0, read once done
@@ -402,7 +405,7 @@ struct CheckpointSaver::State {
 
   // The background thread of `rank`.
   void run(int rank, const std::vector<OwnedPiece>& owned) {
-    outcome = write_rank_file(*job, rank, owned);
+    outcome = write_rank_file(*job, rank, owned, [this] { written_slabs.fetch_add(1, std::memory_order_relaxed); });
     if (rank != 0) {
       try {
         write_file_atomically(job->temporary / marker_name(rank), [&] {
@@ -461,7 +464,7 @@ std::optional<PublishedCheckpoint> CheckpointSaver::save(const std::string& dir,
   const int rank = world.rank();
   // Every rank waits for the slowest writer: the save has its own deadline.
   std::optional<parallel::ScopedTimeout> deadline;
-  if (options.timeout_s) deadline.emplace(world, *options.timeout_s, "--save-timeout");
+  if (options.timeout_s) deadline.emplace(world, *options.timeout_s, "--save-timeout", true);
   const auto start = Clock::now();
   std::unique_ptr<SaveJob> job = plan_save(world, s.scratch, dir, step, pieces, metadata, options);
 
@@ -493,7 +496,7 @@ std::optional<PublishedCheckpoint> CheckpointSaver::save(const std::string& dir,
     WriteOutcome outcome;
     {
       const WritingActivity writing(world, true, step);
-      outcome = write_rank_file(*job, rank, owned);
+      outcome = write_rank_file(*job, rank, owned, [&world] { world.heartbeat(); });
     }
     return publish_everywhere(world, s.scratch, *job, outcome);
   }
@@ -515,11 +518,20 @@ PublishedCheckpoint CheckpointSaver::finish() {
   TESSERA_CHECK(pending(), "CheckpointSaver::finish: no asynchronous save is pending");
   parallel::Communicator& world = s.world;
   std::optional<parallel::ScopedTimeout> deadline;
-  if (s.timeout_s) deadline.emplace(world, *s.timeout_s, "--save-timeout");
+  if (s.timeout_s) deadline.emplace(world, *s.timeout_s, "--save-timeout", true);
   {
     const WritingActivity writing(world, !s.own_written.load(std::memory_order_acquire), s.job->step);
+    // This rank's own write: a heartbeat for the others whenever its writer has made progress (a stuck writer
+    // then shows no sign of life, and the others name it within --comm-timeout).
+    int64_t seen = -1;
+    while (!s.own_written.load(std::memory_order_acquire)) {
+      if (const int64_t slabs = s.written_slabs.load(std::memory_order_relaxed); slabs != seen) {
+        world.heartbeat();
+        seen = slabs;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     if (world.rank() != 0) s.writer.join();
-    while (!s.own_written.load(std::memory_order_acquire)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   // Every rank's outcome to rank 0's thread (which may have them from the markers already).
   const std::vector<std::vector<uint8_t>> gathered =

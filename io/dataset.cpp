@@ -166,6 +166,20 @@ void validate_classification(const std::string& path, Hdf5Objects& objects, Data
   objects.data = std::move(images);
 }
 
+// The bytes of text a token file encodes: its 'text_bytes' attribute
+// (checked), or one byte per token for a byte file written before the
+// attribute existed (uint8 ids, vocabulary 256, no tokenizer); else unknown.
+std::optional<int64_t> text_bytes_of(const std::string& path, hid_t file, const DatasetInfo& info) {
+  if (has_attribute(file, "text_bytes")) {
+    const int64_t bytes = read_int64_attribute(path, file, "text_bytes");
+    TESSERA_CHECK(bytes >= info.num_tokens, path, ": root attribute 'text_bytes' is ", bytes, " for ",
+                  info.num_tokens, " tokens; every token holds at least one byte (prepare the file again)");
+    return bytes;
+  }
+  if (info.token_type == TokenType::u8 && info.vocab_size == 256 && info.tokenizer.empty()) return info.num_tokens;
+  return std::nullopt;
+}
+
 void validate_tokens(const std::string& path, Hdf5Objects& objects, DatasetInfo& info) {
   const hid_t file = objects.file.get();
   const DatasetKind kind = DatasetKind::tokens;
@@ -197,6 +211,7 @@ void validate_tokens(const std::string& path, Hdf5Objects& objects, DatasetInfo&
                   " tokens; they must agree (prepare the file again)");
     info.tokenizer = tokenizer->describe();
   }
+  info.text_bytes = text_bytes_of(path, file, info);
 
   // Only ids the storage type can hold need checking: uint8 with vocab >= 256
   // and uint16 with vocab >= 65536 are valid by construction.

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,10 @@ struct DatasetInfo {
   // "BPE (768 merges)"; empty when the file has none (its
   // ids are bytes when vocab_size is 256, else another tool's).
   std::string tokenizer;
+  // How many bytes of text the tokens encode (root attribute 'text_bytes',
+  // written by `tessera prepare text`; for older byte files, the token
+  // count); nothing when unknown (token files of other tools).
+  std::optional<int64_t> text_bytes;
 
   int64_t sample_bytes() const { return channels * height * width; }  // one image
   std::string describe() const;  // "classification: 10000 samples of 1x28x28, 10 classes"

@@ -227,7 +227,11 @@ MlflowOutcome MlflowRun::finish(const std::string& status) {
   final_status_ = status;
   wake_.notify_all();
   const auto deadline = Clock::now() + std::chrono::milliseconds(int64_t(options_.finish_timeout_seconds * 1e3));
-  idle_.wait_until(lock, deadline, [this] { return ended_; });
+  // A server that never answered (nothing listening, a wrong host) gets the
+  // one try this finish() starts, not the whole timeout.
+  const int64_t unanswered_before = unanswered_calls_;
+  idle_.wait_until(lock, deadline,
+                   [&] { return ended_ || stopping_ || (!answered_ && unanswered_calls_ > unanswered_before); });
   stopping_ = true;  // gave up or done: the thread stops after its current call
   wake_.notify_all();
   lock.unlock();
@@ -261,10 +265,14 @@ void MlflowRun::run() {
     if (stopping_) break;
     try {
       send_queued(lock);
+      answered_ = true;
       if (failing_) warn_("MLflow at " + options_.server.uri + " records the run again");
       failing_ = false;
       backoff = std::chrono::milliseconds(0);
     } catch (const MlflowError& failure) {  // no answer or a server error: retried
+      if (failure.http_status() != 0) answered_ = true;
+      if (failure.http_status() == 0) ++unanswered_calls_;
+      idle_.notify_all();  // finish() gives up on a server that never answered
       if (!failing_)
         warn_(std::string("MLflow: ") + failure.what() +
               "; training goes on, and what is queued is sent again when the server answers");
@@ -295,6 +303,7 @@ bool MlflowRun::send(std::unique_lock<std::mutex>& lock, const std::string& what
   } catch (const MlflowError& failure) {
     lock.lock();
     if (failure.retryable()) throw;
+    answered_ = true;
     if (what.empty()) return false;  // the caller tries the pieces
     warn_(std::string("MLflow: ") + what + " not recorded: " + failure.what());
     ++outcome_.items_refused;

@@ -128,7 +128,8 @@ class MlflowRun {
   void set_tag(std::string key, std::string value);
   void add_artifact(std::string relative_path, std::string bytes);
   // Sends what is queued, ends the run with `status` (FINISHED, FAILED,
-  // KILLED), waiting at most finish_timeout_seconds; once.
+  // KILLED), waiting at most finish_timeout_seconds; once. A server that has
+  // never answered is tried once more and, still silent, given up at once.
   MlflowOutcome finish(const std::string& status = "FINISHED");
   // The run's id once the server gave it (empty before, or when it never did).
   std::string run_id();
@@ -156,6 +157,8 @@ class MlflowRun {
   std::deque<Artifact> artifacts_;
   std::string final_status_;  // set by finish(): send everything, then end
   bool stopping_ = false, ended_ = false, failing_ = false, finish_tried_ = false;
+  bool answered_ = false;          // the server has answered some call (success or an HTTP error)
+  int64_t unanswered_calls_ = 0;   // calls that got no answer (refused, timed out)
   MlflowRunInfo info_;
   size_t params_sent_ = 0;
   MlflowOutcome outcome_;

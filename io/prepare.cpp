@@ -283,11 +283,18 @@ class TokenStreamWriter {
     position_ += count;
   }
 
+  int64_t train_count() const { return train_count_; }
+
+  // The bytes of text the training file's and the eval file's tokens encode
+  // (root attribute 'text_bytes', for bits per byte); unset: unknown.
+  void set_text_bytes(int64_t train, int64_t eval) { text_bytes_ = {train, eval}; }
+
   // Attributes (and the tokenizer, if any) written, the files closed and
   // renamed into place, re-opened through the validating reader.
   TextPrepareResult commit(const Tokenizer* tokenizer = nullptr) {
-    close(train_output_.partial(), train_);
-    if (eval_output_) close(eval_output_->partial(), eval_);
+    close(train_output_.partial(), train_, text_bytes_ ? std::optional(text_bytes_->first) : std::nullopt);
+    if (eval_output_)
+      close(eval_output_->partial(), eval_, text_bytes_ ? std::optional(text_bytes_->second) : std::nullopt);
     if (tokenizer) {
       tokenizer->save(train_output_.partial());
       if (eval_output_) tokenizer->save(eval_output_->partial());
@@ -311,9 +318,10 @@ class TokenStreamWriter {
     out.tokens = create_dataset(path, out.file.get(), "tokens", file_type_, shape);
     return out;
   }
-  void close(const std::string& path, File& file) const {
+  void close(const std::string& path, File& file, std::optional<int64_t> text_bytes) const {
     write_root_attributes(path, file.file.get(), "tokens");
     write_int64_attribute(path, file.file.get(), "vocab_size", vocab_size_);
+    if (text_bytes) write_int64_attribute(path, file.file.get(), "text_bytes", *text_bytes);
     file.tokens.reset();
     file.file.reset();
   }
@@ -325,6 +333,7 @@ class TokenStreamWriter {
   PartialFile train_output_;
   std::optional<PartialFile> eval_output_;
   File train_, eval_;
+  std::optional<std::pair<int64_t, int64_t>> text_bytes_;
 };
 
 // The size of each text file (each checked to be readable) and their sum.
@@ -431,6 +440,10 @@ TextPrepareResult prepare_bpe_text(const std::vector<std::string>& files, const 
     }
     report(progress, "tokens", first + rows, count);
   }
+  int64_t train_bytes = 0, eval_bytes = 0;
+  for (int64_t i = 0; i < count; ++i)
+    (i < writer.train_count() ? train_bytes : eval_bytes) += int64_t(tokenizer.token_text(ids[size_t(i)]).size());
+  writer.set_text_bytes(train_bytes, eval_bytes);
   TextPrepareResult result = writer.commit(&tokenizer);
   result.note = std::move(note);
   return result;
@@ -450,6 +463,7 @@ TextPrepareResult prepare_text(const std::vector<std::string>& files, const std:
   TokenStreamWriter writer("prepare text", out_h5, eval_out_h5, eval_fraction, total, H5T_STD_U8LE, 256, "bytes");
   read_text_files(files, sizes, total, progress,
                   [&](const char* bytes, int64_t count) { writer.write(bytes, count, H5T_NATIVE_UINT8, 1); });
+  writer.set_text_bytes(writer.train_count(), total - writer.train_count());  // a token is a byte
   return writer.commit();
 }
 

@@ -3,6 +3,7 @@
 #include "io/save_lock.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -45,7 +46,12 @@ std::string read_holder(int fd) {
 
 }  // namespace
 
-SaveDirectoryLock::SaveDirectoryLock(const std::string& dir) {
+SaveDirectoryLock::SaveDirectoryLock(const std::string& dir) : dir_(dir) {
+  take();
+}
+
+void SaveDirectoryLock::take() {
+  const std::string& dir = dir_;
   const std::string path = (std::filesystem::path(dir) / kSaveLockFile).string();
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   TESSERA_CHECK(fd_ >= 0, "--save ", dir, ": cannot open its lock file ", path, ": ", std::strerror(errno),
@@ -71,6 +77,22 @@ SaveDirectoryLock::SaveDirectoryLock(const std::string& dir) {
 
 SaveDirectoryLock::~SaveDirectoryLock() {
   if (fd_ >= 0) ::close(fd_);  // closing the last descriptor of the description releases the lock
+}
+
+bool SaveDirectoryLock::still_in_place() const {
+  struct stat held {}, there {};
+  const std::string path = (std::filesystem::path(dir_) / kSaveLockFile).string();
+  return fd_ >= 0 && ::fstat(fd_, &held) == 0 && ::stat(path.c_str(), &there) == 0 && held.st_dev == there.st_dev &&
+         held.st_ino == there.st_ino;
+}
+
+void SaveDirectoryLock::take_again() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  std::error_code error;
+  std::filesystem::create_directories(dir_, error);
+  TESSERA_CHECK(!error, "--save ", dir_, ": cannot make it again: ", error.message());
+  take();
 }
 
 }  // namespace tessera::io

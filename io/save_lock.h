@@ -26,7 +26,19 @@ class SaveDirectoryLock {
   SaveDirectoryLock(const SaveDirectoryLock&) = delete;
   SaveDirectoryLock& operator=(const SaveDirectoryLock&) = delete;
 
+  // Whether the directory's lock file is still the one this object holds:
+  // false once the directory (or the file) was removed or replaced during
+  // the run, when the lock no longer keeps another job out.
+  bool still_in_place() const;
+  // After !still_in_place(): makes the directory again if it is gone and
+  // takes its lock anew, or throws (as the constructor) when another job
+  // holds it now.
+  void take_again();
+
  private:
+  void take();
+
+  std::string dir_;
   int fd_ = -1;
 };
 

@@ -8,6 +8,40 @@
 #include "core/context.h"
 
 namespace tessera::nn {
+namespace {
+
+// The largest sizes Tessera accepts: far beyond any published model (widths
+// up to 25,600, 128 layers, vocabularies of 256k), small enough that every
+// tensor's element count and every byte count of a model stays exact in
+// int64 (layers x 12 x width^2 x 16 bytes < 2^63), so a typo is refused with
+// a message instead of overflowing, allocating for minutes or hanging.
+constexpr int64_t kMaxWidth = int64_t(1) << 20;       // --hidden-size, --ffn-hidden-size, --hidden widths
+constexpr int64_t kMaxLayers = int64_t(1) << 14;      // --num-layers
+constexpr int64_t kMaxSeqLength = int64_t(1) << 24;   // --seq-length
+constexpr int64_t kMaxVocab = (int64_t(1) << 31) - 1;  // --vocab-size: token ids are int32
+
+void check_at_most(const char* flag, int64_t value, int64_t limit, const char* what) {
+  TESSERA_CHECK(value <= limit, flag, " ", value, " is larger than ", limit, ", the largest ", what,
+                " Tessera accepts; check the value for a typo");
+}
+
+}  // namespace
+
+int64_t nearest_divisor(int64_t n, int64_t target) {
+  int64_t nearest = 1;
+  const auto consider = [&](int64_t d) {
+    const int64_t distance = d > target ? d - target : target - d, best = nearest > target ? nearest - target
+                                                                                          : target - nearest;
+    if (distance < best || (distance == best && d > nearest)) nearest = d;
+  };
+  for (int64_t d = 1; d <= n / d; ++d)  // divisors come in pairs (d, n / d): O(sqrt n)
+    if (n % d == 0) {
+      consider(d);
+      consider(n / d);
+    }
+  return nearest;
+}
+
 void ModelConfig::validate() const {
   const std::string_view name = model_name(kind);
   if (!model_traits(kind).reads_tokens) {
@@ -16,8 +50,11 @@ void ModelConfig::validate() const {
     TESSERA_CHECK(num_classes >= 2, name, ": the dataset has ", num_classes, " classes; a classifier needs at least 2");
   }
   if (kind == ModelKind::mlp) {
-    for (size_t i = 0; i < hidden.size(); ++i)
+    for (size_t i = 0; i < hidden.size(); ++i) {
       TESSERA_CHECK(hidden[i] >= 1, "--hidden: layer ", i, " has width ", hidden[i], "; widths must be at least 1");
+      check_at_most("--hidden: a width of", hidden[i], kMaxWidth, "layer width");
+    }
+    check_at_most("--hidden: a list of", int64_t(hidden.size()), kMaxLayers, "number of layers");
   }
   if (kind == ModelKind::cnn) {
     TESSERA_CHECK(height >= 4 && width >= 4, "cnn: its two 2x2 poolings need images of at least 4x4, the dataset has ",
@@ -29,10 +66,13 @@ void ModelConfig::validate() const {
     TESSERA_CHECK(num_layers >= 1, "--num-layers ", num_layers, " must be at least 1");
     TESSERA_CHECK(hidden_size >= 1, "--hidden-size ", hidden_size, " must be at least 1");
     TESSERA_CHECK(num_heads >= 1, "--num-heads ", num_heads, " must be at least 1");
+    check_at_most("--vocab-size", vocab_size, kMaxVocab, "vocabulary (token ids are 32-bit)");
+    check_at_most("--seq-length", seq_length, kMaxSeqLength, "context length");
+    check_at_most("--num-layers", num_layers, kMaxLayers, "number of layers");
+    check_at_most("--hidden-size", hidden_size, kMaxWidth, "width");
+    check_at_most("--ffn-hidden-size", ffn_hidden_size, kMaxWidth, "feed-forward width");
     if (hidden_size % num_heads != 0) {
-      int64_t nearest = 1;  // the divisor of hidden_size closest to the requested head count (the larger on a tie)
-      for (int64_t d = 1; d <= hidden_size; ++d)
-        if (hidden_size % d == 0 && std::abs(d - num_heads) <= std::abs(nearest - num_heads)) nearest = d;
+      const int64_t nearest = nearest_divisor(hidden_size, num_heads);
       TESSERA_THROW("--num-heads ", num_heads, " does not divide --hidden-size ", hidden_size,
                     "; choose a head count that divides it (e.g. --num-heads ", nearest, ": heads of ",
                     hidden_size / nearest, ")");

@@ -57,6 +57,10 @@ struct ModelConfig {
   void validate() const;
 };
 
+// The divisor of `n` (>= 1) closest to `target`, the larger on a tie: the
+// head count to suggest when --num-heads does not divide the width. O(sqrt n).
+int64_t nearest_divisor(int64_t n, int64_t target);
+
 // The layers a pipeline stage holds: layers [begin, end) of the model's
 // partitionable layers (the GPT's Transformer blocks, the MLP's linear
 // layers), plus what comes before them on the first stage (embeddings,

@@ -110,11 +110,14 @@ Parameter& Module::add_parameter(const std::string& local, const Shape& shape, b
   Context& ctx = context();
   auto p = std::make_unique<Parameter>();
   p->name = full;
-  {
-    const MemoryUseScope use(MemoryUse::parameters);
-    p->value = ctx.empty(shape, spec_.dtype, spec_.device);
-  }
-  {
+  if (spec_.shapes_only) {
+    p->value = Tensor::placeholder(shape, spec_.dtype);
+    p->grad = Tensor::placeholder(shape, DType::f32);
+  } else {
+    {
+      const MemoryUseScope use(MemoryUse::parameters);
+      p->value = ctx.empty(shape, spec_.dtype, spec_.device);
+    }
     const MemoryUseScope use(MemoryUse::gradients);
     p->grad = ctx.zeros(shape, DType::f32, spec_.device);
   }
@@ -125,14 +128,17 @@ Parameter& Module::add_parameter(const std::string& local, const Shape& shape, b
 }
 
 void Module::init_normal(Parameter& p, float stddev) {
+  if (spec_.shapes_only) return;
   init_shard_normal(p, spec_.seed, 0.0f, stddev);
 }
 
 void Module::init_uniform(Parameter& p, float bound) {
+  if (spec_.shapes_only) return;
   init_shard_uniform(p, spec_.seed, -bound, bound);
 }
 
 void Module::init_constant(Parameter& p, float value) {
+  if (spec_.shapes_only) return;
   p.value.fill_(double(value));
 }
 

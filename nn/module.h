@@ -63,6 +63,10 @@ struct ModelSpec {
   Device device = Device::cpu();
   DType dtype = DType::f32;  // parameters and activations (compute dtype); grads are f32
   uint64_t seed = 1234;      // initialisation seed
+  // Parameters are placeholders (shape and dtype, no memory, no
+  // initialisation): the shapes and shards of a model of any size, built in
+  // microseconds, for counting it (--estimate-memory). Such a model cannot run.
+  bool shapes_only = false;
 };
 
 class Module;

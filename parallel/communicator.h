@@ -69,6 +69,7 @@ struct P2POp {
 // there the figure is the host's time only and the GPU's wait shows in step
 // time instead; poll() (progress while the reducer waits for gradients) is
 // not counted.
+// `bytes` counts what crosses ranks: a group of one counts its calls but no bytes.
 struct CommCounters {
   enum Kind { all_reduce, reduce_scatter, all_gather, broadcast, send, recv, kinds };
   int64_t calls[kinds] = {};
@@ -101,6 +102,22 @@ class Communicator {
   }
   double timeout() const { return timeout_s_; }
   const std::string& timeout_flag() const { return timeout_flag_; }
+  // Within a longer deadline (a checkpoint save's --save-timeout): a rank of
+  // the group that has not reached the operation waited for and has shown no
+  // sign of life for `seconds` (it is neither in communication nor writing:
+  // see heartbeat()) is stalled, and is named then, without waiting for the
+  // deadline; 0: off (the default). Backends that cannot see the other ranks
+  // (a group of one, NCCL's) ignore it.
+  virtual void set_silence_limit(double seconds, const std::string& flag) {
+    silence_s_ = seconds;
+    silence_flag_ = flag;
+  }
+  double silence_limit() const { return silence_s_; }
+  const std::string& silence_flag() const { return silence_flag_; }
+  // This rank is alive and making progress outside communication (a
+  // checkpoint writer between slabs): the others' silence checks see it.
+  // Call from the thread that calls the communicator's operations.
+  virtual void heartbeat() {}
 
   virtual const std::string& name() const = 0;  // "world", "dp", "tp", "pp", ...
   virtual int rank() const = 0;
@@ -149,9 +166,10 @@ class Communicator {
   virtual CommHandle issue_send_recv(const std::vector<P2POp>& ops) = 0;
   virtual void issue_barrier() = 0;
 
+  // Bytes only where they cross ranks: a group of one moves nothing.
   void count(CommCounters::Kind kind, const Tensor& buffer) {
     ++counters_.calls[kind];
-    counters_.bytes[kind] += int64_t(buffer.nbytes());
+    if (size() > 1) counters_.bytes[kind] += int64_t(buffer.nbytes());
   }
   // `issue`'s handle, its time and its handle's waits added to counters_.seconds.
   template <typename Issue>
@@ -160,17 +178,30 @@ class Communicator {
   CommCounters counters_;
   double timeout_s_ = 0.0;
   std::string timeout_flag_ = "--comm-timeout";
+  double silence_s_ = 0.0;
+  std::string silence_flag_;
 };
 
 // Sets `group`'s deadline to `seconds` (named `flag`) for the life of this
 // object and gives the previous one back at its end (a save's own deadline).
+// `silent_ranks_stall`: the group's deadline until now (--comm-timeout)
+// becomes its silence limit for the scope (see set_silence_limit): a save
+// may take --save-timeout, a rank silent for --comm-timeout is still a stall.
 class ScopedTimeout {
  public:
-  ScopedTimeout(Communicator& group, double seconds, const std::string& flag)
-      : group_(group), seconds_(group.timeout()), flag_(group.timeout_flag()) {
+  ScopedTimeout(Communicator& group, double seconds, const std::string& flag, bool silent_ranks_stall = false)
+      : group_(group),
+        seconds_(group.timeout()),
+        flag_(group.timeout_flag()),
+        silence_s_(group.silence_limit()),
+        silence_flag_(group.silence_flag()) {
+    if (silent_ranks_stall) group_.set_silence_limit(seconds_, flag_);
     group_.set_timeout(seconds, flag);
   }
-  ~ScopedTimeout() { group_.set_timeout(seconds_, flag_); }
+  ~ScopedTimeout() {
+    group_.set_timeout(seconds_, flag_);
+    group_.set_silence_limit(silence_s_, silence_flag_);
+  }
   ScopedTimeout(const ScopedTimeout&) = delete;
   ScopedTimeout& operator=(const ScopedTimeout&) = delete;
 
@@ -178,6 +209,8 @@ class ScopedTimeout {
   Communicator& group_;
   double seconds_;
   std::string flag_;
+  double silence_s_;
+  std::string silence_flag_;
 };
 
 // Every rank's `mine` (any lengths), on every rank, in rank order: two

@@ -109,6 +109,8 @@ void MpiWork::wait() {
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
     const double timeout = comm_ ? comm_->timeout() : 0.0;
+    const double silence = comm_ && comm_->inspector_ ? comm_->silence_limit() : 0.0;
+    double next_silence_check = silence;  // then once a second
     uint64_t polls = 0;
     do {
       int flag = requests_.empty() ? 1 : 0;
@@ -117,6 +119,10 @@ void MpiWork::wait() {
         if (flag) break;
         const double waited = std::chrono::duration<double>(Clock::now() - start).count();
         if (timeout > 0.0 && waited > timeout) comm_->stalled(*this, waited);
+        if (silence > 0.0 && waited > next_silence_check) {
+          if (const std::string ranks = comm_->silent_ranks(*this); !ranks.empty()) comm_->silent(*this, waited, ranks);
+          next_silence_check = waited + 1.0;
+        }
         if (waited > 2e-3) std::this_thread::sleep_for(std::chrono::microseconds(50));
         if (comm_->inspector_ && ++polls % 1024 == 0) comm_->inspector_->heartbeat();  // alive, waiting
       }
@@ -457,6 +463,32 @@ std::string MpiCommunicator::where(const char* op, const Tensor& buffer) const {
 
 void MpiCommunicator::set_activity(RankActivity activity, int64_t step) {
   if (inspector_) inspector_->set_activity(int64_t(activity), step);
+}
+
+void MpiCommunicator::heartbeat() {
+  if (inspector_) inspector_->heartbeat();
+}
+
+std::string MpiCommunicator::silent_ranks(const MpiWork& work) const {
+  return inspector_->silent(slot_, comm_, work.sequence(), silence_limit(), std::min(2.0, 0.5 * silence_limit()));
+}
+
+void MpiCommunicator::silent(const MpiWork& work, double waited_s, const std::string& ranks) {
+  stalled_ = true;
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  std::ostringstream text;
+  text << "rank " << world_rank << ": " << work.where() << " waited " << waited_s << " s (within " << timeout_flag()
+       << " " << timeout() << " s) for ranks that show no sign of life for more than " << silence_limit() << " s ("
+       << silence_flag() << "): they are neither in communication nor writing:\n"
+       << ranks << "Where the ranks of '" << name_ << "' are:\n"
+       << inspector_->report(slot_, comm_, work.sequence(), 2.0, silence_limit())
+       << "A rank that makes no progress in its own checkpoint write is stalled (hung, stopped or dead); see its "
+          "output above. The job is aborted so that no rank waits for the whole "
+       << timeout_flag() << "; raise " << silence_flag() << " if a rank's writes legitimately pause longer.";
+  std::fprintf(stderr, "tessera: error: %s\n", text.str().c_str());
+  std::fflush(stderr);
+  end_process(ProcessEnd::stalled_collective, 3);  // the program's hook: MPI_Abort (apps/process_end.h)
 }
 
 void MpiCommunicator::begin(const char* kind) {

@@ -65,6 +65,7 @@ class MpiCommunicator final : public Communicator {
 
   void poll() override;
   void set_activity(RankActivity activity, int64_t step) override;
+  void heartbeat() override;
   uint64_t sequence() const override { return sequence_; }
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
 
@@ -90,6 +91,11 @@ class MpiCommunicator final : public Communicator {
   // A wait on `work` passed the deadline: the report, and the communicator
   // stops waiting for anything else (the process is about to abort).
   [[noreturn]] void stalled(const MpiWork& work, double waited_s);
+  // Under a silence limit: the ranks that have not reached `work` and show no
+  // sign of life for longer than the limit, described (empty: none); then
+  // the report, as stalled(), naming them.
+  std::string silent_ranks(const MpiWork& work) const;
+  [[noreturn]] void silent(const MpiWork& work, double waited_s, const std::string& ranks);
   CommHandle start(std::unique_ptr<MpiWork> work);
   int next_collective_tag();  // the same on every rank: collectives are issued in the same order
 

@@ -66,6 +66,11 @@ class DeviceRoutedCommunicator final : public Communicator {
  public:
   void poll() override { mpi_->poll(); }
   void set_activity(RankActivity activity, int64_t step) override { mpi_->set_activity(activity, step); }
+  void set_silence_limit(double seconds, const std::string& flag) override {
+    Communicator::set_silence_limit(seconds, flag);
+    mpi_->set_silence_limit(seconds, flag);
+  }
+  void heartbeat() override { mpi_->heartbeat(); }
   void set_timeout(double seconds, const std::string& flag = "--comm-timeout") override {
     Communicator::set_timeout(seconds, flag);
     mpi_->set_timeout(seconds, flag);

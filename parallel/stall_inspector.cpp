@@ -7,6 +7,7 @@
 #include <cstring>
 #include <exception>
 #include <iomanip>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -102,6 +103,64 @@ void StallInspector::set_activity(int64_t activity, int64_t step) {
   MPI_Win_sync(window_);
 }
 
+namespace {
+
+// The members of `comm` as ranks of `root` (where their window parts are)
+// and of the world (what the job's output shows).
+struct Members {
+  std::vector<int> in_root, in_world;
+  int self = 0;
+};
+
+Members members_of(MPI_Comm comm, MPI_Comm root) {
+  int size = 0;
+  Members out;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_rank(comm, &out.self);
+  std::vector<int> ranks(static_cast<size_t>(size));
+  out.in_root.resize(size_t(size));
+  out.in_world.resize(size_t(size));
+  for (int r = 0; r < size; ++r) ranks[size_t(r)] = r;
+  MPI_Group group = MPI_GROUP_NULL, root_group = MPI_GROUP_NULL, world_group = MPI_GROUP_NULL;
+  MPI_Comm_group(comm, &group);
+  MPI_Comm_group(root, &root_group);
+  MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+  MPI_Group_translate_ranks(group, size, ranks.data(), root_group, out.in_root.data());
+  MPI_Group_translate_ranks(group, size, ranks.data(), world_group, out.in_world.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&root_group);
+  MPI_Group_free(&world_group);
+  return out;
+}
+
+// What a rank's part of the window says: its header and its slot's entry.
+struct PartView {
+  int64_t header[kHeader] = {};
+  int64_t entry[2] = {0, 0};  // sequence, kind code
+};
+
+// Reads `target`'s part (header, slot `slot`), waiting at most `patience_s`;
+// nothing when it does not answer in time.
+std::optional<PartView> read_part(MPI_Win window, int target, int slot, double patience_s) {
+  PartView view;
+  MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  if (MPI_Rget(view.header, kHeader, MPI_INT64_T, target, 0, kHeader, MPI_INT64_T, window, &requests[0]) !=
+          MPI_SUCCESS ||
+      MPI_Rget(view.entry, 2, MPI_INT64_T, target, MPI_Aint(kHeader + 2 * slot), 2, MPI_INT64_T, window,
+               &requests[1]) != MPI_SUCCESS)
+    return std::nullopt;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(patience_s);
+  int done = 0;
+  while (!done && std::chrono::steady_clock::now() < deadline) {
+    if (MPI_Testall(2, requests, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) break;
+    if (!done) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  if (!done) return std::nullopt;
+  return view;
+}
+
+}  // namespace
+
 std::string StallInspector::report(int slot, MPI_Comm comm, uint64_t sequence, double patience_s,
                                    double stalled_after_s) const {
   std::ostringstream out;
@@ -111,49 +170,21 @@ std::string StallInspector::report(int slot, MPI_Comm comm, uint64_t sequence, d
         << ")\n";
     return out.str();
   }
-  int size = 0, rank = 0;
-  MPI_Comm_size(comm, &size);
-  MPI_Comm_rank(comm, &rank);
-  // The members' ranks in the root (where their window parts are) and in the world (what the job's output shows).
-  std::vector<int> members(static_cast<size_t>(size)), in_root(static_cast<size_t>(size)),
-      in_world(static_cast<size_t>(size));
-  for (int r = 0; r < size; ++r) members[size_t(r)] = r;
-  MPI_Group group = MPI_GROUP_NULL, root_group = MPI_GROUP_NULL, world_group = MPI_GROUP_NULL;
-  MPI_Comm_group(comm, &group);
-  MPI_Comm_group(root_, &root_group);
-  MPI_Comm_group(MPI_COMM_WORLD, &world_group);
-  MPI_Group_translate_ranks(group, size, members.data(), root_group, in_root.data());
-  MPI_Group_translate_ranks(group, size, members.data(), world_group, in_world.data());
-  MPI_Group_free(&group);
-  MPI_Group_free(&root_group);
-  MPI_Group_free(&world_group);
-
+  const Members members = members_of(comm, root_);
   const int64_t now = now_ns();
-  for (int r = 0; r < size; ++r) {
-    out << "  rank " << r << " (world rank " << in_world[size_t(r)] << "): ";
-    int64_t header[kHeader] = {}, entry[2] = {0, 0};
-    MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-    bool answered = false;
-    const int target = in_root[size_t(r)];
-    if (MPI_Rget(header, kHeader, MPI_INT64_T, target, 0, kHeader, MPI_INT64_T, window_, &requests[0]) == MPI_SUCCESS &&
-        MPI_Rget(entry, 2, MPI_INT64_T, target, MPI_Aint(kHeader + 2 * slot), 2, MPI_INT64_T, window_, &requests[1]) ==
-            MPI_SUCCESS) {
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(patience_s);
-      int done = 0;
-      while (!done && std::chrono::steady_clock::now() < deadline) {
-        if (MPI_Testall(2, requests, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) break;
-        if (!done) std::this_thread::sleep_for(std::chrono::microseconds(200));
-      }
-      answered = done != 0;
-    }
-    if (!answered) {
+  for (size_t r = 0; r < members.in_root.size(); ++r) {
+    out << "  rank " << r << " (world rank " << members.in_world[r] << "): ";
+    const std::optional<PartView> part = read_part(window_, members.in_root[r], slot, patience_s);
+    if (!part) {
       out << "did not answer within " << patience_s << " s (not making MPI progress: busy, hung or dead)\n";
       continue;
     }
-    if (entry[0] >= int64_t(sequence))
-      out << "reached it (last started operation " << entry[0] << ", " << kind_name(entry[1]) << ")";
+    const int64_t* header = part->header;
+    if (part->entry[0] >= int64_t(sequence))
+      out << "reached it (last started operation " << part->entry[0] << ", " << kind_name(part->entry[1]) << ")";
     else
-      out << "has NOT reached it: last started operation " << entry[0] << " (" << kind_name(entry[1]) << ")";
+      out << "has NOT reached it: last started operation " << part->entry[0] << " (" << kind_name(part->entry[1])
+          << ")";
     const double idle = double(now - header[0]) * 1e-9;
     out << "; last active in MPI " << std::fixed << std::setprecision(1) << idle << " s ago";
     if (header[1] == kWritingCheckpoint)
@@ -161,8 +192,32 @@ std::string StallInspector::report(int slot, MPI_Comm comm, uint64_t sequence, d
           << " s  <- WRITING A CHECKPOINT (--save-timeout)";
     else if (idle > stalled_after_s)
       out << "  <- STALLED";
-    out << (r == rank ? "  (this rank)" : "") << "\n";
+    out << (int(r) == members.self ? "  (this rank)" : "") << "\n";
     out.unsetf(std::ios::fixed);
+  }
+  return out.str();
+}
+
+std::string StallInspector::silent(int slot, MPI_Comm comm, uint64_t sequence, double silence_s,
+                                   double patience_s) const {
+  if (!enabled() || slot < 0) return {};
+  const Members members = members_of(comm, root_);
+  const int64_t now = now_ns();
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1);
+  for (size_t r = 0; r < members.in_root.size(); ++r) {
+    if (int(r) == members.self) continue;
+    const std::optional<PartView> part = read_part(window_, members.in_root[r], slot, patience_s);
+    // No answer: this MPI reads a busy rank's part only when it calls MPI
+    // again (it may be in a long write): not called silent; --save-timeout holds.
+    if (!part || part->entry[0] >= int64_t(sequence)) continue;
+    const double idle = double(now - part->header[0]) * 1e-9;
+    if (idle <= silence_s) continue;  // alive: in communication, or its writer making progress
+    out << "  world rank " << members.in_world[r] << ": no sign of life for " << idle << " s";
+    if (part->header[1] == kWritingCheckpoint)
+      out << ", while writing checkpoint step " << part->header[2] << " (for " << double(now - part->header[3]) * 1e-9
+          << " s): its writer has stopped making progress";
+    out << "\n";
   }
   return out.str();
 }

@@ -36,7 +36,7 @@ class StallInspector {
   // A slot for a new communicator (call in the same order on every rank); -1 when full.
   int add_group();
   void publish(int slot, uint64_t sequence, const char* kind);
-  void heartbeat();  // this rank is alive in MPI now
+  void heartbeat();  // this rank is alive now (in MPI, or a checkpoint writer between slabs)
   // What this rank is busy with (RankActivity as an integer, and its step),
   // since now; reports show it next to the rank instead of calling it stalled.
   void set_activity(int64_t activity, int64_t step);
@@ -44,6 +44,11 @@ class StallInspector {
   // reached operation `sequence`, and when it was last seen alive in MPI
   // (marked STALLED when longer ago than `stalled_after_s`).
   std::string report(int slot, MPI_Comm comm, uint64_t sequence, double patience_s, double stalled_after_s) const;
+  // The ranks of `comm` other than this one that have not reached operation
+  // `sequence` and show no sign of life: last seen alive (in MPI, or a
+  // writer's heartbeat) more than `silence_s` ago, or not answering within
+  // `patience_s`. One line each; empty when there is none.
+  std::string silent(int slot, MPI_Comm comm, uint64_t sequence, double silence_s, double patience_s) const;
   bool enabled() const { return window_ != MPI_WIN_NULL; }
 
  private:

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-scripts/build.sh
+scripts/build.sh --target tessera_cli  # the `tessera` program only: the demo runs nothing else (the tests build the rest)
 tessera=build/bin/tessera
 fmnist=/usr/share/datasets/fashion-mnist
 mkdir -p runs/data runs/demo

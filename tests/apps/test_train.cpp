@@ -6,12 +6,17 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 
 #include "apps/train_config.h"
 #include "apps/trainer.h"
+#include "io/checkpoint.h"
+#include "io/dataset.h"
 #include "io/metrics.h"
 #include "io/prepare.h"
+#include "io/tokenizer.h"
+#include "tests/io/io_test_files.h"
 #include "tests/support/test_support.h"
 
 namespace tessera::testing {
@@ -216,6 +221,137 @@ TEST(Train, BadSettingsAndDataNameTheFlagOrFile) {
   mismatch.data = (dir.path / "tokens.h5").string();
   mismatch.train_steps = 1;
   expect_train_error(mismatch, "tokens.h5");
+}
+
+
+// --estimate-memory works the figures out from the model's shapes alone: a
+// GPT 1,000,000 wide (about 24 trillion parameters) is estimated without
+// allocating or initialising it (building it took the whole memory before),
+// and the parameter bytes equal GPT-2's parameter count worked out here
+// (f32 values and gradients, AdamW's two f32 moments).
+TEST(Train, EstimateMemoryWorksAnySizeOutFromTheShapesAlone) {
+  app::TrainConfig c;
+  c.model = "gpt";
+  c.synthetic = true;
+  c.vocab_size = 50304;
+  c.seq_length = 2048;
+  c.num_layers = 2;
+  c.num_heads = 8;
+  c.hidden_size = 1'000'000;
+  c.micro_batch_size = 1;
+  c.train_steps = 1;
+  c.estimate_memory = true;
+  const app::TrainResult result = app::train(c);
+  ASSERT_EQ(result.memory_estimate.size(), 1u);
+  const int64_t v = c.vocab_size, t = c.seq_length, w = c.hidden_size, f = 4 * w, layers = c.num_layers;
+  const int64_t block = 4 * w + (3 * w * w + 3 * w) + (w * w + w) + (w * f + f) + (f * w + w);
+  const int64_t parameters = v * w + t * w + layers * block + 2 * w;
+  const auto& [values, gradients, optimizer] = result.memory_estimate[0];
+  EXPECT_EQ(values, 4 * parameters);
+  EXPECT_EQ(gradients, 4 * parameters);
+  EXPECT_EQ(optimizer, 8 * parameters);
+  EXPECT_EQ(result.steps, 0);
+}
+
+// A BPE dataset of `vocab` tokens (from generated words), with an eval file.
+std::pair<std::string, std::string> prepare_bpe_words(const fs::path& dir, int64_t vocab) {
+  std::mt19937_64 rng(7);
+  const char* words[] = {"alpha ", "beta ", "gamma ", "delta\n", "eps ", "zeta, ", "eta ", "theta. "};
+  std::string text;
+  for (int i = 0; i < 6000; ++i) text += words[rng() % 8];
+  const std::string source = (dir / "words.txt").string();
+  std::ofstream(source, std::ios::binary) << text;
+  io::TextTokenizerOptions bpe;
+  bpe.tokenizer = "bpe";
+  bpe.vocab_size = vocab;
+  const std::string train = (dir / "words.h5").string(), eval = (dir / "words.eval.h5").string();
+  io::prepare_text({source}, train, eval, 0.1, {}, bpe);
+  return {train, eval};
+}
+
+app::TrainConfig small_gpt_on(const std::string& data) {
+  app::TrainConfig c;
+  c.model = "gpt";
+  c.data = data;
+  c.seq_length = 16;
+  c.num_layers = 1;
+  c.num_heads = 2;
+  c.hidden_size = 16;
+  c.micro_batch_size = 2;
+  c.train_steps = 2;
+  return c;
+}
+
+// Without --vocab-size the GPT takes the dataset's vocabulary, padded to a
+// multiple of --make-vocab-size-divisible-by (128, Megatron-LM's default),
+// and says so; before, the default of 256 stopped a 300-token dataset.
+TEST(Train, TheVocabularyComesFromTheDataWithoutVocabSize) {
+  ScratchDir dir;
+  const std::string data = prepare_bpe_words(dir.path, 300).first;
+  const auto vocabulary_of = [&](app::TrainConfig c) {
+    c.save = (dir.path / ("ckpt" + std::to_string(c.make_vocab_size_divisible_by) + "_" +
+                          std::to_string(c.vocab_size)))
+                 .string();
+    ::testing::internal::CaptureStdout();
+    app::train(c);
+    const std::string output = ::testing::internal::GetCapturedStdout();
+    const io::CheckpointReader reader(*io::find_latest_checkpoint(c.save));
+    return std::make_pair(std::stoll(reader.metadata().at("model.vocab_size")), output);
+  };
+  const int64_t tokens = io::inspect_dataset(data).vocab_size;  // BPE training may stop short of 300
+  ASSERT_GT(tokens, 256);
+  const auto [padded, said] = vocabulary_of(small_gpt_on(data));
+  EXPECT_EQ(padded, 384);
+  EXPECT_NE(said.find("vocabulary: 384 from " + data + " (its " + std::to_string(tokens) +
+                      " tokens padded to a multiple of 128"),
+            std::string::npos)
+      << said;
+  app::TrainConfig exact = small_gpt_on(data);
+  exact.make_vocab_size_divisible_by = 1;
+  EXPECT_EQ(vocabulary_of(exact).first, tokens);
+  app::TrainConfig given = small_gpt_on(data);
+  given.vocab_size = 1000;
+  EXPECT_EQ(vocabulary_of(given).first, 1000);
+  app::TrainConfig synthetic = small_gpt_on("");
+  synthetic.synthetic = true;
+  EXPECT_EQ(vocabulary_of(synthetic).first, 256);
+}
+
+// eval_bits_per_byte is bits per byte of text: nats per token / ln 2 times
+// the eval file's tokens per byte (here about a third: BPE tokens of several
+// bytes), the bytes counted by decoding the eval file with its tokenizer.
+// Byte data: bits per token. Tokens of another tool (bytes unknown): no field.
+TEST(Train, EvalBitsPerByteCountsBytesOfText) {
+  ScratchDir dir;
+  const auto [data, eval] = prepare_bpe_words(dir.path, 300);
+  const std::vector<int32_t> ids = read_whole_dataset<int32_t>(eval, "tokens", H5T_NATIVE_INT32);
+  const double tokens_per_byte = double(ids.size()) / double(io::Tokenizer::load(eval)->decode(ids).size());
+  ASSERT_LT(tokens_per_byte, 0.6);
+  const auto evals_of = [&](const std::string& train_data, const std::string& eval_data, const std::string& name) {
+    app::TrainConfig c = small_gpt_on(train_data);
+    c.vocab_size = 384;
+    c.eval_data = eval_data;
+    c.eval_interval = 1;
+    c.eval_iters = 2;
+    c.metrics = (dir.path / name).string();
+    app::train(c);
+    return io::read_metrics(c.metrics).evals;
+  };
+  const auto bpe = evals_of(data, eval, "bpe.jsonl");
+  ASSERT_EQ(bpe.size(), 2u);
+  for (const io::EvalRecord& record : bpe) {
+    ASSERT_TRUE(record.eval_bits_per_byte.has_value());
+    EXPECT_NEAR(*record.eval_bits_per_byte, record.eval_loss / std::log(2.0) * tokens_per_byte,
+                1e-9 * *record.eval_bits_per_byte);
+  }
+  const std::string bytes = (dir.path / "bytes.h5").string(), bytes_eval = (dir.path / "bytes.eval.h5").string();
+  io::prepare_text({(dir.path / "words.txt").string()}, bytes, bytes_eval, 0.1);
+  for (const io::EvalRecord& record : evals_of(bytes, bytes_eval, "bytes.jsonl"))
+    EXPECT_NEAR(*record.eval_bits_per_byte, record.eval_loss / std::log(2.0), 1e-9 * record.eval_loss);
+  const std::string foreign = (dir.path / "foreign.eval.h5").string();
+  write_tokens(foreign, ids, H5T_STD_U16LE, 300);
+  for (const io::EvalRecord& record : evals_of(data, foreign, "foreign.jsonl"))
+    EXPECT_FALSE(record.eval_bits_per_byte.has_value()) << "bits per byte of tokens whose bytes are unknown";
 }
 
 }  // namespace

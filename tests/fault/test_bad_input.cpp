@@ -108,6 +108,23 @@ TEST_F(BadInput, NegativeSizes) {
   expect_refused({"--seq-length", "0"}, {"--seq-length 0 must be at least 1"});
 }
 
+// A typo in a size is refused at once with its bound (the search for a head
+// count that divides --hidden-size 99999999999 used to spin for minutes).
+TEST_F(BadInput, TypoSizesAreRefusedAtOnce) {
+  expect_refused({"--hidden-size", "99999999999"},
+                 {"--hidden-size 99999999999 is larger than 1048576", "check the value for a typo"});
+  expect_refused({"--num-layers", "1000000"}, {"--num-layers 1000000 is larger than 16384"});
+}
+
+// --zero shards over the data-parallel ranks: with one (2 ranks, tp 2) it
+// only adds memory, and is refused with the reason and the fix.
+TEST_F(BadInput, ZeroWithOneDataParallelRank) {
+  for (const char* stage : {"1", "3"})
+    expect_refused({"--tensor-parallel", "2", "--zero", stage},
+                   {std::string("--zero ") + stage + " shards", "over the data-parallel ranks, and this layout has one",
+                    "it would only add memory; drop --zero", "mpirun -np 4"});
+}
+
 TEST_F(BadInput, LayoutsThatDoNotDivide) {
   expect_refused({"--tensor-parallel", "3"},
                  {"2 ranks cannot make --tensor-parallel 3", "launch a multiple of that many ranks"});

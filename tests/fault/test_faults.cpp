@@ -31,12 +31,6 @@
 namespace tessera::testing {
 namespace {
 
-// TESSERA_FAULT for the jobs a test starts (removed at the end of the test).
-struct FaultEnvironment {
-  explicit FaultEnvironment(const std::string& value) { ::setenv("TESSERA_FAULT", value.c_str(), 1); }
-  ~FaultEnvironment() { ::unsetenv("TESSERA_FAULT"); }
-};
-
 std::vector<std::string> gpt_args() {
   return words(
       "--model gpt --synthetic --vocab-size 32 --seq-length 8 --num-layers 2 --num-heads 4 --hidden-size 16 "
@@ -185,6 +179,45 @@ TEST(Faults, DeathInTheMiddleOfACheckpointWriteLeavesThePreviousOneIntact) {
                             {"TESSERA_FAULT: checkpoint_crash while writing the step-4 checkpoint on rank " + rank});
     }
     EXPECT_FALSE(std::filesystem::exists(dir / "ckpt/step_00000004")) << "a half-written checkpoint was published";
+    std::ifstream latest(dir / "ckpt/latest");
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(latest), {}), "step_00000002\n");
+    expect_newest_checkpoint_resumes(dir / "ckpt", 2, 2, args, 6, dir / "resumed.log");
+  }
+}
+
+// A writer that stops for good in the middle of a save (a dead mount, a
+// stopped process) is a stall: the ranks waiting for it see no sign of life
+// (no heartbeat between slabs) and name it within --comm-timeout (5 s here),
+// not after --save-timeout (an hour, the default); the previous checkpoint
+// stays the newest and resumes. Synchronous (rank 1), asynchronous (rank 1's
+// background writer; the others wait at the next save) and gathered (rank 0,
+// the only writer).
+TEST(Faults, AWriterStoppedInTheMiddleOfASaveIsNamedWithinTheCommTimeout) {
+  struct Case {
+    std::string name, fault;
+    std::vector<std::string> flags;
+  };
+  const std::vector<Case> cases = {
+      {"sync", "checkpoint_hang@4:1", {"--no-async-save"}},
+      {"async", "checkpoint_hang@4:1", {"--async-save"}},
+      {"gathered", "checkpoint_hang@4:0", {"--ckpt-format", "gathered"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    ScratchDirectory dir("tessera_faults_");
+    const auto args = joined(gpt_args(), joined({"--train-steps", "6", "--save", dir / "ckpt", "--save-interval", "2",
+                                                 "--resume", "auto", "--comm-timeout", "5", "--zero", "1"},
+                                                c.flags));
+    {
+      const FaultEnvironment fault(c.fault);
+      const Outcome out = run_job(2, args, dir / "hang.log", seconds(60));
+      const std::string rank = c.fault.substr(c.fault.size() - 1);
+      expect_ended_by_fault(out, 5.0,
+                            {"TESSERA_FAULT: checkpoint_hang while writing the step-4 checkpoint on rank " + rank,
+                             "(within --save-timeout 3600 s) for ranks that show no sign of life for more than 5 s "
+                             "(--comm-timeout)",
+                             "world rank " + rank + ": no sign of life for "});
+    }
     std::ifstream latest(dir / "ckpt/latest");
     EXPECT_EQ(std::string(std::istreambuf_iterator<char>(latest), {}), "step_00000002\n");
     expect_newest_checkpoint_resumes(dir / "ckpt", 2, 2, args, 6, dir / "resumed.log");

@@ -2,7 +2,11 @@
 // failures throw with HDF5's own error stack and the failing statement.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <filesystem>
+#include <string>
 
 #include "io/hdf5_check.h"
 
@@ -21,6 +25,22 @@ TEST(Hdf5Check, MissingFileThrowsWithHdf5sMessage) {
     EXPECT_NE(what.find("unable to open file"), std::string::npos) << what;
     EXPECT_NE(what.find("test_hdf5_check.cpp"), std::string::npos) << what;
   }
+}
+
+// This binary, run again on the tests that open damaged checkpoints, ends
+// without HDF5's "infinite loop closing library" (tests/support/test_support.cpp).
+TEST(Hdf5Check, TestBinariesEndQuietlyAfterDamagedFiles) {
+  const std::string command = "/proc/" + std::to_string(::getpid()) +
+                              "/exe --gtest_filter='Writers/Checkpoint.DamagedMetadata*' 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  EXPECT_EQ(status, 0) << output;
+  EXPECT_NE(output.find("[  PASSED  ] 2 tests"), std::string::npos) << output;
+  EXPECT_EQ(output.find("infinite loop closing library"), std::string::npos) << output;
 }
 
 TEST(Hdf5Check, SuccessReturnsTheValue) {

@@ -203,6 +203,27 @@ TEST(Mlflow, NoServerBoundsFinishAndCountsWhatWasNotSent) {
   EXPECT_CONTAINS(warnings[0], "training goes on");
 }
 
+// A server that never answered (nothing listens: a wrong host or port) is
+// tried once more when the run ends and then given up at once, not waited
+// for the whole finish timeout (here 60 s; it was 60 s before).
+TEST(Mlflow, AServerThatNeverAnsweredIsGivenUpAtOnce) {
+  int port = 0;
+  {
+    StandInTracking gone;
+    port = gone.port;
+  }
+  io::MlflowRunOptions options = options_for(port);
+  options.finish_timeout_seconds = 60.0;
+  io::MlflowRun run(options, [](const std::string&) {});
+  run.log_metrics({{"loss", 1.0, 1, 1}});
+  const auto start = std::chrono::steady_clock::now();
+  const io::MlflowOutcome outcome = run.finish();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(waited, 15.0) << "finish() waited for a server that never answered";
+  EXPECT_TRUE(outcome.run_id.empty());
+  EXPECT_EQ(outcome.metrics_lost, 1);
+}
+
 TEST(Mlflow, UrisAreCheckedAndArtifactRootsOutsideTheProxyRefused) {
   EXPECT_CONTAINS(error_of([] {
     io::MlflowServer server;

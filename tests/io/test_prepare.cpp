@@ -13,7 +13,9 @@
 #include <random>
 
 #include "core/error.h"
+#include "io/dataset.h"
 #include "io/prepare.h"
+#include "io/tokenizer.h"
 #include "tests/io/io_test_files.h"
 #include "tests/support/test_support.h"
 
@@ -234,6 +236,55 @@ TEST(PrepareText, ConcatenatesInOrderAndHoldsOutTheTail) {
   const io::TextPrepareResult whole = io::prepare_text(files, train, "", 0.0);
   EXPECT_TRUE(whole.eval.path.empty());
   EXPECT_TRUE(read_whole_dataset<uint8_t>(train, "tokens", H5T_NATIVE_UINT8) == all);
+}
+
+// Each prepared file records the bytes of text its tokens encode (root
+// attribute 'text_bytes', read back as DatasetInfo::text_bytes, what bits
+// per byte divide by): for BPE, the size of the text its tokens decode to
+// (decoded here with the file's own tokenizer), the two files together the
+// input whole; for bytes, one per token. Token files of other tools (no
+// attribute, no byte ids) have none.
+TEST(PrepareText, RecordsTheBytesOfTextEachFileHolds) {
+  TESSERA_SEED_TRACE();
+  auto rng = make_rng();
+  TempDir dir;
+  std::string all;
+  std::vector<std::string> files;
+  const char* words[] = {"the ", "cat ", "sat ", "on ", "mat ", "\xc3\xa9t\xc3\xa9 ", "\n", "zebra, "};
+  std::uniform_int_distribution<int> pick(0, 7);
+  for (int f = 0; f < 2; ++f) {
+    std::string text;
+    for (int i = 0; i < 3000; ++i) text += words[pick(rng)];
+    files.push_back(dir.file("text" + std::to_string(f) + ".txt"));
+    write_bytes(files.back(), Bytes(text.begin(), text.end()));
+    all += text;
+  }
+  const std::string train = dir.file("train.h5"), eval = dir.file("eval.h5");
+  io::TextTokenizerOptions bpe;
+  bpe.tokenizer = "bpe";
+  bpe.vocab_size = 300;
+  const io::TextPrepareResult result = io::prepare_text(files, train, eval, 0.1, {}, bpe);
+  const auto decoded = [](const std::string& path) {
+    const std::vector<int32_t> ids = read_whole_dataset<int32_t>(path, "tokens", H5T_NATIVE_INT32);
+    return io::Tokenizer::load(path)->decode(ids);
+  };
+  const std::string train_text = decoded(train), eval_text = decoded(eval);
+  EXPECT_EQ(train_text + eval_text, all);
+  ASSERT_TRUE(result.train.text_bytes.has_value());
+  ASSERT_TRUE(result.eval.text_bytes.has_value());
+  EXPECT_EQ(*result.train.text_bytes, int64_t(train_text.size()));
+  EXPECT_EQ(*result.eval.text_bytes, int64_t(eval_text.size()));
+  EXPECT_LT(result.eval.num_tokens, *result.eval.text_bytes) << "BPE tokens hold several bytes each";
+  EXPECT_EQ(io::inspect_dataset(eval).text_bytes, result.eval.text_bytes);
+
+  const io::TextPrepareResult bytes = io::prepare_text(files, train, eval, 0.1);
+  EXPECT_EQ(bytes.train.text_bytes, std::optional<int64_t>(bytes.train.num_tokens));
+  EXPECT_EQ(bytes.eval.text_bytes, std::optional<int64_t>(bytes.eval.num_tokens));
+  EXPECT_EQ(*bytes.train.text_bytes + *bytes.eval.text_bytes, int64_t(all.size()));
+
+  const std::string foreign = dir.file("foreign.h5");  // another tool's tokens: the bytes are unknown
+  write_tokens(foreign, {1, 2, 3, 299, 4}, H5T_STD_U16LE, 300);
+  EXPECT_FALSE(io::inspect_dataset(foreign).text_bytes.has_value());
 }
 
 TEST(PrepareText, RefusesWhatCannotWork) {

@@ -34,6 +34,7 @@
 namespace tessera::testing {
 namespace {
 
+using parallel::CommCounters;
 using parallel::CommHandle;
 using parallel::Communicator;
 using parallel::P2POp;
@@ -485,6 +486,17 @@ TEST_F(MpiCommunicatorTest, GroupOfOneIsTheIdentityAndCompleteAtOnce) {
   }
   self->barrier();
   EXPECT_GT(self->sequence(), 0u);
+  // Nothing crosses ranks in a group of one: its calls count, its bytes do
+  // not (the dp axis at dp 1 showed the whole gradient as traffic every
+  // step), while the world counts what it moves.
+  const CommCounters& counted = self->counters();
+  EXPECT_GT(counted.calls[CommCounters::all_reduce], 0);
+  EXPECT_GT(counted.calls[CommCounters::send], 0);
+  EXPECT_EQ(counted.total_bytes(), 0);
+  world_->reset_counters();
+  Tensor moved = ctx_.from_doubles(Shape{19}, DType::f32, random_values(DType::f32, 19, rng));
+  world_->all_reduce(moved, ReduceOp::sum)->wait();
+  EXPECT_EQ(world_->counters().bytes[CommCounters::all_reduce], 19 * 4);
 }
 
 TEST_F(MpiCommunicatorTest, PollCompletesOutstandingOperations) {

@@ -696,5 +696,136 @@ TEST(Preemption, SecondSignalDuringTheSaveDoesNotCorruptIt) {
   EXPECT_TRUE(contains(resumed, "resumed from " + checkpoint)) << resumed;
 }
 
+// Before the first step there is nothing to save: SIGTERM to one rank, or
+// Ctrl-C (SIGINT to the whole process group, as a terminal sends it), ends
+// the job at once with a line saying so, whatever start-up is doing (here:
+// stuck for good, TESSERA_FAULT=startup_hang, as the old search for a head
+// count was), a non-zero exit and no process left. Before, both signals were
+// only noted for a first step that never came.
+TEST(Preemption, SignalsDuringStartUpEndTheJobAtOnce) {
+  TESSERA_SEED_TRACE();
+  ScratchDirectory dir("tessera_processes_");
+  std::mt19937_64 rng = make_rng();
+  const auto args = joined(mlp_args(write_image_dataset(dir.path, 64, 6, 5, 4, rng), rng()),
+                           {"--train-steps", "5", "--save", dir / "run"});
+  const FaultEnvironment fault("startup_hang");
+  for (const int signal : {SIGTERM, SIGINT}) {
+    SCOPED_TRACE(signal == SIGTERM ? "SIGTERM to rank 1" : "Ctrl-C");
+    Job job(tessera_command(2, args), dir / "startup.log");
+    ASSERT_TRUE(wait_for_output(job, {"startup_hang on rank 0", "startup_hang on rank 1"}, seconds(60)))
+        << job.output();
+    const auto sent = Clock::now();
+    if (signal == SIGTERM) {
+      const pid_t rank1 = find_rank(job.pid(), 1);
+      ASSERT_GT(rank1, 0);
+      ASSERT_EQ(::kill(rank1, SIGTERM), 0);
+    } else {
+      ASSERT_EQ(::kill(-job.pid(), SIGINT), 0);
+    }
+    const int status = job.wait(seconds(60));
+    const double waited = std::chrono::duration<double>(Clock::now() - sent).count();
+    const std::string output = job.output();
+    EXPECT_NE(status, 0) << output;
+    EXPECT_NE(status, -1) << "still running 60 s after the signal";
+    EXPECT_LT(waited, 30.0) << output;
+    EXPECT_TRUE(contains(output, "before the first training step: nothing to save yet, ending now")) << output;
+    EXPECT_FALSE(job.anything_left()) << "processes left after the job ended";
+    EXPECT_FALSE(io::find_latest_checkpoint(dir / "run").has_value());
+  }
+}
+
+// Once training runs, Ctrl-C asks for a checkpoint at the next step boundary
+// like SIGTERM (exit 0, the checkpoint whole); a second Ctrl-C ends the job
+// at once (--train-steps is far away and rank 0 sleeps 2 s at every step, so
+// only the second signal can end it in time), the newest complete checkpoint
+// left as it was.
+TEST(Preemption, CtrlCCheckpointsAndASecondCtrlCEndsAtOnce) {
+  TESSERA_SEED_TRACE();
+  ScratchDirectory dir("tessera_processes_");
+  std::mt19937_64 rng = make_rng();
+  const auto args = joined(mlp_args(write_image_dataset(dir.path, 256, 6, 5, 4, rng), rng()),
+                           {"--train-steps", "1000000", "--save", dir / "run", "--resume", "auto"});
+  {
+    Job job(tessera_command(2, joined(args, {"--metrics", dir / "first.jsonl"})), dir / "first.log");
+    ASSERT_TRUE(wait_for_steps(job, dir / "first.jsonl", 2, seconds(60))) << job.output();
+    const pid_t rank0 = find_rank(job.pid(), 0);
+    ASSERT_GT(rank0, 0);
+    ASSERT_EQ(::kill(rank0, SIGINT), 0);
+    const int status = job.wait(seconds(60));
+    const std::string output = job.output();
+    EXPECT_EQ(status, 0) << output;
+    EXPECT_TRUE(contains(output, "SIGINT received by rank 0")) << output;
+    ASSERT_GE(latest_step(dir / "run"), 2) << output;
+  }
+  const int64_t saved = latest_step(dir / "run");
+  const FaultEnvironment slow("slow:0");
+  Job job(tessera_command(2, joined(args, {"--metrics", dir / "second.jsonl"})), dir / "second.log");
+  ASSERT_TRUE(wait_for_steps(job, dir / "second.jsonl", 1, seconds(60))) << job.output();
+  const pid_t rank0 = find_rank(job.pid(), 0);
+  ASSERT_GT(rank0, 0);
+  const auto sent = Clock::now();
+  ASSERT_EQ(::kill(rank0, SIGINT), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_EQ(::kill(rank0, SIGINT), 0);
+  const int status = job.wait(seconds(60));
+  const double waited = std::chrono::duration<double>(Clock::now() - sent).count();
+  const std::string output = job.output();
+  EXPECT_NE(status, 0) << output;
+  EXPECT_LT(waited, 20.0) << output;
+  EXPECT_TRUE(contains(output, "a second SIGINT (Ctrl-C): ending now")) << output;
+  EXPECT_FALSE(job.anything_left());
+  EXPECT_EQ(latest_step(dir / "run"), saved) << output;
+  EXPECT_TRUE(io::CheckpointReader(dir / ("run/" + step_name(saved))).verify().empty());
+}
+
+// A --save directory removed while a job runs: the job makes it again, takes
+// its lock again and says so, so a second job is still refused; and when a
+// second job with another model took the directory in the meantime, the
+// first stops at its next save instead of writing into the other's
+// checkpoints. Rank 0 sleeps 2 s per step (TESSERA_FAULT=slow) and saves are
+// synchronous, so the directory is removed between saves.
+TEST(SaveDirectory, RemovedDuringTheRunIsLockedAgainOrTheRunStops) {
+  TESSERA_SEED_TRACE();
+  ScratchDirectory dir("tessera_processes_");
+  std::mt19937_64 rng = make_rng();
+  const std::string data = write_image_dataset(dir.path, 256, 6, 5, 4, rng);
+  const uint64_t seed = rng();
+  const std::string save = dir / "run";
+  const auto published = [&](int64_t step) { return "checkpoint: " + save + "/" + step_name(step); };
+  const auto args = joined(mlp_args(data, seed), {"--save", save, "--no-async-save"});
+  const auto other_model = joined(mlp_args(data, seed, "8"), {"--save", save, "--no-async-save"});
+  const FaultEnvironment slow("slow:0");
+  {
+    Job job(tessera_command(1, joined(args, {"--save-interval", "1", "--train-steps", "6"})), dir / "retake.log");
+    ASSERT_TRUE(wait_for_output(job, {published(1)}, seconds(60))) << job.output();
+    fs::remove_all(save);
+    ASSERT_TRUE(wait_for_output(job, {"was removed or replaced during the run; taking it again"}, seconds(60)))
+        << job.output();
+    const Outcome other =
+        run_command(tessera_command(1, joined(other_model, {"--train-steps", "1"})), dir / "other.log", seconds(60));
+    EXPECT_NE(other.status, 0) << other.output;
+    EXPECT_TRUE(contains(other.output, "is in use: another job is writing its checkpoints there")) << other.output;
+    EXPECT_EQ(job.wait(seconds(90)), 0) << job.output();
+    EXPECT_EQ(latest_step(save), 6);
+  }
+  fs::remove_all(save);
+  Job job(tessera_command(1, joined(args, {"--save-interval", "5", "--train-steps", "1000"})), dir / "stopped.log");
+  ASSERT_TRUE(wait_for_output(job, {published(5)}, seconds(90))) << job.output();
+  fs::remove_all(save);  // the next save is 5 steps (10 s) away: the other job takes the directory first
+  Job other(tessera_command(1, joined(other_model, {"--save-interval", "1", "--train-steps", "1000"})),
+            dir / "taker.log");
+  ASSERT_TRUE(wait_for_output(other, {published(1)}, seconds(60))) << other.output();
+  const int status = job.wait(seconds(60));
+  const std::string output = job.output();
+  EXPECT_NE(status, 0) << output;
+  EXPECT_TRUE(contains(output, "is in use: another job is writing its checkpoints there")) << output;
+  EXPECT_TRUE(contains(output, "this run stops without saving there")) << output;
+  for (const auto& entry : fs::directory_iterator(save)) {
+    if (!entry.path().filename().string().starts_with("step_")) continue;
+    EXPECT_EQ(io::CheckpointReader(entry.path().string()).metadata().at("config.hidden"), "8")
+        << entry.path() << " was written by the first job";
+  }
+}
+
 }  // namespace
 }  // namespace tessera::testing

@@ -11,6 +11,9 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <future>
+#include <random>
+#include <thread>
 #include <map>
 
 #include "core/context.h"
@@ -541,6 +544,71 @@ TEST(ModelConfig, ValidationNamesTheFlag) {
   // build_model validates too.
   Context ctx;
   EXPECT_THROW(parallel::build_model(c, spec_for(ctx, DType::f32, 1)), Error);
+}
+
+// Sizes have upper bounds (a typo is refused at once, naming the flag), and
+// the head count suggested for a width it does not divide is found in
+// O(sqrt n): the old search tried every number up to the width (minutes for
+// --hidden-size 99999999999). Each case runs in a thread with a deadline, so
+// a search that does not end fails instead of hanging the suite.
+TEST(ModelConfig, TypoSizesAreRefusedAtOnceNamingTheFlag) {
+  nn::ModelConfig gpt;
+  gpt.kind = nn::ModelKind::gpt;
+  const auto expect_rejected_soon = [](const nn::ModelConfig& config, const std::string& fragment) {
+    // A detached thread: a search that never ends is reported, not waited for.
+    std::promise<std::string> answer;
+    std::future<std::string> verdict = answer.get_future();
+    std::thread([config, answer = std::move(answer)]() mutable {
+      try {
+        config.validate();
+        answer.set_value("accepted");
+      } catch (const Error& e) {
+        answer.set_value(e.message());
+      }
+    }).detach();
+    ASSERT_EQ(verdict.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+        << "validate() still running after 20 s for '" << fragment << "'";
+    const std::string message = verdict.get();
+    EXPECT_NE(message.find(fragment), std::string::npos) << "message: " << message;
+  };
+  nn::ModelConfig c = gpt;
+  c.hidden_size = 99999999999;
+  expect_rejected_soon(c, "--hidden-size 99999999999 is larger than 1048576");
+  c = gpt;
+  c.num_layers = 1 << 20;
+  expect_rejected_soon(c, "--num-layers 1048576 is larger than 16384");
+  c = gpt;
+  c.vocab_size = int64_t(1) << 32;
+  expect_rejected_soon(c, "--vocab-size 4294967296 is larger than 2147483647");
+  c = gpt;
+  c.seq_length = int64_t(1) << 40;
+  expect_rejected_soon(c, "--seq-length");
+  c = gpt;
+  c.ffn_hidden_size = int64_t(1) << 30;
+  expect_rejected_soon(c, "--ffn-hidden-size");
+  nn::ModelConfig mlp;
+  mlp.hidden = {128, int64_t(1) << 40};
+  expect_rejected_soon(mlp, "--hidden: a width of 1099511627776 is larger than 1048576");
+  // The largest accepted width that no head count of 4 divides still gets its suggestion at once.
+  c = gpt;
+  c.hidden_size = 1048573;  // prime: only 1 and itself divide it
+  c.num_heads = 4;
+  expect_rejected_soon(c, "e.g. --num-heads 1: heads of 1048573");
+}
+
+// nearest_divisor against the naive search over every candidate, on random
+// sizes and targets (ties go to the larger divisor).
+TEST(ModelConfig, NearestDivisorMatchesTheNaiveSearch) {
+  TESSERA_SEED_TRACE();
+  std::mt19937_64 rng = make_rng();
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int64_t n = std::uniform_int_distribution<int64_t>(1, trial < 1000 ? 200 : 100000)(rng);
+    const int64_t target = std::uniform_int_distribution<int64_t>(1, n + 10)(rng);
+    int64_t naive = 1;
+    for (int64_t d = 1; d <= n; ++d)
+      if (n % d == 0 && std::llabs(d - target) <= std::llabs(naive - target)) naive = d;
+    ASSERT_EQ(nn::nearest_divisor(n, target), naive) << "n " << n << " target " << target;
+  }
 }
 
 // ---------------------------------------------------------------------------

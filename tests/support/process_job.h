@@ -1,7 +1,7 @@
 // Running the `tessera` program as a test would run a job: under mpiexec,
 // in its own process group with its output in a log file, waited for with a
 // deadline after which the whole group is killed (nothing can hang a test),
-// plus small helpers for argument lists and output. Header-only, shared by
+// plus small helpers for argument lists, output and TESSERA_FAULT. Header-only, shared by
 // the multi-process checkpoint tests, the fault tests and the CLI tests;
 // tessera_command and run_training need the test target to define
 // TESSERA_BINARY and TESSERA_MPIEXEC.
@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -178,6 +179,28 @@ inline bool wait_for_steps(Job& job, const std::string& metrics, int count, seco
   }
   return false;
 }
+
+// Waits until `job`'s output holds every one of `parts` (true), or it ended
+// or `limit` passed (false).
+inline bool wait_for_output(Job& job, const std::vector<std::string>& parts, seconds limit) {
+  const auto deadline = Clock::now() + limit;
+  while (Clock::now() < deadline && job.running()) {
+    const std::string output = job.output();
+    bool all = true;
+    for (const std::string& part : parts) all = all && output.find(part) != std::string::npos;
+    if (all) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+// TESSERA_FAULT (core/fault.h) for the jobs a test starts while this lives.
+struct FaultEnvironment {
+  explicit FaultEnvironment(const std::string& value) { ::setenv("TESSERA_FAULT", value.c_str(), 1); }
+  ~FaultEnvironment() { ::unsetenv("TESSERA_FAULT"); }
+  FaultEnvironment(const FaultEnvironment&) = delete;
+  FaultEnvironment& operator=(const FaultEnvironment&) = delete;
+};
 
 // tessera_command and run_training: for test targets that define TESSERA_BINARY and TESSERA_MPIEXEC.
 #ifdef TESSERA_BINARY
