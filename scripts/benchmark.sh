@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Benchmarks on this machine, beside PyTorch (installs Debian's python3-torch)
-# and MPI: GEMM through the tensor API vs OpenBLAS and PyTorch; training step
+# Benchmarks on this machine, beside PyTorch (installs Debian's python3-torch,
+# and PyPI's current one into /opt/tessera-tools/torch) and MPI: GEMM through
+# the tensor API vs OpenBLAS and PyTorch, bf16 GEMM of square, GPT and Llama
+# shapes vs PyTorch 2.15 (benchmarks/gemm_compare.py); training step
 # time for MLP, CNN and GPT in f32 and bf16 vs PyTorch; all-reduce through the
 # communicator vs MPI_Allreduce; data-parallel efficiency of 2 ranks vs 1;
 # the pipeline bubble of P = 2, 4 stages against theory.
@@ -12,6 +14,7 @@ scripts/build.sh >/dev/null
 build/bin/benchmarks/gemm
 # Debian's python3-torch lives in the system interpreter, whatever python3 is first on PATH.
 /usr/bin/python3 benchmarks/gemm_torch.py
+/usr/bin/python3 benchmarks/gemm_compare.py
 /usr/bin/python3 benchmarks/train_compare.py
 # Communication: all-reduce against MPI_Allreduce, and data-parallel efficiency (2 ranks vs 1).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -5,7 +5,8 @@
 # the build is CPU-only (TESSERA_CUDA=AUTO).
 #
 #   scripts/install-deps.sh                     build and test dependencies
-#   scripts/install-deps.sh --with-benchmarks   also PyTorch, for side-by-side benchmarks
+#   scripts/install-deps.sh --with-benchmarks   also PyTorch, for side-by-side benchmarks (Debian's python3-torch,
+#                                               and PyPI's current one in /opt/tessera-tools/torch: install-torch.sh)
 set -euo pipefail
 
 packages=(
@@ -30,9 +31,10 @@ packages=(
   python3-yaml python3-jsonschema python3-venv  # the `k8s` tests: manifest validation; venv for k8s/install-tools.sh
   patchelf xz-utils                   # the GPU bundle (scripts/gpu-bundle.sh): $ORIGIN RUNPATHs, compression
 )
+with_benchmarks=0
 for arg in "$@"; do
   case "$arg" in
-    --with-benchmarks) packages+=(python3 python3-torch python3-numpy) ;;
+    --with-benchmarks) packages+=(python3 python3-torch python3-numpy); with_benchmarks=1 ;;
     *) echo "install-deps.sh: unknown option '$arg' (use --with-benchmarks)" >&2; exit 2 ;;
   esac
 done
@@ -44,10 +46,12 @@ for pkg in "${packages[@]}"; do
 done
 # Steps after the Debian packages, run also when none was missing:
 # kubectl (kustomize), hadolint and an unpacked sshd into /opt/tessera-tools (k8s/install-tools.sh);
-# an MLflow tracking server for the tracking tests into /opt/tessera-tools/mlflow (scripts/install-mlflow.sh).
+# an MLflow tracking server for the tracking tests into /opt/tessera-tools/mlflow (scripts/install-mlflow.sh);
+# with --with-benchmarks, PyPI's PyTorch into /opt/tessera-tools/torch (scripts/install-torch.sh).
 after_packages() {
   "$(dirname "$0")/../k8s/install-tools.sh"
   "$(dirname "$0")/install-mlflow.sh"
+  if ((with_benchmarks)); then "$(dirname "$0")/install-torch.sh"; fi
 }
 ((${#missing[@]} == 0)) && { after_packages; exit 0; }
 
