@@ -26,14 +26,6 @@ void destroy_cuda_libraries(CudaLibraries* libraries) noexcept;
 std::string describe_cuda_libraries();
 }  // namespace detail
 
-namespace {
-
-// How long teardown waits for a device's queued work before leaving it (a
-// communication that never finished keeps a stream busy for good).
-constexpr std::chrono::seconds kDrainTimeout{60};
-
-}  // namespace
-
 struct Context::DeviceSlot {
   explicit DeviceSlot(Stream s) : stream(std::move(s)) {}
   ~DeviceSlot() {
@@ -59,42 +51,44 @@ Context::Context(ContextOptions options) : options_(options) {
 // launcher instead of hanging here.
 Context::~Context() {
   const bool failing = std::uncaught_exceptions() > 0;
+  bool cuda_left = false, emulated_left = false;  // a device whose queued work was left behind
   for (auto* slots : {&cuda_slots_, &emulated_slots_}) {
     for (size_t index = 0; index < slots->size(); ++index) {
       DeviceSlot* s = (*slots)[index].get();
       if (!s) continue;
-      if (failing)
-        s->allocator->abandon();
-      else
-        drain(s->stream.device(), *s);
+      const bool left = failing ? (s->allocator->abandon(), true) : !drain(s->stream.device(), *s);
+      if (left) (s->stream.device().is_cuda() ? cuda_left : emulated_left) = true;
     }
   }
-  if (failing) {
-    if (cuda_pinned_) cuda_pinned_->abandon();
-    if (emulated_pinned_) emulated_pinned_->abandon();
-  }
+  // Pinned host memory goes with its devices: cudaFreeHost waits for the
+  // device, so after work was left queued (or a fault) it is not returned
+  // either, and the process reaches MPI_Finalize instead of hanging here.
+  if (cuda_left && cuda_pinned_) cuda_pinned_->abandon();
+  if (emulated_left && emulated_pinned_) emulated_pinned_->abandon();
 }
 
-void Context::drain(Device device, DeviceSlot& s) noexcept {
+bool Context::drain(Device device, DeviceSlot& s) noexcept {
   try {
     bind_thread_to_device(device);
     Event done(device);
     done.record(s.stream);
-    const auto deadline = std::chrono::steady_clock::now() + kDrainTimeout;
+    const auto deadline = std::chrono::steady_clock::now() + options_.drain_timeout;
     while (!done.ready()) {
       if (std::chrono::steady_clock::now() > deadline) {
         std::fprintf(stderr,
-                     "tessera: %s still had work queued %lld s after the program ended (a communication that never "
+                     "tessera: %s still had work queued %.0f s after the program ended (a communication that never "
                      "finished?); leaving it\n",
-                     device.to_string().c_str(), static_cast<long long>(kDrainTimeout.count()));
+                     device.to_string().c_str(), std::chrono::duration<double>(options_.drain_timeout).count());
         s.allocator->abandon();
-        return;
+        return false;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+    return true;
   } catch (const std::exception& error) {  // a device fault: its memory cannot be freed either
     std::fprintf(stderr, "tessera: %s failed at teardown: %s\n", device.to_string().c_str(), error.what());
     s.allocator->abandon();
+    return false;
   }
 }
 

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -32,6 +33,10 @@ struct ContextOptions {
   int cpu_threads = 0;         // CPU worker threads; 0 leaves OpenMP's default (OMP_NUM_THREADS, else all cores)
   size_t host_alignment = 64;  // bytes; a cache line, and an AVX-512 vector
   CachingOptions caching;      // the caching allocators' policy (host and devices)
+  // How long teardown waits for a device's queued work before leaving it
+  // (and that device's memory, device and pinned, unreturned: freeing either
+  // waits for the device).
+  std::chrono::milliseconds drain_timeout{60'000};
 };
 
 class Context {
@@ -76,8 +81,9 @@ class Context {
   struct DeviceSlot;
   DeviceSlot& slot(Device device);
   DeviceSlot* find_slot(Device device) const;
-  // Waits for a device's queued work at teardown, for a bounded time.
-  void drain(Device device, DeviceSlot& slot) noexcept;
+  // At teardown: waits (at most options_.drain_timeout) for the device's queued work;
+  // false when it left it (timed out, or a device fault), its memory abandoned.
+  bool drain(Device device, DeviceSlot& slot) noexcept;
 
   ContextOptions options_;
   int cuda_device_count_ = 0;

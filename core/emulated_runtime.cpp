@@ -49,6 +49,8 @@ struct State {
   std::array<std::atomic<bool>, kDeviceCount> faulted{};
   std::mutex fault_mutex;
   std::array<std::string, kDeviceCount> faults;
+  std::mutex streams_mutex;
+  std::vector<EmuStream*> streams;  // every live stream: what freeing pinned memory waits for
 };
 
 State& state() {
@@ -121,6 +123,17 @@ WorkList unfinished(EmuStream& stream) {
   return WorkList(stream.pending.begin(), stream.pending.end());
 }
 
+WorkList every_stream_unfinished() {
+  State& s = state();
+  std::lock_guard lock(s.streams_mutex);
+  WorkList works;
+  for (EmuStream* stream : s.streams) {
+    const WorkList more = unfinished(*stream);
+    works.insert(works.end(), more.begin(), more.end());
+  }
+  return works;
+}
+
 EmuStream& as_stream(void* handle) {
   return *static_cast<EmuStream*>(handle);
 }
@@ -155,9 +168,19 @@ class EmulatedRuntime final : public DeviceRuntime {
     enter("stream_create", device);
     auto* stream = new EmuStream;
     stream->device = device;
+    State& s = state();
+    std::lock_guard lock(s.streams_mutex);
+    s.streams.push_back(stream);
     return stream;
   }
-  void stream_destroy(void* stream) noexcept override { delete static_cast<EmuStream*>(stream); }
+  void stream_destroy(void* handle) noexcept override {
+    State& s = state();
+    {
+      std::lock_guard lock(s.streams_mutex);
+      std::erase(s.streams, static_cast<EmuStream*>(handle));
+    }
+    delete static_cast<EmuStream*>(handle);
+  }
   void stream_synchronize(void* handle) override {
     EmuStream& stream = as_stream(handle);
     enter("stream_synchronize", stream.device);
@@ -215,7 +238,13 @@ class EmulatedRuntime final : public DeviceRuntime {
     enter("pinned_malloc", current_device);
     return aligned_bytes(bytes);
   }
-  void pinned_free(void* ptr) noexcept override { std::free(ptr); }
+  // As cudaFreeHost: it synchronises with the device, waiting for every
+  // stream's queued work (progressing what this thread owns), so a free of
+  // pinned memory while work that never finishes is queued never returns.
+  void pinned_free(void* ptr) noexcept override {
+    wait_for(every_stream_unfinished());
+    std::free(ptr);
+  }
 
   void memcpy_async(void* dst, const void* src, size_t bytes, void* stream_handle) override {
     EmuStream& stream = as_stream(stream_handle);

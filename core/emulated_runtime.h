@@ -3,7 +3,8 @@
 // tests exercise the code GPU runs take and fail where a GPU run would.
 //
 //   - Memory: device allocations, pinned host memory and copies are host
-//     memory and memcpy, but only through this runtime.
+//     memory and memcpy, but only through this runtime. Freeing pinned
+//     memory waits for every stream's queued work, as cudaFreeHost does.
 //   - Streams: kernels run inline (they are the CPU backend's), so a stream
 //     holds only the work a communication channel enqueues on it
 //     (enqueue_work(): an MPI request, say). Events record the unfinished work

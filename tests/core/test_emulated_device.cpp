@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <future>
 #include <stdexcept>
 #include <thread>
 
@@ -213,6 +214,50 @@ TEST_F(EmulatedDevice, AContextTornDownByAnExceptionDoesNotWaitForTheDevice) {
   } catch (const std::runtime_error&) {
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+// Freeing pinned host memory waits for the device (cudaFreeHost
+// synchronises; the emulated runtime does too). A Context destroyed normally
+// whose device never drains (work that never finishes, a communication whose
+// peer died) leaves that device's memory after its drain deadline: its
+// pinned memory too, or the teardown would wait for good in the pinned free
+// and the process never reach MPI_Finalize. The teardown runs on a thread of
+// its own, watched from here with a deadline.
+TEST_F(EmulatedDevice, ATeardownWhoseDeviceNeverDrainsEndsWithinTheDrainDeadline) {
+  const Device device = Device::emulated(0);
+  std::promise<void> ended;
+  std::future<void> teardown_done = ended.get_future();
+  std::thread([device, ended = std::move(ended)]() mutable {
+    bind_thread_to_device(device);
+    {
+      ContextOptions options;
+      options.drain_timeout = std::chrono::milliseconds(300);
+      Context ctx(options);
+      Allocator& pinned = ctx.pinned_allocator(device);
+      pinned.deallocate(pinned.allocate(1 << 16, nullptr));  // a cached pinned segment, freed at teardown
+      Tensor t = ctx.zeros(Shape{8}, DType::f32, device);
+      emulated::enqueue_work(ctx.compute_stream(device).native_handle(), [] { return false; });
+    }
+    ended.set_value();
+  }).detach();
+  ASSERT_EQ(teardown_done.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "the teardown is still waiting 20 s later (a pinned free waiting for a device that never drains)";
+}
+
+// The emulated pinned free does wait for queued work (what the test above
+// relies on): it returns once the work it waits for finishes.
+TEST_F(EmulatedDevice, FreeingPinnedMemoryWaitsForQueuedWork) {
+  const Device device = Device::emulated(0);
+  bind_thread_to_device(device);
+  Context ctx;
+  const Stream& stream = ctx.compute_stream(device);
+  int polls = 0;
+  emulated::enqueue_work(stream.native_handle(), [&polls] { return ++polls >= 5; });
+  DeviceRuntime& runtime = emulated::runtime();
+  void* bytes = runtime.pinned_malloc(64);
+  runtime.pinned_free(bytes);
+  EXPECT_GE(polls, 5) << "the pinned free returned before the queued work finished";
+  EXPECT_EQ(emulated::pending_work(stream.native_handle()), 0u);
 }
 
 }  // namespace
