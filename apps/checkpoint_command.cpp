@@ -159,7 +159,8 @@ void register_checkpoint_command(CLI::App& app, int& exit_code) {
 
 void register_export_command(CLI::App& app, int& exit_code) {
   struct Arguments {
-    std::string checkpoint, output, format = "tessera", tokenizer;
+    std::string checkpoint, output;
+    io::ExportOptions options;
   };
   auto args = std::make_shared<Arguments>();
   auto* command =
@@ -170,20 +171,24 @@ void register_export_command(CLI::App& app, int& exit_code) {
       ->add_option("checkpoint", args->checkpoint,
                    "A step directory, its checkpoint.h5, or a save directory (its latest)")
       ->required();
-  command->add_option("-o,--output", args->output, "The safetensors file to write (hf-gpt2: DIR/model.safetensors)")
+  command
+      ->add_option("-o,--output", args->output,
+                   "tessera: the safetensors file to write; hf-gpt2: the directory to write model.safetensors, "
+                   "config.json, vocab.json and merges.txt into, as save_pretrained(DIR) (or DIR/NAME.safetensors)")
       ->required();
   command
-      ->add_option("--format", args->format,
+      ->add_option("--format", args->options.format,
                    "tessera: the parameters under Tessera's names; hf-gpt2: Hugging Face GPT-2's names and layouts "
                    "and config.json, for GPT2LMHeadModel.from_pretrained(DIR)")
       ->check(CLI::IsMember({"tessera", "hf-gpt2"}))
       ->capture_default_str();
-  command->add_option("--tokenizer", args->tokenizer,
+  command->add_option("--tokenizer", args->options.tokenizer_data,
                       "hf-gpt2: the dataset whose tokenizer to write as vocab.json and merges.txt (default: the data "
                       "the checkpoint was trained on)");
+  command->add_flag("--force", args->options.force,
+                    "hf-gpt2: write into an existing non-empty directory, replacing the files of the export there");
   command->callback([args, &exit_code] {
-    const io::ExportResult result =
-        io::export_checkpoint(resolve(args->checkpoint), args->output, args->format, args->tokenizer);
+    const io::ExportResult result = io::export_checkpoint(resolve(args->checkpoint), args->output, args->options);
     std::printf("wrote %s: %lld tensors, %s\n", result.weights.c_str(), static_cast<long long>(result.tensors),
                 human_bytes(double(result.bytes)).c_str());
     for (const std::string* written : {&result.config, &result.vocab, &result.merges})

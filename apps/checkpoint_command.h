@@ -2,7 +2,7 @@
 //   tessera checkpoint inspect PATH   step, layout, metadata, rank state and every
 //                                     tensor (shape, dtype, size); verifies every checksum
 //   tessera checkpoint list DIR       the checkpoints of a save directory and which is latest
-//   tessera export PATH -o FILE       the weights as safetensors (io/export.h)
+//   tessera export PATH -o OUT        the weights as safetensors (io/export.h)
 // PATH is a step directory, its checkpoint.h5, or a save directory (its latest).
 #pragma once
 
@@ -16,7 +16,7 @@ namespace tessera::app {
 // paths are thrown as tessera::Error for main() to print.
 void register_checkpoint_command(CLI::App& app, int& exit_code);
 
-// Adds `export CHECKPOINT -o FILE [--format tessera|hf-gpt2]` (io/export.h).
+// Adds `export CHECKPOINT -o FILE|DIR [--format tessera|hf-gpt2] [--force]` (io/export.h).
 void register_export_command(CLI::App& app, int& exit_code);
 
 }  // namespace tessera::app

@@ -22,6 +22,7 @@
 #include "parallel/process_grid.h"
 #include "parallel/process_group.h"
 #include "parallel/stage_model.h"
+#include "parallel/tensor_parallel.h"
 
 namespace tessera::app {
 namespace {
@@ -34,8 +35,8 @@ struct GenerateArguments {
   bool print_ids = false;
 };
 
-// "3,17,4" → ids.
-std::vector<int32_t> parse_ids(const std::string& text) {
+// --prompt-ids "3,17,4" → ids, each inside the model's vocabulary of `vocab_size`.
+std::vector<int32_t> parse_prompt_ids(const std::string& text, int64_t vocab_size) {
   std::vector<int32_t> ids;
   std::stringstream in(text);
   std::string item;
@@ -49,6 +50,9 @@ std::vector<int32_t> parse_ids(const std::string& text) {
     }
     TESSERA_CHECK(used == item.size() && used > 0 && id >= 0 && id <= INT32_MAX, "--prompt-ids: '", item,
                   "' is not a token id; give non-negative integers separated by commas (--prompt-ids 15,7,42)");
+    TESSERA_CHECK(id < vocab_size, "--prompt-ids: id ", id, " (at position ", ids.size() + 1,
+                  " of the list) is outside the checkpoint's vocabulary of ", vocab_size,
+                  " tokens; give ids from 0 to ", vocab_size - 1);
     ids.push_back(int32_t(id));
   }
   return ids;
@@ -56,24 +60,34 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 
 // The tokenizer of --tokenizer, or of the dataset the checkpoint was trained on.
 io::Tokenizer open_tokenizer(const GenerateArguments& args, const io::CheckpointReader& reader, int64_t vocab_size) {
-  std::string path = args.tokenizer;
-  if (path.empty()) {
-    const auto data = reader.metadata().find("config.data");
-    TESSERA_CHECK(data != reader.metadata().end() && !data->second.empty(), "generate: checkpoint ", reader.path(),
-                  " does not name its training data (trained on --synthetic data?); give --tokenizer DATASET.h5, "
-                  "or --prompt-ids with --print-ids");
-    path = data->second;
-    std::error_code error;
-    TESSERA_CHECK(std::filesystem::exists(path, error), "generate: the checkpoint was trained on ", path,
-                  ", which is not here (a relative path is relative to where `tessera train` ran); give --tokenizer "
-                  "with that dataset's path, or --prompt-ids with --print-ids");
-  }
+  if (!args.tokenizer.empty()) return io::Tokenizer::of_dataset(args.tokenizer, vocab_size, "generate: --tokenizer");
+  const auto data = reader.metadata().find("config.data");
+  TESSERA_CHECK(data != reader.metadata().end() && !data->second.empty(), "generate: checkpoint ", reader.path(),
+                " does not name its training data (trained on --synthetic data?); give --tokenizer DATASET.h5, "
+                "or --prompt-ids with --print-ids");
+  const std::string& path = data->second;
+  std::error_code error;
+  TESSERA_CHECK(std::filesystem::exists(path, error), "generate: the checkpoint was trained on ", path,
+                ", which is not here (a relative path is relative to where `tessera train` ran); give --tokenizer "
+                "with that dataset's path, or --prompt-ids with --print-ids");
   std::optional<io::Tokenizer> tokenizer = io::Tokenizer::for_model_data(path, vocab_size);
   TESSERA_CHECK(tokenizer.has_value(), "generate: ", path, " stores no tokenizer and the model's vocabulary is ",
                 vocab_size,
                 ", not the 256 bytes of `prepare text`; give --tokenizer (a dataset from `prepare text "
                 "--tokenizer bpe`), or --prompt-ids with --print-ids");
   return std::move(*tokenizer);
+}
+
+// Refuses a rank count the trained model does not split over, naming those it does.
+void check_rank_count(const nn::ModelConfig& config, int ranks) {
+  if (parallel::tensor_parallel_problem(config, ranks, false).empty()) return;
+  std::vector<std::string> counts;
+  for (const int size : parallel::tensor_parallel_sizes(config)) counts.push_back(std::to_string(size));
+  TESSERA_THROW("generate: the checkpoint's GPT (", config.num_heads, " heads, a vocabulary of ", config.vocab_size,
+                ", an MLP of ", config.ffn(), ") cannot be split over ", ranks,
+                " ranks: each rank must hold whole heads and an equal share of the vocabulary and the MLP, and a "
+                "trained model's sizes are fixed; run generate on ",
+                human_list(counts, "or"), " rank(s) (mpirun -np N)");
 }
 
 // Bytes to stdout as they are (a token may hold any byte, NUL included).
@@ -114,6 +128,14 @@ void run_generate(const GenerateArguments& args, const parallel::MpiEnv& env) {
   const int tp = args.tensor_parallel > 0 ? args.tensor_parallel : env.world_size();
   TESSERA_CHECK(tp == env.world_size(), "generate: --tensor-parallel ", tp, " must equal the number of ranks (",
                 env.world_size(), "): generation runs one tensor-parallel group");
+  check_rank_count(saved.config, tp);
+  // The prompt before the weights: a prompt that cannot run is refused at once.
+  std::optional<io::Tokenizer> tokenizer;
+  if (args.prompt_ids.empty() || !args.print_ids) tokenizer = open_tokenizer(args, reader, saved.config.vocab_size);
+  const std::vector<int32_t> prompt = args.prompt_ids.empty()
+                                          ? tokenizer->encode(args.prompt)
+                                          : parse_prompt_ids(args.prompt_ids, saved.config.vocab_size);
+  parallel::check_prompt(saved.config, prompt, args.generation);
 
   std::unique_ptr<parallel::Communicator> world =
       parallel::make_communicator(MPI_COMM_WORLD, "world", ctx, device, parallel::CommBackend::automatic);
@@ -125,10 +147,6 @@ void run_generate(const GenerateArguments& args, const parallel::MpiEnv& env) {
   io::read_parameters(reader, stage.module->parameters());
   auto& model = dynamic_cast<parallel::TensorParallelGpt&>(*stage.module);
 
-  std::optional<io::Tokenizer> tokenizer;
-  if (args.prompt_ids.empty() || !args.print_ids) tokenizer = open_tokenizer(args, reader, saved.config.vocab_size);
-  const std::vector<int32_t> prompt =
-      args.prompt_ids.empty() ? tokenizer->encode(args.prompt) : parse_ids(args.prompt_ids);
   if (root) {
     std::fprintf(stderr, "generate: %s (step %lld, %s), %zu prompt tokens, on %d rank(s), %s\n", path.c_str(),
                  static_cast<long long>(reader.step()), std::string(dtype_name(saved.dtype)).c_str(), prompt.size(), tp,

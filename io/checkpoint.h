@@ -243,6 +243,12 @@ std::optional<std::string> find_latest_checkpoint(const std::string& dir);
 // when it does not exist or holds no checkpoint.
 std::string resolve_checkpoint(const std::string& path, const std::string& command);
 
+// Whether `path` is a checkpoint or a save directory: a directory holding a
+// checkpoint.h5 or checkpoints (step_*, `latest`), or an HDF5 file of
+// Tessera's checkpoint format. For messages to a user who named one where
+// something else (a dataset) was asked for.
+bool is_checkpoint(const std::string& path);
+
 // The complete checkpoints in `dir` (step_* directories holding their HDF5
 // file), oldest step first; empty if there are none or `dir` does not exist.
 std::vector<std::string> list_checkpoints(const std::string& dir);

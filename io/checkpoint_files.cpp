@@ -1,7 +1,8 @@
 // Checkpoint directories on disk (io/checkpoint_internal.h): names, POSIX
 // durability (fsync, atomic rename), publishing a save, keep-K retention and
 // `latest`, free space, the advice when one is corrupt, and the public
-// check_save_directory, find_latest_checkpoint, resolve_checkpoint and list_checkpoints.
+// check_save_directory, find_latest_checkpoint, resolve_checkpoint,
+// is_checkpoint and list_checkpoints.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -315,6 +316,20 @@ std::string resolve_checkpoint(const std::string& path, const std::string& comma
   TESSERA_CHECK(latest.has_value(), command, ": ", path,
                 " holds no checkpoint (neither a checkpoint.h5 nor step_* directories)");
   return *latest;
+}
+
+bool is_checkpoint(const std::string& path) {
+  std::error_code error;
+  if (fs::is_directory(path, error))
+    return fs::exists(fs::path(path) / kCheckpointFile, error) || find_latest_checkpoint(path).has_value();
+  if (!is_hdf5_file(path)) return false;
+  Hdf5QuietErrors quiet;
+  const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (id < 0) return false;
+  const Hdf5Handle file = file_handle(id);
+  const bool tagged = attribute_exists(file.get(), kFormatAttribute).value_or(false);
+  H5Eclear2(H5E_DEFAULT);  // a damaged header's complaint: not a checkpoint this can read either
+  return tagged;
 }
 
 std::vector<std::string> list_checkpoints(const std::string& dir) {

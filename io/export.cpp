@@ -1,9 +1,15 @@
 // export_checkpoint (io/export.h): whole parameters read from a checkpoint,
 // renamed and transposed for Hugging Face GPT-2 where asked, written as
-// safetensors, and GPT-2's config.json (through nlohmann::json) and tokenizer files.
+// safetensors, and GPT-2's config.json (through nlohmann::json) and tokenizer
+// files. Where it writes is planned and checked first (not into the
+// checkpoint, nothing replaced unasked, a place that can be written), and
+// what it made is removed again when a write fails.
 #include "io/export.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +20,7 @@
 
 #include "core/context.h"
 #include "core/error.h"
+#include "core/units.h"
 #include "io/checkpoint.h"
 #include "io/model_weights.h"
 #include "io/safetensors.h"
@@ -83,15 +90,15 @@ struct Prepared {
     shapes.push_back(std::move(shape));
     data.push_back(std::move(bytes));
   }
-  ExportResult write(const std::string& out, const std::map<std::string, std::string>& metadata) const {
+  ExportResult write(const fs::path& out, const std::map<std::string, std::string>& metadata) const {
     std::vector<SafetensorsInput> inputs;
     ExportResult result;
     for (size_t i = 0; i < names.size(); ++i) {
       inputs.push_back({names[i], dtypes[i], shapes[i], data[i].data()});
       result.bytes += int64_t(data[i].size());
     }
-    write_safetensors(out, inputs, metadata);
-    result.weights = out;
+    write_safetensors(out.string(), inputs, metadata);
+    result.weights = out.string();
     result.tensors = int64_t(names.size());
     return result;
   }
@@ -121,31 +128,233 @@ nlohmann::json hf_gpt2_config(const CheckpointReader& reader, DType dtype) {
           {"torch_dtype", torch_dtype(dtype)}};
 }
 
-// GPT-2's vocab.json and merges.txt beside the weights, from the dataset's
-// tokenizer (bytes when it stores none and the vocabulary is 256).
-void write_tokenizer(const CheckpointReader& reader, const std::string& tokenizer_data, const fs::path& directory,
-                     ExportResult& result) {
-  std::string data = tokenizer_data;
-  if (data.empty()) {
-    const auto trained_on = reader.metadata().find("config.data");
-    if (trained_on != reader.metadata().end()) data = trained_on->second;
-  }
+// The tokenizer to write beside hf-gpt2 weights, found before anything is
+// written: --tokenizer's dataset (refused when it holds none), else the
+// training data's (config.data; when it is not here or stores none, nothing
+// and a note saying why).
+struct TokenizerToWrite {
+  std::optional<Tokenizer> tokenizer;
+  std::string note;
+};
+TokenizerToWrite tokenizer_to_write(const CheckpointReader& reader, const std::string& tokenizer_data) {
+  const int64_t vocab_size = checkpoint_model(reader).config.vocab_size;
+  if (!tokenizer_data.empty()) return {Tokenizer::of_dataset(tokenizer_data, vocab_size, "export: --tokenizer"), ""};
+  const auto trained_on = reader.metadata().find("config.data");
+  const std::string data = trained_on == reader.metadata().end() ? "" : trained_on->second;
   std::error_code error;
-  if (data.empty() || !fs::exists(data, error)) {
-    result.tokenizer_note = "no tokenizer written: the checkpoint's training data " +
-                            (data.empty() ? std::string("is not named (--synthetic?)") : data + " is not here") +
-                            "; give --tokenizer DATASET.h5";
-    return;
+  if (data.empty() || !fs::exists(data, error))
+    return {std::nullopt, "no tokenizer written: the checkpoint's training data " +
+                              (data.empty() ? std::string("is not named (--synthetic?)") : data + " is not here") +
+                              "; give --tokenizer DATASET.h5"};
+  std::optional<Tokenizer> tokenizer = Tokenizer::for_model_data(data, vocab_size);
+  if (!tokenizer)
+    return {std::nullopt, "no tokenizer written: " + data + " stores none (its tokens came from another tool)"};
+  return {std::move(tokenizer), ""};
+}
+
+// `path` absolute and lexically normal, without a trailing separator.
+fs::path absolute_normal(const fs::path& path) {
+  std::error_code error;
+  fs::path out = fs::absolute(path, error).lexically_normal();
+  if (out.filename().empty() && out.has_relative_path()) out = out.parent_path();
+  return out;
+}
+
+// The same with symbolic links resolved as far as the path exists.
+fs::path normalized(const fs::path& path) {
+  std::error_code error;
+  return fs::weakly_canonical(absolute_normal(path), error);
+}
+
+// Whether `path` is `extent` or lies inside it (the same file under another name too).
+bool lies_inside(const fs::path& path, const fs::path& extent) {
+  std::error_code error;
+  if (fs::exists(path, error) && fs::equivalent(path, extent, error)) return true;
+  const fs::path inner = normalized(path), outer = normalized(extent);
+  return std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end()).first == outer.end();
+}
+
+// What reading the checkpoint reads: its directory (the index and every rank's
+// file of format 2, or a step directory given), else its one file.
+fs::path checkpoint_extent(const CheckpointReader& reader, const std::string& given) {
+  std::error_code error;
+  const bool directory = reader.format() >= 2 || fs::is_directory(given, error);
+  return directory ? fs::path(reader.path()).parent_path() : fs::path(reader.path());
+}
+
+// Where an export writes: the weights, and for the Hugging Face formats
+// config.json (and the tokenizer's files) in `directory` beside them.
+struct OutputPlan {
+  fs::path directory;            // the output's directory (created if missing)
+  fs::path weights;              // the safetensors file
+  std::vector<fs::path> files;   // every file written, the weights first
+  bool whole_directory = false;  // hf, -o DIR: the directory is the output
+};
+
+OutputPlan plan_output(const std::string& out, bool hugging_face, bool tokenizer) {
+  OutputPlan plan;
+  const fs::path path(out);
+  plan.whole_directory = hugging_face && path.extension() != ".safetensors";
+  plan.weights = plan.whole_directory ? path / "model.safetensors" : path;
+  plan.directory = plan.weights.parent_path().empty() ? fs::path(".") : plan.weights.parent_path();
+  plan.files = {plan.weights};
+  if (!hugging_face) return plan;
+  plan.files.push_back(plan.directory / "config.json");
+  if (tokenizer) {
+    plan.files.push_back(plan.directory / "vocab.json");
+    plan.files.push_back(plan.directory / "merges.txt");
   }
-  const std::optional<Tokenizer> tokenizer =
-      Tokenizer::for_model_data(data, checkpoint_model(reader).config.vocab_size);
-  if (!tokenizer) {
-    result.tokenizer_note = "no tokenizer written: " + data + " stores none (its tokens came from another tool)";
-    return;
+  return plan;
+}
+
+// The nearest of `path` and its parents that exists.
+fs::path nearest_existing(fs::path path) {
+  std::error_code error;
+  path = absolute_normal(path);
+  while (!fs::exists(path, error) && path.has_relative_path()) path = path.parent_path();
+  return path;
+}
+
+// Refuses an output file that is, or lies inside, the checkpoint being read.
+void check_not_the_checkpoint(const OutputPlan& plan, const std::string& out, const fs::path& extent) {
+  for (const fs::path& file : plan.files)
+    TESSERA_CHECK(!lies_inside(file, extent), "export: -o ", out, " would write ", file.string(),
+                  ", which is or lies inside the checkpoint being read (", extent.string(),
+                  "); name an output outside it");
+}
+
+// Refuses (unless `force`) to write into a non-empty output directory, or
+// over files beside a FILE.safetensors that were not asked for.
+void check_nothing_replaced(const OutputPlan& plan, const std::string& out, bool force) {
+  std::error_code error;
+  std::vector<std::string> names, existing;
+  for (const fs::path& file : plan.files) {
+    names.push_back(file.filename().string());
+    if (file != plan.weights && fs::exists(file, error)) existing.push_back(file.string());
   }
+  if (plan.whole_directory && fs::exists(plan.directory, error)) {
+    TESSERA_CHECK(fs::is_directory(plan.directory, error), "export: -o ", out,
+                  " exists and is not a directory; for a Hugging Face format -o names the directory to write ",
+                  human_list(names), " into (or a new FILE.safetensors)");
+    TESSERA_CHECK(force || fs::is_empty(plan.directory, error), "export: -o ", out,
+                  " is a directory that is not empty; name a new or empty one, or add --force to write ",
+                  human_list(names), " into it");
+  }
+  TESSERA_CHECK(force || existing.empty(), "export: -o ", out, " would replace ", human_list(existing),
+                " beside it (not asked for); export into a new directory (-o DIR), or add --force to replace ",
+                existing.size() == 1 ? "it" : "them");
+}
+
+// Refuses an output under a file, a file to write that is a directory, or a
+// place where this process cannot create files.
+void check_writable(const OutputPlan& plan, const std::string& out) {
+  std::error_code error;
+  for (const fs::path& file : plan.files)
+    TESSERA_CHECK(!fs::is_directory(file, error), "export: ", file.string(), " is a directory; -o names ",
+                  plan.whole_directory ? "the directory to write the files into" : "the safetensors file to write");
+  const fs::path ancestor = nearest_existing(plan.directory);
+  TESSERA_CHECK(fs::is_directory(ancestor, error), "export: -o ", out, ": ", ancestor.string(),
+                " is a file, not a directory, so nothing can be made under it; name another output");
+  TESSERA_CHECK(::access(ancestor.c_str(), W_OK | X_OK) == 0, "export: -o ", out, ": cannot write in ",
+                ancestor.string(), ": ", std::strerror(errno), "; name an output in a directory you can write");
+}
+
+// What an export made (directories and files that were not there), removed
+// again unless the export completes: a refusal or a failed write leaves nothing.
+class MadeByExport {
+ public:
+  MadeByExport() = default;
+  MadeByExport(const MadeByExport&) = delete;
+  MadeByExport& operator=(const MadeByExport&) = delete;
+  ~MadeByExport() {
+    std::error_code ignored;
+    if (!kept_)
+      for (auto made = made_.rbegin(); made != made_.rend(); ++made) fs::remove(*made, ignored);
+  }
+  // Creates `directory` and the parents it lacks, each noted.
+  void create_directories(const fs::path& directory) {
+    std::error_code error;
+    const fs::path target = absolute_normal(directory);
+    const fs::path base = nearest_existing(target);
+    if (base == target) return;
+    fs::path made = base;
+    for (const fs::path& part : target.lexically_relative(base)) {
+      made /= part;
+      const bool created = fs::create_directory(made, error);
+      TESSERA_CHECK(!error, "export: cannot create ", made.string(), ": ", error.message());
+      if (created) made_.push_back(made);
+    }
+  }
+  // Notes `file` as made here when it does not exist yet (before writing it).
+  void about_to_write(const fs::path& file) {
+    std::error_code error;
+    if (!fs::exists(file, error)) made_.push_back(file);
+  }
+  void keep() { kept_ = true; }
+
+ private:
+  std::vector<fs::path> made_;
+  bool kept_ = false;
+};
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+  out.flush();
+  TESSERA_CHECK(out, "export: cannot write ", path.string(), ": ", std::strerror(errno));
+}
+
+// Every parameter (no optimizer state) under Tessera's names.
+Prepared prepare_tessera(const CheckpointReader& reader) {
+  Context ctx;
+  Prepared prepared;
+  for (const StoredTensor& stored : reader.tensors())
+    if (!is_optimizer_state(stored.name))
+      prepared.add(stored.name, stored.dtype, stored.shape, read_whole(ctx, reader, stored));
+  return prepared;
+}
+
+// The GPT's parameters under Hugging Face GPT-2's names, matrices transposed; `dtype`: theirs.
+Prepared prepare_hf_gpt2(const CheckpointReader& reader, DType& dtype) {
+  Context ctx;
+  Prepared prepared;
+  for (const HfGpt2Name& name : hf_gpt2_names(checkpoint_model(reader).config.num_layers)) {
+    const auto stored = std::find_if(reader.tensors().begin(), reader.tensors().end(),
+                                     [&](const StoredTensor& t) { return t.name == name.tessera; });
+    TESSERA_CHECK(stored != reader.tensors().end(), "export --format hf-gpt2: checkpoint ", reader.path(),
+                  " has no tensor ", name.tessera, "; it is not a GPT of this version");
+    std::vector<std::byte> bytes = read_whole(ctx, reader, *stored);
+    Shape shape = stored->shape;
+    if (name.transposed) {
+      bytes = transposed(bytes, shape[0], shape[1], dtype_size(stored->dtype));
+      shape = Shape{shape[1], shape[0]};
+    }
+    dtype = stored->dtype;
+    prepared.add(name.hf, stored->dtype, shape, std::move(bytes));
+  }
+  return prepared;
+}
+
+// The file's __metadata__: nothing of the checkpoint's path or step (the
+// same weights export to the same bytes); for Tessera's format the model's fields.
+std::map<std::string, std::string> safetensors_metadata(const CheckpointReader& reader, bool hugging_face) {
+  std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  if (!hugging_face)
+    for (const auto& [key, value] : reader.metadata())
+      if (key.rfind("model.", 0) == 0) metadata["tessera." + key] = value;
+  return metadata;
+}
+
+// config.json and the tokenizer's files (when there is one) in `directory`, noted in `result`.
+void write_beside_weights(const CheckpointReader& reader, DType dtype, const TokenizerToWrite& tokenizer,
+                          const fs::path& directory, ExportResult& result) {
+  result.config = (directory / "config.json").string();
+  write_text(result.config, hf_gpt2_config(reader, dtype).dump(2) + "\n");
+  result.tokenizer_note = tokenizer.note;
+  if (!tokenizer.tokenizer) return;
   result.vocab = (directory / "vocab.json").string();
   result.merges = (directory / "merges.txt").string();
-  tokenizer->write_gpt2_files(result.vocab, result.merges);
+  tokenizer.tokenizer->write_gpt2_files(result.vocab, result.merges);
 }
 
 }  // namespace
@@ -168,50 +377,30 @@ std::vector<HfGpt2Name> hf_gpt2_names(int64_t num_layers) {
   return names;
 }
 
-ExportResult export_checkpoint(const std::string& checkpoint, const std::string& out, const std::string& format,
-                               const std::string& tokenizer_data) {
-  TESSERA_CHECK(format == "tessera" || format == "hf-gpt2", "export: --format ", format,
+ExportResult export_checkpoint(const std::string& checkpoint, const std::string& out, const ExportOptions& options) {
+  TESSERA_CHECK(options.format == "tessera" || options.format == "hf-gpt2", "export: --format ", options.format,
                 " is not one of tessera, hf-gpt2");
+  const bool hugging_face = options.format != "tessera";
   const CheckpointReader reader(checkpoint);
-  std::error_code made;
-  fs::create_directories(fs::absolute(out).parent_path(), made);  // as save_pretrained(DIR) does; errors: at the write
-  Context ctx;
-  Prepared prepared;
-  // Nothing of the checkpoint's path or step: the same weights export to the same bytes.
-  std::map<std::string, std::string> metadata = {{"format", "pt"}};
   const std::string& kind = metadata_value(reader, "model.kind");
-  if (format == "tessera") {
-    for (const auto& [key, value] : reader.metadata())
-      if (key.rfind("model.", 0) == 0) metadata["tessera." + key] = value;
-    for (const StoredTensor& stored : reader.tensors())
-      if (!is_optimizer_state(stored.name))
-        prepared.add(stored.name, stored.dtype, stored.shape, read_whole(ctx, reader, stored));
-    return prepared.write(out, metadata);
-  }
-  TESSERA_CHECK(kind == "gpt", "export --format hf-gpt2: checkpoint ", reader.path(), " holds a ", kind, " (--model ",
-                kind, "), not a GPT; export it with --format tessera");
+  TESSERA_CHECK(!hugging_face || kind == "gpt", "export --format ", options.format, ": checkpoint ", reader.path(),
+                " holds a ", kind, " (--model ", kind, "), not a GPT; export it with --format tessera");
+  // Everything that can refuse comes before the first byte is written.
+  const TokenizerToWrite tokenizer =
+      hugging_face ? tokenizer_to_write(reader, options.tokenizer_data) : TokenizerToWrite{};
+  const OutputPlan plan = plan_output(out, hugging_face, tokenizer.tokenizer.has_value());
+  check_not_the_checkpoint(plan, out, checkpoint_extent(reader, checkpoint));
+  if (hugging_face) check_nothing_replaced(plan, out, options.force);
+  check_writable(plan, out);
   DType dtype = DType::f32;
-  for (const HfGpt2Name& name : hf_gpt2_names(checkpoint_model(reader).config.num_layers)) {
-    const auto stored = std::find_if(reader.tensors().begin(), reader.tensors().end(),
-                                     [&](const StoredTensor& t) { return t.name == name.tessera; });
-    TESSERA_CHECK(stored != reader.tensors().end(), "export --format hf-gpt2: checkpoint ", reader.path(),
-                  " has no tensor ", name.tessera, "; it is not a GPT of this version");
-    std::vector<std::byte> bytes = read_whole(ctx, reader, *stored);
-    Shape shape = stored->shape;
-    if (name.transposed) {
-      bytes = transposed(bytes, shape[0], shape[1], dtype_size(stored->dtype));
-      shape = Shape{shape[1], shape[0]};
-    }
-    dtype = stored->dtype;
-    prepared.add(name.hf, stored->dtype, shape, std::move(bytes));
-  }
-  ExportResult result = prepared.write(out, metadata);
-  const fs::path directory = fs::absolute(out).parent_path();
-  result.config = (directory / "config.json").string();
-  std::ofstream config(result.config);
-  config << hf_gpt2_config(reader, dtype).dump(2) << "\n";
-  TESSERA_CHECK(config, "export: cannot write ", result.config);
-  write_tokenizer(reader, tokenizer_data, directory, result);
+  const Prepared prepared = hugging_face ? prepare_hf_gpt2(reader, dtype) : prepare_tessera(reader);
+
+  MadeByExport made;
+  made.create_directories(plan.directory);
+  for (const fs::path& file : plan.files) made.about_to_write(file);
+  ExportResult result = prepared.write(plan.weights, safetensors_metadata(reader, hugging_face));
+  if (hugging_face) write_beside_weights(reader, dtype, tokenizer, plan.directory, result);
+  made.keep();
   return result;
 }
 

@@ -49,14 +49,31 @@ struct ExportResult {
   int64_t tensors = 0, bytes = 0;
 };
 
+struct ExportOptions {
+  std::string format = "tessera";  // "tessera" or "hf-gpt2"
+  // hf-gpt2: the dataset (of `tessera prepare text`) whose tokenizer to write
+  // as vocab.json and merges.txt; empty: the data the checkpoint was trained
+  // on (config.data), when it is here.
+  std::string tokenizer_data;
+  bool force = false;  // hf-gpt2: write into a non-empty directory, replacing the files named below
+};
+
 // Exports the checkpoint at `checkpoint` (a step directory or its
-// checkpoint.h5, either format) to `out` in `format` ("tessera" or
-// "hf-gpt2"). hf-gpt2 also writes the tokenizer of `tokenizer_data` (a
-// dataset of `tessera prepare text`; empty: the data the checkpoint was
-// trained on, config.data) as GPT-2's vocab.json and merges.txt, so that
-// transformers' GPT2TokenizerFast.from_pretrained(DIR) encodes as Tessera
-// does. Throws tessera::Error naming what does not fit.
-ExportResult export_checkpoint(const std::string& checkpoint, const std::string& out, const std::string& format,
-                               const std::string& tokenizer_data = "");
+// checkpoint.h5, either format) to `out`:
+//   tessera  `out` is the safetensors file (its missing directories created);
+//   hf-gpt2  `out` is the directory (created) that receives model.safetensors,
+//            config.json and the tokenizer's vocab.json and merges.txt, as
+//            save_pretrained(DIR) does, so that transformers'
+//            GPT2LMHeadModel and GPT2TokenizerFast.from_pretrained(DIR) load
+//            it; an `out` ending in .safetensors names the weights file, the
+//            others going beside it.
+// Nothing outside `out` (its directory for a FILE.safetensors) is written.
+// Refused before anything is written: an output that is or lies inside the
+// checkpoint being read; for hf-gpt2 a non-empty directory, or files beside
+// a FILE.safetensors that would be replaced (unless options.force); a place
+// that cannot be written; a tokenizer that does not fit the model. A write
+// that fails removes what the export made. Throws tessera::Error naming what
+// does not fit.
+ExportResult export_checkpoint(const std::string& checkpoint, const std::string& out, const ExportOptions& options);
 
 }  // namespace tessera::io

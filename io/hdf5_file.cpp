@@ -106,6 +106,13 @@ Hdf5Handle open_hdf5_read(const std::string& path) {
   return file_handle(id);
 }
 
+bool is_hdf5_file(const std::string& path) {
+  Hdf5QuietErrors quiet;
+  const htri_t signature = H5Fis_hdf5(path.c_str());  // H5Fis_accessible from HDF5 1.12 on
+  H5Eclear2(H5E_DEFAULT);
+  return signature > 0;
+}
+
 Hdf5Handle create_hdf5_file(const std::string& path) {
   Hdf5QuietErrors quiet;
   const hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);

@@ -117,6 +117,9 @@ T hdf5_checked_at(T status, std::string_view path, std::string_view statement, s
 // file HDF5 cannot open (truncated, not HDF5) throws with HDF5's error stack.
 Hdf5Handle open_hdf5_read(const std::string& path);
 
+// Whether `path` is a file HDF5 recognises (its signature), HDF5's complaints kept quiet.
+bool is_hdf5_file(const std::string& path);
+
 // Throws unless this process can open `path` for reading, with what the
 // operating system said (no such file, permission denied with the file's
 // owner and mode and this process's user, not a regular file, ...). `what`

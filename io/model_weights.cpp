@@ -4,18 +4,24 @@
 // transposing and converting what the file holds.
 #include "io/model_weights.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <optional>
 
 #include "core/context.h"
 #include "core/error.h"
+#include "core/units.h"
 #include "io/export.h"
 #include "io/safetensors.h"
 #include "kernels/ops.h"
 
 namespace tessera::io {
 namespace {
+
+namespace fs = std::filesystem;
 
 std::string metadata_entry(const CheckpointReader& reader, const std::string& key) {
   const auto found = reader.metadata().find(key);
@@ -89,6 +95,25 @@ FileNames file_names(const SafetensorsFile& file, const std::vector<nn::Paramete
   return names;
 }
 
+// Throws naming the tensor when `values` (a host tensor of the parameter's
+// dtype) holds a NaN or an infinity: found here, not as a NaN loss later.
+void check_finite(const SafetensorsFile& file, const std::string& name, const Tensor& values) {
+  Tensor single = values;
+  if (values.dtype() != DType::f32) {
+    single = values.context().empty(values.shape(), DType::f32, Device::cpu());
+    ops::cast(values, single);
+  }
+  const std::vector<float> elements = single.to_vector<float>();
+  const auto first = std::find_if(elements.begin(), elements.end(), [](float x) { return !std::isfinite(x); });
+  if (first == elements.end()) return;
+  const auto count = std::count_if(first, elements.end(), [](float x) { return !std::isfinite(x); });
+  TESSERA_THROW("--init-from ", file.path(), ": tensor '", name, "' holds ", count, " value", count == 1 ? "" : "s",
+                " that ", count == 1 ? "is" : "are", " not finite as ", dtype_name(values.dtype()), " (element ",
+                first - elements.begin(), " is ", *first,
+                "); the weights are damaged (or too large for this --precision); export them again from a good "
+                "checkpoint");
+}
+
 // The file's tensor for `parameter`, as the parameter's global shape and dtype, on the host.
 Tensor whole_tensor(const SafetensorsFile& file, const HfGpt2Name& name, const nn::Parameter& parameter) {
   const SafetensorsEntry* entry = file.find(name.hf);
@@ -102,12 +127,28 @@ Tensor whole_tensor(const SafetensorsFile& file, const HfGpt2Name& name, const n
                 entry->shape.to_string(), " but the model's ", parameter.name, " needs ", stored.to_string(),
                 "; train with the model settings the file was made with (its metadata, or config.json beside it)");
   Context& ctx = parameter.value.context();
-  Tensor t = host_tensor(ctx, entry->dtype, entry->shape, file.read(name.hf));
+  Tensor t = host_tensor(ctx, entry->dtype, entry->shape, file.read_values(*entry));
   if (name.transposed) t = transposed(t);
-  if (t.dtype() == parameter.value.dtype()) return t;
-  Tensor converted = ctx.empty(t.shape(), parameter.value.dtype(), Device::cpu());
-  ops::cast(t, converted);
-  return converted;
+  if (t.dtype() != parameter.value.dtype()) {
+    Tensor converted = ctx.empty(t.shape(), parameter.value.dtype(), Device::cpu());
+    ops::cast(t, converted);
+    t = converted;
+  }
+  check_finite(file, name.hf, t);
+  return t;
+}
+
+// `path`, or the model.safetensors of a directory (as Hugging Face's from_pretrained(DIR) reads).
+std::string weights_file(const std::string& path) {
+  std::error_code error;
+  if (!fs::is_directory(path, error)) return path;
+  const fs::path inside = fs::path(path) / "model.safetensors";
+  if (fs::exists(inside, error)) return inside.string();
+  std::vector<std::string> found;
+  for (fs::directory_iterator it(path, error), end; !error && it != end; it.increment(error))
+    if (it->path().extension() == ".safetensors") found.push_back(it->path().string());
+  TESSERA_THROW("--init-from ", path, " is a directory without a model.safetensors; name the safetensors file",
+                found.empty() ? std::string(" (tessera export -o FILE writes one)") : ": " + human_list(found, "or"));
 }
 
 }  // namespace
@@ -150,7 +191,7 @@ void read_parameters(const CheckpointReader& reader, const std::vector<nn::Param
 
 WeightsLoaded load_safetensors_weights(const std::string& path, const std::vector<nn::Parameter*>& parameters,
                                        int64_t num_layers) {
-  const SafetensorsFile file(path);
+  const SafetensorsFile file(weights_file(path));
   const FileNames names = file_names(file, parameters, num_layers);
   WeightsLoaded loaded{names.naming, 0, 0};
   std::map<std::string, bool> used;

@@ -6,7 +6,8 @@
 //     (checkpoint_model: the model.* metadata `tessera train` stores);
 //   a safetensors file (`train --init-from`): what `tessera export` writes,
 //     under Tessera's names or Hugging Face GPT-2's (Conv1D matrices
-//     transposed back), in any float dtype (converted to the model's).
+//     transposed back), in any float dtype (F64, F32, BF16, F16; converted
+//     to the model's), every value finite.
 #pragma once
 
 #include <cstdint>
@@ -42,11 +43,12 @@ struct WeightsLoaded {
   int64_t tensors = 0;
   int64_t ignored = 0;  // tensors of the file the model has no parameter for (e.g. Hugging Face's attn.bias masks)
 };
-// Every parameter from the safetensors file at `path`, by Tessera's names or,
-// when the file holds Hugging Face GPT-2's (transformer.wte.weight ...),
-// by those (`num_layers`: the model's blocks). Throws naming the file and
-// the tensor when one is missing, has another shape or a dtype that is not
-// a float.
+// Every parameter from the safetensors file at `path` (a directory: its
+// model.safetensors), by Tessera's names or, when the file holds Hugging
+// Face GPT-2's (transformer.wte.weight ...), by those (`num_layers`: the
+// model's blocks). Throws naming the file and the tensor when one is
+// missing, has another shape, a dtype that is not a float, or a NaN or an
+// infinity (after conversion to the parameter's dtype).
 WeightsLoaded load_safetensors_weights(const std::string& path, const std::vector<nn::Parameter*>& parameters,
                                        int64_t num_layers);
 

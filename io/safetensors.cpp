@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -37,11 +39,38 @@ const char* safetensors_dtype(DType dtype) {
   throw_unsupported_dtype(dtype, "safetensors");
 }
 
-DType parse_safetensors_dtype(const std::string& path, const std::string& name, const std::string& text) {
+// The entry's dtype and, for F64, its `float64` flag.
+void parse_safetensors_dtype(const std::string& path, const std::string& text, SafetensorsEntry& entry) {
+  entry.float64 = text == "F64";
+  if (entry.float64) {
+    entry.dtype = DType::f32;
+    return;
+  }
   for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8})
-    if (text == safetensors_dtype(dtype)) return dtype;
-  TESSERA_THROW(path, ": tensor ", name, " has dtype \"", text,
-                "\", which Tessera does not store (F32, BF16, F16, I32, I64, U8); convert it first");
+    if (text == safetensors_dtype(dtype)) {
+      entry.dtype = dtype;
+      return;
+    }
+  TESSERA_THROW(path, ": tensor ", entry.name, " has dtype \"", text,
+                "\", which Tessera does not read (F64, F32, BF16, F16, I32, I64, U8); convert it first");
+}
+
+// Bytes of one element as the file stores it.
+int64_t stored_element_bytes(const SafetensorsEntry& entry) {
+  return entry.float64 ? int64_t(sizeof(double)) : int64_t(dtype_size(entry.dtype));
+}
+
+// The largest end offset the header's entries name (0 when none is a number):
+// more than the data after the header means the file was cut short.
+uint64_t described_data_bytes(const json& header) {
+  uint64_t described = 0;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__" || !entry.is_object() || !entry.contains("data_offsets")) continue;
+    const json& offsets = entry["data_offsets"];
+    if (offsets.is_array() && offsets.size() == 2 && offsets[1].is_number_unsigned())
+      described = std::max(described, offsets[1].get<uint64_t>());
+  }
+  return described;
 }
 
 }  // namespace
@@ -64,7 +93,8 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsInp
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
   const std::string partial = path + ".partial";
-  {
+  std::error_code error;
+  try {
     std::ofstream out(partial, std::ios::binary | std::ios::trunc);
     TESSERA_CHECK(out, "cannot create ", partial, ": ", std::strerror(errno));
     const uint64_t length = text.size();
@@ -75,10 +105,13 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsInp
                 std::streamsize(tensor.shape.numel() * int64_t(dtype_size(tensor.dtype))));
     out.flush();
     TESSERA_CHECK(out, "writing ", partial, " failed: ", std::strerror(errno));
+    out.close();
+    fs::rename(partial, path, error);
+    TESSERA_CHECK(!error, "cannot rename ", partial, " to ", path, ": ", error.message());
+  } catch (...) {
+    fs::remove(partial, error);  // a failed write leaves nothing behind
+    throw;
   }
-  std::error_code error;
-  fs::rename(partial, path, error);
-  TESSERA_CHECK(!error, "cannot rename ", partial, " to ", path, ": ", error.message());
 }
 
 SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
@@ -104,6 +137,11 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   const json header = json::parse(text, nullptr, false);
   TESSERA_CHECK(!header.is_discarded() && header.is_object(), p,
                 ": the header is not a JSON object: not a safetensors file, or damaged");
+  const uint64_t described = described_data_bytes(header);
+  TESSERA_CHECK(described <= uint64_t(data_size), p, " is truncated: its header describes ", described,
+                " bytes of tensor data but only ", data_size, " follow the header (the file is ", size,
+                " bytes, it should be ", uint64_t(data_start_) + described,
+                "); copy or download it again (or its header is damaged)");
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
       TESSERA_CHECK(entry.is_object(), p, ": \"__metadata__\" is not an object of strings");
@@ -119,7 +157,7 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
                   p, ": tensor ", name, " lacks a string 'dtype', an array 'shape' or a pair 'data_offsets'");
     SafetensorsEntry tensor;
     tensor.name = name;
-    tensor.dtype = parse_safetensors_dtype(p, name, entry["dtype"].get<std::string>());
+    parse_safetensors_dtype(p, entry["dtype"].get<std::string>(), tensor);
     std::vector<int64_t> dims;
     int64_t numel = 1;
     for (const json& dim : entry["shape"]) {
@@ -136,9 +174,9 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
                     "'s 'data_offsets' holds ", offset.dump(), ", outside the ", data_size, " bytes of data");
     tensor.begin = entry["data_offsets"][0].get<int64_t>();
     tensor.end = entry["data_offsets"][1].get<int64_t>();
-    TESSERA_CHECK(tensor.begin <= tensor.end && tensor.end - tensor.begin == numel * int64_t(dtype_size(tensor.dtype)),
-                  p, ": tensor ", name, "'s 'data_offsets' [", tensor.begin, ", ", tensor.end, ") do not hold the ",
-                  numel, " ", dtype_name(tensor.dtype), " elements of its 'shape'");
+    TESSERA_CHECK(tensor.begin <= tensor.end && tensor.end - tensor.begin == numel * stored_element_bytes(tensor), p,
+                  ": tensor ", name, "'s 'data_offsets' [", tensor.begin, ", ", tensor.end, ") do not hold the ", numel,
+                  " ", entry["dtype"].get<std::string>(), " elements of its 'shape'");
     tensor.shape = Shape(dims);
     tensors_.push_back(std::move(tensor));
   }
@@ -173,6 +211,23 @@ std::vector<std::byte> SafetensorsFile::read(const std::string& name) const {
   TESSERA_CHECK(in.gcount() == std::streamsize(bytes.size()), path_, " ended inside tensor ", name,
                 "; did it change while being read?");
   return bytes;
+}
+
+std::vector<std::byte> SafetensorsFile::read_values(const SafetensorsEntry& entry) const {
+  std::vector<std::byte> stored = read(entry.name);
+  if (!entry.float64) return stored;
+  const size_t count = stored.size() / sizeof(double);
+  std::vector<std::byte> narrowed(count * sizeof(float));
+  for (size_t i = 0; i < count; ++i) {
+    double value = 0;
+    std::memcpy(&value, stored.data() + i * sizeof value, sizeof value);
+    // Beyond f32's range: ±Inf (a cast would be undefined), which loading weights refuses.
+    const float single = std::fabs(value) > double(std::numeric_limits<float>::max()) && std::isfinite(value)
+                             ? static_cast<float>(std::copysign(std::numeric_limits<double>::infinity(), value))
+                             : static_cast<float>(value);
+    std::memcpy(narrowed.data() + i * sizeof single, &single, sizeof single);
+  }
+  return narrowed;
 }
 
 }  // namespace tessera::io

@@ -8,8 +8,9 @@
 // (the header padded with spaces to a multiple of 8 bytes), then the data:
 // each tensor's bytes little-endian and row-major at [b, e) of the data
 // section, the tensors tiling it with no gap and no overlap. JSON through
-// nlohmann::json. Tessera's dtypes map to F32, BF16, F16, I32, I64, U8; a file
-// with others (F64, I8, BOOL, ...) is refused naming the tensor.
+// nlohmann::json. Tessera's dtypes map to F32, BF16, F16, I32, I64, U8; F64
+// (which PyTorch users save) is read too, as f32 (SafetensorsEntry::float64);
+// a file with others (I8, BOOL, F8_*, ...) is refused naming the tensor.
 #pragma once
 
 #include <cstddef>
@@ -32,22 +33,24 @@ struct SafetensorsInput {
 };
 
 // Writes `tensors` (in the order given, names unique) and `metadata` to
-// `path` through "<path>.partial", renamed into place when complete. Throws
-// tessera::Error naming the file.
+// `path` through "<path>.partial", renamed into place when complete (and
+// removed when the write fails). Throws tessera::Error naming the file.
 void write_safetensors(const std::string& path, const std::vector<SafetensorsInput>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
 struct SafetensorsEntry {
   std::string name;
-  DType dtype = DType::f32;
+  DType dtype = DType::f32;  // F64: f32, the dtype read_values() gives
+  bool float64 = false;      // the file holds F64 (8 bytes an element)
   Shape shape;
   int64_t begin = 0, end = 0;  // byte offsets in the data section
 };
 
 // Opens and validates a safetensors file: the header's length against the
-// file, its JSON, every entry (dtype, shape, offsets matching the shape and
-// inside the data, the data tiled exactly). Errors name the file and, where
-// there is one, the tensor and the field.
+// file, its JSON, the data the header describes against what follows it (a
+// file cut short is called truncated), every entry (dtype, shape, offsets
+// matching the shape and inside the data, the data tiled exactly). Errors
+// name the file and, where there is one, the tensor and the field.
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(std::string path);
@@ -56,8 +59,11 @@ class SafetensorsFile {
   const std::vector<SafetensorsEntry>& tensors() const { return tensors_; }  // in file order of their data
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const SafetensorsEntry* find(const std::string& name) const;
-  // The bytes of tensor `name` (little-endian, row-major); throws naming it if absent.
+  // The bytes of tensor `name` as the file stores them (little-endian,
+  // row-major); throws naming it if absent.
   std::vector<std::byte> read(const std::string& name) const;
+  // The same values as `entry.dtype` (F64 narrowed to f32), elements of shape.numel().
+  std::vector<std::byte> read_values(const SafetensorsEntry& entry) const;
 
  private:
   std::string path_;

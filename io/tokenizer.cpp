@@ -11,12 +11,14 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <queue>
 #include <sstream>
 
 #include "core/error.h"
+#include "io/checkpoint.h"
 #include "io/hdf5_file.h"
 
 namespace tessera::io {
@@ -670,6 +672,22 @@ std::optional<Tokenizer> Tokenizer::for_model_data(const std::string& h5_path, i
                   " tokens, more than the model's vocabulary of ", vocab_size,
                   "; use the tokenizer of the data the model was trained on");
   return tokenizer;
+}
+
+Tokenizer Tokenizer::of_dataset(const std::string& h5_path, int64_t vocab_size, const std::string& flag) {
+  const std::string give = "; give the dataset (.h5) `tessera prepare text` made of the model's training data";
+  std::error_code error;
+  TESSERA_CHECK(std::filesystem::exists(h5_path, error), flag, " ", h5_path, " does not exist", give);
+  TESSERA_CHECK(!is_checkpoint(h5_path), flag, " ", h5_path, " is a checkpoint, not a dataset", give);
+  TESSERA_CHECK(!std::filesystem::is_directory(h5_path, error), flag, " ", h5_path, " is a directory, not a dataset",
+                give);
+  TESSERA_CHECK(is_hdf5_file(h5_path), flag, " ", h5_path, " is not an HDF5 file, so not a dataset", give);
+  std::optional<Tokenizer> tokenizer = for_model_data(h5_path, vocab_size);
+  TESSERA_CHECK(tokenizer.has_value(), flag, " ", h5_path, " stores no tokenizer, and the model's vocabulary is ",
+                vocab_size,
+                ", not the 256 bytes of `prepare text`'s default; give a dataset of `prepare text "
+                "--tokenizer bpe` with this vocabulary");
+  return std::move(*tokenizer);
 }
 
 std::optional<Tokenizer> Tokenizer::load(const std::string& h5_path) {

@@ -100,6 +100,11 @@ class Tokenizer {
   // the ids came from another tool (Megatron, llm.c files). A stored
   // tokenizer larger than the vocabulary is refused naming both.
   static std::optional<Tokenizer> for_model_data(const std::string& h5_path, int64_t vocab_size);
+  // for_model_data of a dataset a user named with `flag` ("generate:
+  // --tokenizer"): a path that is missing, a directory, a checkpoint, not
+  // HDF5, or a dataset that gives no tokenizer is refused naming the flag,
+  // what the path is, and what to give instead.
+  static Tokenizer of_dataset(const std::string& h5_path, int64_t vocab_size, const std::string& flag);
 
  private:
   // Where a token or merge came from, for messages ("merges.txt line 7").

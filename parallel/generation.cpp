@@ -39,22 +39,31 @@ Tensor token_ids(const nn::Module& model, std::span<const int32_t> ids) {
   return host.to(model.spec().device);
 }
 
-void check_prompt(const TensorParallelGpt& model, std::span<const int32_t> prompt, const GenerationOptions& options) {
-  const nn::ModelConfig& config = model.config();
+}  // namespace
+
+void check_prompt(const nn::ModelConfig& config, std::span<const int32_t> prompt, const GenerationOptions& options) {
   TESSERA_CHECK(!prompt.empty(), "generate: the prompt is empty; give at least one token");
   TESSERA_CHECK(options.max_new_tokens >= 0, "--max-new-tokens must be 0 or more, got ", options.max_new_tokens);
   for (size_t i = 0; i < prompt.size(); ++i)
     TESSERA_CHECK(prompt[i] >= 0 && prompt[i] < config.vocab_size, "generate: prompt token ", i, " is ", prompt[i],
-                  ", outside the model's vocabulary of ", config.vocab_size);
-  const int64_t positions = int64_t(prompt.size()) + std::max<int64_t>(options.max_new_tokens - 1, 0);
-  TESSERA_CHECK(positions <= config.seq_length, "generate: the prompt's ", prompt.size(),
-                " tokens and --max-new-tokens ", options.max_new_tokens, " need ", positions,
-                " positions, but the model was trained with --seq-length ", config.seq_length, "; ask for at most ",
-                std::max<int64_t>(config.seq_length - int64_t(prompt.size()) + 1, 0),
-                " new tokens or shorten the prompt");
+                  ", outside the model's vocabulary of ", config.vocab_size, " (ids 0 to ", config.vocab_size - 1, ")");
+  const int64_t tokens = int64_t(prompt.size()), context = config.seq_length;
+  const int64_t more_positions = std::max<int64_t>(options.max_new_tokens - 1, 0);  // the last new token needs none
+  const int64_t prompt_room = context - more_positions;  // prompt tokens that fit with --max-new-tokens
+  const std::string with_new_tokens = prompt_room >= 1 && prompt_room < context
+                                          ? " (" + std::to_string(prompt_room) +
+                                                " to leave room for --max-new-tokens " +
+                                                std::to_string(options.max_new_tokens) + ")"
+                                          : "";
+  TESSERA_CHECK(tokens <= context, "generate: the prompt's ", tokens, " tokens do not fit the model's context of ",
+                context, " positions (it was trained with --seq-length ", context, "); shorten the prompt to at most ",
+                context, " tokens", with_new_tokens);
+  TESSERA_CHECK(tokens + more_positions <= context, "generate: the prompt's ", tokens, " tokens and --max-new-tokens ",
+                options.max_new_tokens, " need ", tokens + more_positions,
+                " positions, but the model was trained with --seq-length ", context, "; ask for at most ",
+                context - tokens + 1, " new tokens",
+                prompt_room >= 1 ? " or shorten the prompt to at most " + std::to_string(prompt_room) + " tokens" : "");
 }
-
-}  // namespace
 
 double GenerationResult::tokens_per_second() const {
   return tokens.size() > 1 && decode_seconds > 0.0 ? double(tokens.size() - 1) / decode_seconds : 0.0;
@@ -90,7 +99,7 @@ GenerationResult generate(TensorParallelGpt& model, std::span<const int32_t> pro
   const std::string problem = generation_problem(model);
   TESSERA_CHECK(problem.empty(), "generate: ", problem);
   options.sampling.validate();
-  check_prompt(model, prompt, options);
+  check_prompt(model.config(), prompt, options);
   GenerationResult result;
   if (options.max_new_tokens == 0) return result;
 

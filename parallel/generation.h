@@ -45,12 +45,17 @@ struct GenerationResult {
 // the whole model, or sequence parallelism.
 std::string generation_problem(const TensorParallelGpt& model);
 
+// Throws, naming the numbers and what fits, when `prompt` is empty, holds an
+// id outside the vocabulary, or with options.max_new_tokens does not fit the
+// model's --seq-length. generate() checks this first; a command can call it
+// before it loads the weights.
+void check_prompt(const nn::ModelConfig& config, std::span<const int32_t> prompt, const GenerationOptions& options);
+
 // Collective over the model's tensor-parallel group (and over whatever
 // group its parameter hooks gather through, e.g. ZeRO-3's data-parallel
 // group: every rank of it calls this with the same arguments). The model is
 // run in evaluation mode (no dropout) and left in the mode it was in.
-// Throws naming the numbers when prompt + max_new_tokens exceed the model's
-// --seq-length, or the prompt holds an id outside the vocabulary.
+// Throws as check_prompt does.
 // `on_token` sees each new token as it is chosen.
 GenerationResult generate(TensorParallelGpt& model, std::span<const int32_t> prompt, const GenerationOptions& options,
                           const std::function<void(int32_t)>& on_token = {});

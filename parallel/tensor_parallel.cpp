@@ -509,6 +509,13 @@ std::string tensor_parallel_problem(const nn::ModelConfig& config, int tp, bool 
   return out.str();
 }
 
+std::vector<int> tensor_parallel_sizes(const nn::ModelConfig& config) {
+  std::vector<int> sizes = {1};
+  for (int64_t tp = 2; tp <= config.num_heads; ++tp)
+    if (tensor_parallel_problem(config, int(tp), false).empty()) sizes.push_back(int(tp));
+  return sizes;
+}
+
 TensorParallelGpt::TensorParallelGpt(const nn::ModelConfig& config, const nn::ModelSpec& spec, TensorParallelism tp,
                                      const nn::StageLayers& stage)
     : Module(spec, ""), config_(config), tp_(tp), stage_(stage) {

@@ -258,6 +258,11 @@ class ParallelTransformerBlock : public nn::PreLnBlock {
 // Why a model configuration cannot be split K ways (empty: it can). Names the
 // numbers: heads, vocabulary, ffn size, sequence length under sequence parallelism.
 std::string tensor_parallel_problem(const nn::ModelConfig& config, int tp, bool sequence_parallel);
+// The group sizes a model configuration splits over (tensor_parallel_problem
+// empty, no sequence parallelism), ascending: 1 and the divisors of its head
+// count that also divide the vocabulary and the MLP. For a trained model,
+// whose sizes are fixed, the rank counts that can run it.
+std::vector<int> tensor_parallel_sizes(const nn::ModelConfig& config);
 
 // The GPT (nn/models.h describes it), the only one there is: split over the
 // group, or whole with no group (TensorParallelism{}: no communication, the

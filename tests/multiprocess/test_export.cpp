@@ -5,14 +5,22 @@
 // config.json, runs a GPT-2 forward written independently in the test in
 // float64, and matches the logits Tessera's own model computes from the same
 // checkpoint (1e-4). --format tessera keeps Tessera's names and no optimizer
-// state; a non-GPT checkpoint is refused for hf-gpt2.
+// state. Where an export writes: -o DIR for hf-gpt2 is a directory (run in
+// an empty working directory, whose listing afterwards holds that directory
+// and nothing else), a non-empty one is refused unless --force, files beside
+// a FILE.safetensors are not replaced; refusals (a tokenizer that does not
+// fit, an output under a file) leave nothing behind; an output over the
+// checkpoint being read is refused and the checkpoint still verifies.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/context.h"
@@ -158,6 +166,153 @@ TEST(Export, HfGpt2LoadsInNumpyAndMatchesTesserasLogits) {
   EXPECT_NE(tessera.find("blocks.0.attn.qkv.weight"), nullptr);
   EXPECT_EQ(tessera.find("blocks.0.attn.qkv.weight.exp_avg"), nullptr);
   EXPECT_EQ(tessera.metadata().at("tessera.model.kind"), "gpt");
+}
+
+// A small GPT trained for 2 steps on one rank and saved under `dir`/ckpt: the checkpoint to export.
+std::string small_checkpoint(const ScratchDirectory& dir, const std::string& extra = "") {
+  run_training(1,
+               words("--model gpt --synthetic --vocab-size 64 --seq-length 16 --num-layers 2 --num-heads 2 "
+                     "--hidden-size 32 --micro-batch-size 4 --train-steps 2 --threads 1 --save " +
+                     (dir / "ckpt") + " " + extra),
+               dir / "train.log");
+  return dir / "ckpt";
+}
+
+// `argv` run with `directory` as its working directory.
+std::vector<std::string> in_directory(const std::string& directory, const std::vector<std::string>& argv) {
+  return joined({"/bin/sh", "-c", "cd \"$0\" && exec \"$@\"", directory}, argv);
+}
+
+Outcome export_in(const ScratchDirectory& dir, const std::string& directory, const std::vector<std::string>& args) {
+  return run_command(in_directory(directory, joined({TESSERA_BINARY, "export"}, args)), dir / "export.log",
+                     seconds(60));
+}
+
+// Every entry under `dir` (directories end in '/') with a file's bytes.
+std::map<std::string, std::string> listing(const fs::path& dir) {
+  std::map<std::string, std::string> entries;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    const std::string name = fs::relative(entry.path(), dir).string();
+    if (entry.is_directory()) {
+      entries[name + "/"] = "";
+      continue;
+    }
+    std::ifstream in(entry.path(), std::ios::binary);
+    entries[name] = std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  return entries;
+}
+
+std::vector<std::string> names_of(const std::map<std::string, std::string>& entries) {
+  std::vector<std::string> names;
+  for (const auto& [name, bytes] : entries) names.push_back(name);
+  return names;
+}
+
+TEST(Export, HfGpt2WritesTheDirectoryItIsGivenAndNothingElse) {
+  ScratchDirectory dir("tessera_export_dir_");
+  const std::string checkpoint = small_checkpoint(dir);
+  const std::string work = dir / "work";
+  fs::create_directories(work);
+  const Outcome exported = export_in(dir, work, {checkpoint, "-o", "gpt-hf", "--format", "hf-gpt2"});
+  ASSERT_EQ(exported.status, 0) << exported.output;
+  const auto written = listing(work);
+  EXPECT_EQ(names_of(written), (std::vector<std::string>{"gpt-hf/", "gpt-hf/config.json", "gpt-hf/model.safetensors"}))
+      << exported.output;
+
+  // The FILE.safetensors form: the same files, in the file's directory.
+  fs::create_directories(dir / "file");
+  const Outcome as_file =
+      export_in(dir, work, {checkpoint, "-o", dir / "file/model.safetensors", "--format", "hf-gpt2"});
+  ASSERT_EQ(as_file.status, 0) << as_file.output;
+  const auto file_form = listing(dir / "file");
+  ASSERT_EQ(names_of(file_form), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(file_form.at("model.safetensors"), written.at("gpt-hf/model.safetensors"));
+  EXPECT_EQ(file_form.at("config.json"), written.at("gpt-hf/config.json"));
+
+  // Into the directory again: refused, nothing changed; with --force, written.
+  fs::remove(fs::path(work) / "gpt-hf/config.json");
+  const auto before = listing(work);
+  const Outcome again = export_in(dir, work, {checkpoint, "-o", "gpt-hf", "--format", "hf-gpt2"});
+  EXPECT_NE(again.status, 0) << again.output;
+  EXPECT_TRUE(contains(again.output, "-o gpt-hf is a directory that is not empty")) << again.output;
+  EXPECT_TRUE(contains(again.output, "--force")) << again.output;
+  EXPECT_EQ(listing(work), before);
+  const Outcome forced = export_in(dir, work, {checkpoint, "-o", "gpt-hf", "--format", "hf-gpt2", "--force"});
+  ASSERT_EQ(forced.status, 0) << forced.output;
+  EXPECT_EQ(listing(work), written);
+
+  // Beside a FILE.safetensors, a config.json not asked for is not replaced.
+  fs::create_directories(dir / "mine");
+  std::ofstream(dir / "mine/config.json") << "mine";
+  const auto mine = listing(dir / "mine");
+  const Outcome beside =
+      export_in(dir, work, {checkpoint, "-o", dir / "mine/model.safetensors", "--format", "hf-gpt2"});
+  EXPECT_NE(beside.status, 0) << beside.output;
+  EXPECT_TRUE(contains(beside.output, "would replace " + (dir / "mine/config.json"))) << beside.output;
+  EXPECT_EQ(listing(dir / "mine"), mine);
+}
+
+TEST(Export, RefusalsLeaveNothingBehind) {
+  TESSERA_SEED_TRACE();
+  ScratchDirectory dir("tessera_export_refused_");
+  const std::string checkpoint = small_checkpoint(dir);
+  // A BPE tokenizer of 300 tokens, more than the model's 64; a byte dataset, which stores none; not HDF5 at all.
+  std::mt19937_64 rng = make_rng();
+  std::string text;
+  std::uniform_int_distribution<int> letter('a', 'h');
+  for (int i = 0; i < 20000; ++i) text += i % 6 == 5 ? ' ' : char(letter(rng));
+  std::ofstream(dir / "corpus.txt") << text;
+  const Outcome prepared = run_command({TESSERA_BINARY, "prepare", "text", "--tokenizer", "bpe", "--vocab-size", "300",
+                                        "-o", dir / "bpe.h5", dir / "corpus.txt"},
+                                       dir / "prepare.log", seconds(120));
+  ASSERT_EQ(prepared.status, 0) << prepared.output;
+  const std::string bytes = write_text_dataset(dir.path, 4000, rng);
+  std::ofstream(dir / "notes.txt") << "not a dataset\n";
+
+  const std::string work = dir / "work";
+  fs::create_directories(work);
+  const struct {
+    std::vector<std::string> args;
+    std::string expected;
+  } cases[] = {
+      {{"-o", "gpt-hf", "--tokenizer", dir / "bpe.h5"}, "300 tokens, more than the model's vocabulary of 64"},
+      {{"-o", "gpt-hf", "--tokenizer", bytes}, "--tokenizer " + bytes + " stores no tokenizer"},
+      {{"-o", "gpt-hf", "--tokenizer", dir / "notes.txt"},
+       "--tokenizer " + (dir / "notes.txt") + " is not an HDF5 file"},
+      {{"-o", (dir / "notes.txt") + "/gpt-hf"}, (dir / "notes.txt") + " is a file, not a directory"},
+  };
+  for (const auto& refused : cases) {
+    SCOPED_TRACE(shell_words(refused.args));
+    const Outcome out = export_in(dir, work, joined({checkpoint, "--format", "hf-gpt2"}, refused.args));
+    EXPECT_NE(out.status, 0) << out.output;
+    EXPECT_TRUE(contains(out.output, refused.expected)) << out.output;
+    EXPECT_FALSE(contains(out.output, "H5Fopen")) << "HDF5's raw error stack:\n" << out.output;
+    EXPECT_TRUE(listing(work).empty()) << "left behind: " << shell_words(names_of(listing(work)));
+  }
+}
+
+TEST(Export, RefusesToWriteOverTheCheckpointItReads) {
+  ScratchDirectory dir("tessera_export_input_");
+  const std::string save = small_checkpoint(dir);
+  const std::string step = save + "/" + step_name(2);
+  fs::create_symlink(step + "/checkpoint.h5", dir / "link.h5");
+  const auto before = listing(save);
+  for (const auto& [output, format] :
+       std::vector<std::pair<std::string, std::string>>{{step + "/checkpoint.h5", "tessera"},
+                                                        {step + "/model.safetensors", "tessera"},
+                                                        {dir / "link.h5", "tessera"},
+                                                        {step, "hf-gpt2"},
+                                                        {step + "/checkpoint.h5", "hf-gpt2"}}) {
+    SCOPED_TRACE(output + " " + format);
+    const Outcome out = export_in(dir, dir.path.string(), {save, "-o", output, "--format", format});
+    EXPECT_NE(out.status, 0) << out.output;
+    EXPECT_TRUE(contains(out.output, "lies inside the checkpoint being read (" + step + ")")) << out.output;
+    EXPECT_EQ(listing(save), before) << "the checkpoint changed";
+  }
+  const Outcome verified =
+      run_command({TESSERA_BINARY, "checkpoint", "inspect", save}, dir / "inspect.log", seconds(60));
+  EXPECT_EQ(verified.status, 0) << verified.output;
 }
 
 }  // namespace

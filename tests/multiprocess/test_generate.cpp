@@ -5,8 +5,12 @@
 // sequence each step), on 1 rank and as a tensor-parallel pair; a seeded
 // sample is the same text on 1 and 2 ranks; the hf-gpt2 export's vocab.json
 // and merges.txt encode as the dataset's tokenizer. --init-from: export → init-from
-// (under tp 2, and pipeline 2 from Hugging Face names) → export gives the
-// same bytes; a file of another model is refused naming tensor and shapes.
+// (under tp 2, and pipeline 2 from a Hugging Face directory) → export gives
+// the same bytes; a file of another model is refused naming tensor and
+// shapes. What cannot run (a prompt id outside the vocabulary, a prompt
+// longer than the context, a rank count the model does not split over, a
+// --tokenizer that is no dataset) is refused before the weights are read:
+// with a damaged tensor in the checkpoint, the message is still about it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,6 +27,7 @@
 #include "io/model_weights.h"
 #include "io/tokenizer.h"
 #include "parallel/stage_model.h"
+#include "tests/io/io_test_files.h"
 #include "tests/support/process_job.h"
 #include "tests/support/resume_support.h"
 #include "tests/support/test_support.h"
@@ -177,10 +182,11 @@ TEST(Generate, ExportInitFromExportGivesTheSameBytesUnderOtherLayouts) {
   export_to(dir / "b", dir / "b/tessera.safetensors", "tessera");
   EXPECT_EQ(file_bytes(dir / "b/tessera.safetensors"), file_bytes(dir / "a/tessera.safetensors"));
 
-  // Hugging Face's names (transposed matrices), loaded into two pipeline stages.
+  // Hugging Face's names (transposed matrices), loaded into two pipeline stages from the
+  // directory, as from_pretrained(DIR) reads it.
   run_training(2,
                words(std::string(kSmallGpt) + "--pp 2 --global-batch-size 8 --train-steps 0 --init-from " +
-                     (dir / "hf/model.safetensors") + " --save " + (dir / "c")),
+                     (dir / "hf") + " --save " + (dir / "c")),
                dir / "c.log");
   export_to(dir / "c", dir / "hf2/model.safetensors", "hf-gpt2");
   EXPECT_EQ(file_bytes(dir / "hf2/model.safetensors"), file_bytes(dir / "hf/model.safetensors"));
@@ -195,6 +201,84 @@ TEST(Generate, ExportInitFromExportGivesTheSameBytesUnderOtherLayouts) {
   EXPECT_NE(wrong.status, 0);
   EXPECT_TRUE(contains(wrong.output, "tensor 'wte.weight' is [64, 32] but the model's wte.weight needs [64, 64]"))
       << wrong.output;
+}
+
+// The rank counts a GPT of these sizes splits over, by trying each: whole
+// heads, and equal shares of the vocabulary and of the MLP on every rank.
+std::string rank_counts(int64_t heads, int64_t vocab, int64_t ffn) {
+  std::vector<std::string> counts;
+  for (int64_t ranks = 1; ranks <= heads; ++ranks)
+    if (heads % ranks == 0 && vocab % ranks == 0 && ffn % ranks == 0) counts.push_back(std::to_string(ranks));
+  std::string text = counts.front();
+  for (size_t i = 1; i < counts.size(); ++i) text += (i + 1 == counts.size() ? " or " : ", ") + counts[i];
+  return text;
+}
+
+TEST(Generate, RefusesWhatCannotRunBeforeReadingTheWeights) {
+  TESSERA_SEED_TRACE();
+  ScratchDirectory dir("tessera_generate_refused_");
+  const int64_t vocab = 48, context = 16, heads = 4, hidden = 32;
+  run_training(
+      1,
+      words("--model gpt --synthetic --vocab-size " + std::to_string(vocab) + " --seq-length " +
+            std::to_string(context) + " --num-layers 1 --num-heads " + std::to_string(heads) + " --hidden-size " +
+            std::to_string(hidden) + " --micro-batch-size 2 --train-steps 2 --threads 1 --save " + (dir / "ckpt")),
+      dir / "train.log");
+  // A flipped bit in a stored tensor: whatever reads the weights fails its checksum.
+  std::mt19937_64 rng = make_rng();
+  const auto [file, dataset] = stored_tensor_data(dir / "ckpt/step_00000002/checkpoint.h5", "wte.weight");
+  ASSERT_TRUE(flip_random_stored_bit(file, dataset, rng));
+  std::ofstream(dir / "notes.txt") << "not a dataset\n";
+  const auto ids = [](int64_t count, int64_t last) {
+    std::string list;
+    for (int64_t i = 1; i < count; ++i) list += std::to_string(i % 7) + ",";
+    return list + std::to_string(last);
+  };
+  const std::vector<std::string> checkpoint = {dir / "ckpt", "--threads", "1"};
+  const std::string fits = "2,5";  // with --max-new-tokens 4: a prompt that can run
+  const struct {
+    int ranks;
+    std::vector<std::string> args;
+    std::string expected, not_expected;
+  } cases[] = {
+      {1,
+       {"--prompt-ids", ids(3, vocab), "--print-ids", "--max-new-tokens", "4"},
+       "--prompt-ids: id " + std::to_string(vocab),
+       "checksum"},
+      {1,
+       {"--prompt-ids", ids(context + 4, 1), "--print-ids", "--max-new-tokens", "3"},
+       "shorten the prompt to at most " + std::to_string(context) + " tokens",
+       "at most 0 new tokens"},
+      {3,
+       {"--prompt-ids", fits, "--print-ids", "--max-new-tokens", "4"},
+       "run generate on " + rank_counts(heads, vocab, 4 * hidden) + " rank(s)",
+       "multiple of 3"},
+      {1,
+       {"--prompt", "hi", "--tokenizer", dir / "notes.txt", "--max-new-tokens", "4"},
+       (dir / "notes.txt") + " is not an HDF5 file",
+       "H5Fopen"},
+      {1,
+       {"--prompt", "hi", "--tokenizer", dir / "ckpt", "--max-new-tokens", "4"},
+       (dir / "ckpt") + " is a checkpoint",
+       "give --tokenizer"},
+      // The damage itself: a prompt that can run reaches the weights and is stopped there.
+      {1,
+       {"--prompt-ids", fits, "--print-ids", "--max-new-tokens", "4"},
+       "checksum mismatch in tensor wte.weight",
+       "--prompt-ids"},
+  };
+  for (const auto& refused : cases) {
+    SCOPED_TRACE(std::to_string(refused.ranks) + " rank(s): " + shell_words(refused.args));
+    const Outcome out = run_command(generate_command(refused.ranks, joined(checkpoint, refused.args)),
+                                    dir / "refused.log", seconds(60));
+    EXPECT_NE(out.status, 0) << out.output;
+    EXPECT_FALSE(out.left) << "processes left after the job ended";
+    EXPECT_TRUE(contains(out.output, refused.expected)) << out.output;
+    EXPECT_FALSE(contains(out.output, refused.not_expected)) << out.output;
+    EXPECT_FALSE(contains(out.output, "checksum") && refused.expected.find("checksum") == std::string::npos)
+        << "the weights were read first:\n"
+        << out.output;
+  }
 }
 
 }  // namespace
