@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/number_text.h"
 #include "io/checkpoint.h"
 #include "io/model_weights.h"
 #include "parallel/memory_plan.h"
@@ -21,18 +22,6 @@ namespace tessera::app {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string text(float value) {
-  char buffer[64];
-  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
-  return std::string(buffer, result.ptr);
-}
-
-std::string text(double value) {
-  char buffer[64];
-  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
-  return std::string(buffer, result.ptr);
-}
 
 std::string list(const std::vector<int64_t>& values) {
   std::string out;
@@ -174,12 +163,12 @@ io::CheckpointMetadata training_metadata(const TrainState& s, const Counters& k)
   meta["optimizer.step_count"] = std::to_string(s.replica->optimizer().step_count());
   meta["schedule.iteration"] = std::to_string(k.step);
   meta["schedule.style"] = nn::lr_style_name(s.schedule->style);
-  meta["schedule.lr"] = text(s.schedule->lr);
-  meta["schedule.min_lr"] = text(s.schedule->min_lr);
+  meta["schedule.lr"] = shortest_text(s.schedule->lr);
+  meta["schedule.min_lr"] = shortest_text(s.schedule->min_lr);
   meta["schedule.warmup_steps"] = std::to_string(s.schedule->warmup_steps);
   meta["schedule.total_steps"] = std::to_string(s.schedule->total_steps);
   meta["scaler.enabled"] = s.scaler->enabled() ? "true" : "false";
-  meta["scaler.scale"] = text(s.scaler->scale());
+  meta["scaler.scale"] = shortest_text(s.scaler->scale());
   meta["scaler.growth_tracker"] = std::to_string(s.scaler->growth_tracker());
   if (const std::string run = s.tracking_run_id ? s.tracking_run_id() : ""; !run.empty()) {
     meta["tracking.mlflow_run_id"] = run;

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -19,6 +18,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "core/number_text.h"
 #include "io/http_url.h"
 #include "nn/model_kind.h"
 
@@ -352,11 +352,7 @@ std::optional<std::string> flag_text(const toml::node& node) {
   if (const auto* text = node.as_string()) return text->get();
   if (const auto* integer = node.as_integer()) return std::to_string(integer->get());
   if (const auto* flag = node.as_boolean()) return std::string(flag->get() ? "true" : "false");
-  if (const auto* number = node.as_floating_point()) {
-    char digits[64];
-    const auto end = std::to_chars(digits, digits + sizeof digits, number->get()).ptr;
-    return std::string(digits, end);
-  }
+  if (const auto* number = node.as_floating_point()) return shortest_text(number->get());
   return std::nullopt;
 }
 
@@ -971,17 +967,10 @@ std::string describe(const TrainConfig& c) {
 
 namespace {
 
-// The shortest text that reads back as the same float (std::to_chars).
-std::string exact(float value) {
-  char text[64];
-  const auto result = std::to_chars(text, text + sizeof text, value);
-  return std::string(text, result.ptr);
-}
-
-std::string exact(double value) {
-  char text[64];
-  const auto result = std::to_chars(text, text + sizeof text, value);
-  return std::string(text, result.ptr);
+// The shortest text that reads back as the same float or double.
+template <typename Float>
+std::string exact(Float value) {
+  return shortest_text(value);
 }
 
 }  // namespace

@@ -311,17 +311,7 @@ EvalResult evaluate(Context& ctx, nn::Module& model, const nn::Loss& loss, const
   if (dp.size() > 1 || pipelined) {
     Tensor sum = ctx.from_vector(Shape{1}, std::vector<float>{float(loss_sum)}, device);
     Tensor counts = ctx.from_vector(Shape{2}, std::vector<int64_t>{count, correct}, device);
-    if (dp.size() > 1) {
-      parallel::CommHandle sum_done = dp.all_reduce(sum, parallel::ReduceOp::sum);
-      parallel::CommHandle counts_done = dp.all_reduce(counts, parallel::ReduceOp::sum);
-      sum_done->wait();
-      counts_done->wait();
-    }
-    if (pipelined) {
-      const int last = pipeline.stages->size() - 1;
-      pipeline.stages->broadcast(sum, last)->wait();
-      pipeline.stages->broadcast(counts, last)->wait();
-    }
+    parallel::share_last_stage_values({sum, counts}, *pipeline.stages, dp, parallel::ReduceOp::sum);
     loss_sum = sum.to_vector<float>()[0];
     const std::vector<int64_t> totals = counts.to_vector<int64_t>();
     count = totals[0];

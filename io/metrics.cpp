@@ -1,5 +1,6 @@
 // MetricsWriter (JSONL file + Katib stdout lines), the number and string
-// formatting they share, and the reader behind read_metrics() (nlohmann::json).
+// formatting they share, and the reader behind read_metrics(): JSON written
+// and read by nlohmann::json.
 #include "io/metrics.h"
 
 #include <cerrno>
@@ -13,6 +14,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/number_text.h"
 
 namespace tessera::io {
 namespace {
@@ -23,6 +25,12 @@ const std::set<std::string_view> kReservedKeys{
     "samples_per_s", "tokens_per_s",  "grad_norm",         "loss_scale", "skipped", "non_finite", "wall_time",
     "eval_loss",     "eval_accuracy", "eval_bits_per_byte"};
 
+// One line of JSON: UTF-8 as it is, invalid UTF-8 (a path, a hostname) as
+// U+FFFD rather than a line no JSON reader accepts.
+std::string dump_json(const nlohmann::ordered_json& value) {
+  return value.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
 bool is_metric_name(std::string_view name) {
   if (name.empty()) return false;
   for (const char c : name) {
@@ -32,34 +40,33 @@ bool is_metric_name(std::string_view name) {
   return true;
 }
 
-// Builds one flat JSON object; non-finite numbers become null and set
-// "non_finite":true at the end.
+// Builds one flat JSON object in nlohmann::json (keys in the order added, as
+// the reader's parser reads them back); non-finite numbers become null and
+// set "non_finite":true at the end.
 class JsonLine {
  public:
-  JsonLine() : text_("{") {}
-  JsonLine& string(std::string_view key, std::string_view value) { return raw(key, json_string(value)); }
-  JsonLine& integer(std::string_view key, int64_t value) { return raw(key, std::to_string(value)); }
-  JsonLine& boolean(std::string_view key, bool value) { return raw(key, value ? "true" : "false"); }
+  JsonLine& string(std::string_view key, std::string_view value) { return add(key, std::string(value)); }
+  JsonLine& integer(std::string_view key, int64_t value) { return add(key, value); }
+  JsonLine& boolean(std::string_view key, bool value) { return add(key, value); }
   JsonLine& number(std::string_view key, double value) {
-    if (std::isfinite(value)) return raw(key, json_number(value));
+    if (std::isfinite(value)) return add(key, value);
     non_finite_ = true;
-    return raw(key, "null");
+    return add(key, nullptr);
   }
   std::string finish() {
-    if (non_finite_) raw("non_finite", "true");
-    text_ += '}';
-    return std::move(text_);
+    if (non_finite_) add("non_finite", true);
+    return dump_json(object_);
   }
 
  private:
-  JsonLine& raw(std::string_view key, std::string_view value) {
-    if (text_.size() > 1) text_ += ',';
-    text_ += json_string(key);
-    text_ += ':';
-    text_ += value;
+  JsonLine& add(std::string_view key, nlohmann::ordered_json value) {
+    const std::string name(key);
+    TESSERA_CHECK(!object_.contains(name), "metrics: '", name,
+                  "' is given twice in one record; give each metric or run field once");
+    object_[name] = std::move(value);
     return *this;
   }
-  std::string text_;
+  nlohmann::ordered_json object_ = nlohmann::ordered_json::object();
   bool non_finite_ = false;
 };
 
@@ -250,14 +257,11 @@ void add_record(MetricsLog& log, const std::vector<JsonField>& fields) {
 // ---------------------------------------------------------------------------
 
 std::string json_number(double value) {
-  char buffer[64];
-  const auto result = std::to_chars(buffer, buffer + sizeof(buffer), value);
-  return std::string(buffer, result.ptr);
+  return shortest_text(value);
 }
 
 std::string json_string(std::string_view text) {
-  // Invalid UTF-8 (a path, a hostname) becomes U+FFFD rather than a line no JSON reader accepts.
-  return nlohmann::json(std::string(text)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return dump_json(nlohmann::ordered_json(std::string(text)));
 }
 
 std::string katib_number(double value) {

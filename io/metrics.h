@@ -52,7 +52,8 @@ struct EvalRecord {
 };
 
 // ---------------------------------------------------------------------------
-// Formatting (pure functions; the writer and the tests share them)
+// Formatting (pure functions: the lines, and the numbers and strings of the
+// other JSON writers: the trace, Prometheus, `tessera topo`)
 // ---------------------------------------------------------------------------
 
 // A finite number in JSON: the shortest text that reads back as the same

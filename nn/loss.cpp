@@ -1,5 +1,6 @@
-// CrossEntropyLoss over ops::cross_entropy_forward/backward, and accuracy
-// counting on the host.
+// CrossEntropyLoss over ops::cross_entropy_forward/backward, the forward's end
+// and the backward it shares with the vocabulary-parallel loss
+// (parallel/tensor_parallel.cpp), and accuracy counting on the host.
 #include "nn/loss.h"
 
 #include <vector>
@@ -48,27 +49,39 @@ LossValue CrossEntropyLoss::forward(const Tensor& logits, const Tensor& targets,
   Tensor losses = ctx.empty(Shape{rows}, DType::f32, logits.device());
   Tensor logsumexp = ctx.empty(Shape{rows}, DType::f32, logits.device());
   ops::cross_entropy_forward(logits_2d, targets_1d, losses, logsumexp, ignore_index_);
-  const LossValue value = mean_loss(losses, targets, ignore_index_);
+  return finish_cross_entropy_forward(losses, logsumexp, targets, ignore_index_, saved);
+}
+
+void CrossEntropyLoss::backward(Tensor& logits, const Tensor& targets, float scale, Saved& saved) const {
+  check_pair(logits, targets, "cross-entropy loss backward");
+  cross_entropy_backward_in_place(logits, targets, scale, saved, ignore_index_, "cross-entropy loss");
+}
+
+LossValue finish_cross_entropy_forward(const Tensor& losses, const Tensor& logsumexp, const Tensor& targets,
+                                       int64_t ignore_index, Saved& saved) {
+  const LossValue value = mean_loss(losses, targets, ignore_index);
   saved.clear();
   saved.tensors = {logsumexp};
   saved.scalars = {value.count};
   return value;
 }
 
-void CrossEntropyLoss::backward(Tensor& logits, const Tensor& targets, float scale, Saved& saved) const {
-  check_pair(logits, targets, "cross-entropy loss backward");
-  TESSERA_CHECK(saved.tensors.size() == 1 && saved.scalars.size() == 1,
-                "cross-entropy loss backward: no matching forward (the Saved holds no logsumexp)");
+void cross_entropy_backward_in_place(Tensor& logits, const Tensor& targets, float scale, Saved& saved,
+                                     int64_t ignore_index, std::string_view loss, int64_t vocab_begin,
+                                     int64_t vocab_size) {
+  TESSERA_CHECK(saved.tensors.size() == 1 && saved.scalars.size() == 1, loss,
+                " backward: no matching forward (the Saved holds no logsumexp)");
   const Tensor logsumexp = saved.tensors[0];
   const int64_t count = saved.scalars[0];
   saved.clear();
   Context& ctx = logits.context();
-  const int64_t vocab = logits.shape()[-1], rows = logits.numel() / vocab;
+  const int64_t width = logits.shape()[-1], rows = logits.numel() / width;
   // d(scale·mean)/d(loss_n) = scale/count for every counted row (the kernel zeroes ignored rows).
   Tensor grad_losses =
       ctx.full(Shape{rows}, DType::f32, count > 0 ? double(scale) / double(count) : 0.0, logits.device());
-  Tensor logits_2d = logits.view(Shape{rows, vocab});
-  ops::cross_entropy_backward(logits_2d, logsumexp, targets.view(Shape{rows}), grad_losses, logits_2d, ignore_index_);
+  Tensor logits_2d = logits.view(Shape{rows, width});
+  ops::cross_entropy_backward(logits_2d, logsumexp, targets.view(Shape{rows}), grad_losses, logits_2d, ignore_index,
+                              vocab_begin, vocab_size);
 }
 
 int64_t count_correct(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "core/tensor.h"
 #include "nn/module.h"
@@ -19,6 +20,21 @@ struct LossValue {
 // that are not ignore_index: one sum on the device, the count from a host
 // copy of the targets.
 LossValue mean_loss(const Tensor& losses, const Tensor& targets, int64_t ignore_index);
+
+// The end of a cross-entropy forward (CrossEntropyLoss, and the
+// vocabulary-parallel one of parallel/tensor_parallel.h): the mean of the
+// rows' losses [N] (mean_loss), keeping the rows' logsumexp [N] f32 and the
+// count in `saved` for cross_entropy_backward_in_place.
+LossValue finish_cross_entropy_forward(const Tensor& losses, const Tensor& logsumexp, const Tensor& targets,
+                                       int64_t ignore_index, Saved& saved);
+// Their backward: overwrites logits [N, Vl] or [..., Vl] with
+// d(scale·mean loss)/d(logits) from what the forward kept (ignored rows get
+// zero). The logits are the columns [vocab_begin, vocab_begin + Vl) of a
+// vocabulary of vocab_size (0: the logits' width; see
+// ops::cross_entropy_backward). `loss` names the loss in errors.
+void cross_entropy_backward_in_place(Tensor& logits, const Tensor& targets, float scale, Saved& saved,
+                                     int64_t ignore_index, std::string_view loss, int64_t vocab_begin = 0,
+                                     int64_t vocab_size = 0);
 
 // What the trainer trains against: a loss over a model's output and the
 // targets, forward then backward in place on the output (so the biggest

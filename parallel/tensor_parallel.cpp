@@ -697,26 +697,12 @@ nn::LossValue VocabParallelCrossEntropy::forward(const Tensor& logits, const Ten
   Tensor losses = ctx.empty(Shape{rows}, DType::f32, logits.device());
   Tensor logsumexp = ctx.empty(Shape{rows}, DType::f32, logits.device());
   ops::cross_entropy_shard_finish(row_max, sums, targets_1d, vocab_size_, losses, logsumexp, ignore_index_);
-  const nn::LossValue value = nn::mean_loss(losses, targets_1d, ignore_index_);
-  saved.clear();
-  saved.tensors = {logsumexp};
-  saved.scalars = {value.count};
-  return value;
+  return nn::finish_cross_entropy_forward(losses, logsumexp, targets_1d, ignore_index_, saved);
 }
 
 void VocabParallelCrossEntropy::backward(Tensor& logits, const Tensor& targets, float scale, nn::Saved& saved) const {
-  TESSERA_CHECK(saved.tensors.size() == 1 && saved.scalars.size() == 1,
-                "vocab-parallel cross-entropy backward: no matching forward");
-  const Tensor logsumexp = saved.tensors[0];
-  const int64_t count = saved.scalars[0];
-  saved.clear();
-  Context& ctx = logits.context();
-  const int64_t local = logits.shape()[-1], rows = logits.numel() / local;
-  Tensor grad_losses =
-      ctx.full(Shape{rows}, DType::f32, count > 0 ? double(scale) / double(count) : 0.0, logits.device());
-  Tensor logits_2d = logits.view(Shape{rows, local});
-  ops::cross_entropy_backward(logits_2d, logsumexp, targets.view(Shape{rows}), grad_losses, logits_2d, ignore_index_,
-                              vocab_begin_, vocab_size_);
+  nn::cross_entropy_backward_in_place(logits, targets, scale, saved, ignore_index_, "vocab-parallel cross-entropy",
+                                      vocab_begin_, vocab_size_);
 }
 
 }  // namespace tessera::parallel

@@ -44,6 +44,16 @@ TrainStepParts checked(TrainStepParts parts) {
 
 }  // namespace
 
+void share_last_stage_values(std::vector<Tensor> values, Communicator& pipeline, Communicator& data_parallel,
+                             ReduceOp op) {
+  if (pipeline.size() > 1)
+    for (Tensor& value : values) pipeline.broadcast(value, pipeline.size() - 1)->wait();
+  if (data_parallel.size() == 1) return;
+  std::vector<CommHandle> reductions;
+  for (Tensor& value : values) reductions.push_back(data_parallel.all_reduce(value, op));
+  for (CommHandle& reduction : reductions) reduction->wait();
+}
+
 TrainStep::TrainStep(TrainStepParts parts)
     : parts_(checked(std::move(parts))),
       engine_(parts_.chunks.empty() ? std::vector<nn::Module*>{parts_.model} : parts_.chunks, *parts_.pipeline,
@@ -101,8 +111,7 @@ StepResult TrainStep::run(int64_t step, const StepBatches& batches, double lr, b
   // 4. The loss is the last stage's: shared over the pipeline, averaged over the replicas.
   Tensor loss =
       parts_.context->from_vector(Shape{1}, std::vector<float>{float(result.pipeline.loss_sum)}, parts_.device);
-  if (pipeline.size() > 1) pipeline.broadcast(loss, pipeline.size() - 1)->wait();
-  if (dp.size() > 1) dp.all_reduce(loss, ReduceOp::avg)->wait();
+  share_last_stage_values({loss}, pipeline, dp, ReduceOp::avg);
   result.loss = double(loss.to_vector<float>()[0]) / double(micro_batches);
 
   // 5. Norm, loss scale, skip, clip, update.

@@ -124,11 +124,11 @@ struct Layout {
   int64_t batch, seq_len, heads, head_dim;
   int64_t padded_dim;  // head_dim rounded up to kLanes: the row length of f32 tiles
 
-  int64_t qkv_row_stride() const { return 3 * heads * head_dim; }  // from token t to t + 1 in qkv
+  int64_t qkv_row_stride() const { return packed_qkv_token_stride(heads, head_dim); }  // token t to t + 1 in qkv
   int64_t out_row_stride() const { return heads * head_dim; }
   // Element offset of (b, t, which ∈ {q, k, v}, h, 0) in qkv [B, T, 3, H, Dh].
   int64_t qkv_offset(int64_t b, int64_t t, int which, int64_t h) const {
-    return ((b * seq_len + t) * 3 + which) * heads * head_dim + h * head_dim;
+    return packed_qkv_offset(b, t, which, h, seq_len, heads, head_dim);
   }
   int64_t out_offset(int64_t b, int64_t t, int64_t h) const { return ((b * seq_len + t) * heads + h) * head_dim; }
   int64_t stats_offset(int64_t b, int64_t h) const { return (b * heads + h) * seq_len; }  // into [B, H, T]

@@ -33,11 +33,11 @@ struct HeadRows {
   int64_t seq_len, heads;
   int head_dim;
 
-  __device__ int64_t qkv_stride() const { return 3 * heads * head_dim; }  // token t → t + 1
+  __device__ int64_t qkv_stride() const { return packed_qkv_token_stride(heads, head_dim); }  // token t → t + 1
   // Element offset of (b, t, which, h, 0) in qkv [B, T, 3, H, Dh] for warp row `row` at token t.
   __device__ int64_t qkv_offset(int64_t row, int64_t t, int which) const {
     const int64_t bh = row / seq_len, b = bh / heads, h = bh % heads;
-    return ((b * seq_len + t) * 3 + which) * heads * head_dim + h * head_dim;
+    return packed_qkv_offset(b, t, which, h, seq_len, heads, head_dim);
   }
   __device__ int64_t out_offset(int64_t row) const {
     const int64_t bh = row / seq_len, b = bh / heads, h = bh % heads, t = row % seq_len;

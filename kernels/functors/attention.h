@@ -95,10 +95,17 @@ struct AttentionDelta {
 // The longest head vector CachedAttentionRow accumulates (ops:: checks it).
 inline constexpr int64_t kCachedAttentionMaxHeadDim = 256;
 
+// The packed projections qkv [B, T, 3, H, Dh] (which: 0 query, 1 key, 2
+// value), as the training kernels of both backends and the cached attention
+// index them. Elements from token t to t + 1:
+TESSERA_HD int64_t packed_qkv_token_stride(int64_t heads, int64_t head_dim) {
+  return 3 * heads * head_dim;
+}
+
 // Element offset of (b, t, which, h, 0) in qkv [B, T, 3, H, Dh].
 TESSERA_HD int64_t packed_qkv_offset(int64_t b, int64_t t, int64_t which, int64_t h, int64_t tokens, int64_t heads,
                                      int64_t head_dim) {
-  return ((b * tokens + t) * 3 + which) * heads * head_dim + h * head_dim;
+  return (b * tokens + t) * packed_qkv_token_stride(heads, head_dim) + (which * heads + h) * head_dim;
 }
 
 // Where the cache [B, H, S, Dh] and the new tokens qkv [B, Tn, 3, H, Dh] are.
@@ -125,8 +132,9 @@ struct KvAppend {
     const int64_t b = i / (cache.head_dim * cache.heads * cache.new_tokens);
     const int64_t key = packed_qkv_offset(b, t, 1, h, cache.new_tokens, cache.heads, cache.head_dim) + d;
     const int64_t to = cache.cache_offset(b, h, cache.position + t) + d;
+    const int64_t value = packed_qkv_offset(b, t, 2, h, cache.new_tokens, cache.heads, cache.head_dim) + d;
     keys[to] = qkv[key];
-    values[to] = qkv[key + cache.heads * cache.head_dim];
+    values[to] = qkv[value];
   }
 };
 

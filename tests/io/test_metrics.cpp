@@ -1,7 +1,8 @@
 // Metrics JSONL and Katib lines (io/metrics.h) and the progress line
 // (io/progress.h): records read back exactly (through the reader and through a
 // test-local extraction with strtod), non-finite values as null, string
-// escaping, Katib's own regex over the stdout lines, line-by-line flushing,
+// escaping, every line written as the JSON library (nlohmann, the reader's)
+// writes it, Katib's own regex over the stdout lines, line-by-line flushing,
 // errors naming file and line; progress formatting parsed back, the ETA
 // average against a step-by-step reference, terminal and plain output.
 #include <gtest/gtest.h>
@@ -10,10 +11,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
 #include <sstream>
@@ -375,6 +378,101 @@ TEST(MetricsWriter, ExtraMetricNamesAreChecked) {
   EXPECT_THROW(io::step_json_line(step), Error);
   step.extra = {{"aux-loss_2", 1.0}};
   EXPECT_NO_THROW(io::step_json_line(step));
+  step.extra = {{"aux", 1.0}, {"aux", 2.0}};  // a line the reader would refuse ("a second key")
+  EXPECT_THROW(io::step_json_line(step), Error);
+}
+
+// The writer writes JSON as the reader's library (nlohmann::json) does: each
+// line of tricky values (NaN, infinities, -0, the largest and smallest
+// doubles, strings with quotes, backslashes, control characters, UTF-8 and
+// invalid UTF-8) parses and dumps back to the same bytes, with the record's
+// values in the documented order; a line of strings only is byte for byte
+// what escaping each key and value alone (io::json_string) and joining them
+// by hand gives, as the writer did before it used the library.
+TEST(MetricsWriter, LinesAreWhatTheJsonLibraryWrites) {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  const double tiny = std::numeric_limits<double>::denorm_min(), huge = std::numeric_limits<double>::max();
+  const StepRecord step{.step = 3,
+                        .total_steps = 10,
+                        .loss = nan,
+                        .lr = 3e-4,
+                        .ms_per_step = 12.0,
+                        .samples_per_s = -0.0,
+                        .tokens_per_s = 1e16,
+                        .grad_norm = -inf,
+                        .loss_scale = 65536.0,
+                        .skipped = true,
+                        .epoch = 2,
+                        .extra = {{"tiny", tiny}, {"huge", huge}, {"third", 1.0 / 3.0}, {"small", 1e-5}}};
+  const EvalRecord eval{.step = 3, .eval_loss = inf, .eval_accuracy = 0.0, .eval_bits_per_byte = 0.1};
+  const std::vector<std::pair<std::string, std::string>> run{
+      {"model", "gpt \"small\""},
+      {"config", "C:\\runs\\a.toml"},
+      {"note", "two\nlines\tand \x01 \x1f \x7f caf\xc3\xa9 \xf0\x9f\x98\x80"},
+      {"host", "bad\xff\xfe utf-8"},
+      {"k\"ey/", "/"}};
+  ScratchDir dir;
+  const std::string path = dir.file("metrics.jsonl");
+  {
+    io::MetricsWriter writer({.path = path, .katib = nullptr, .wall_time = false});
+    writer.log_step(step);
+    writer.log_eval(eval);
+    writer.log_run(run);
+  }
+  const auto lines = read_lines(path);
+  ASSERT_EQ(lines.size(), 3u);
+  std::vector<nlohmann::ordered_json> parsed;
+  for (const std::string& line : lines) {
+    parsed.push_back(nlohmann::ordered_json::parse(line));
+    EXPECT_EQ(parsed.back().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), line);
+  }
+
+  const auto keys = [](const nlohmann::ordered_json& object) {
+    std::vector<std::string> out;
+    for (const auto& item : object.items()) out.push_back(item.key());
+    return out;
+  };
+  const auto same_double = [](const nlohmann::ordered_json& value, double expected) {
+    const double actual = value.get<double>();
+    return std::memcmp(&actual, &expected, sizeof actual) == 0;
+  };
+  const nlohmann::ordered_json& train = parsed[0];
+  EXPECT_EQ(keys(train), (std::vector<std::string>{"kind", "step", "total_steps", "epoch", "loss", "lr", "ms_per_step",
+                                                   "samples_per_s", "tokens_per_s", "grad_norm", "loss_scale",
+                                                   "skipped", "tiny", "huge", "third", "small", "non_finite"}));
+  EXPECT_EQ(train["kind"], "train");
+  EXPECT_EQ(train["step"], 3);
+  EXPECT_EQ(train["total_steps"], 10);
+  EXPECT_EQ(train["epoch"], 2);
+  EXPECT_TRUE(train["loss"].is_null());
+  EXPECT_TRUE(train["grad_norm"].is_null());
+  EXPECT_EQ(train["skipped"], true);
+  EXPECT_EQ(train["non_finite"], true);
+  EXPECT_TRUE(same_double(train["lr"], step.lr)) << train["lr"];
+  EXPECT_TRUE(same_double(train["ms_per_step"], step.ms_per_step)) << train["ms_per_step"];
+  EXPECT_TRUE(same_double(train["samples_per_s"], *step.samples_per_s)) << train["samples_per_s"];  // -0
+  EXPECT_TRUE(same_double(train["tokens_per_s"], *step.tokens_per_s)) << train["tokens_per_s"];
+  EXPECT_TRUE(same_double(train["loss_scale"], *step.loss_scale)) << train["loss_scale"];
+  for (const auto& [name, value] : step.extra) EXPECT_TRUE(same_double(train[name], value)) << name << train[name];
+
+  const nlohmann::ordered_json& evaluation = parsed[1];
+  EXPECT_EQ(keys(evaluation), (std::vector<std::string>{"kind", "step", "eval_loss", "eval_accuracy",
+                                                        "eval_bits_per_byte", "non_finite"}));
+  EXPECT_TRUE(evaluation["eval_loss"].is_null());
+  EXPECT_TRUE(same_double(evaluation["eval_accuracy"], 0.0));
+  EXPECT_TRUE(same_double(evaluation["eval_bits_per_byte"], 0.1));
+
+  std::string by_hand = "{" + io::json_string("kind") + ":" + io::json_string("run");
+  for (const auto& [key, value] : run) by_hand += "," + io::json_string(key) + ":" + io::json_string(value);
+  EXPECT_EQ(lines[2], by_hand + "}");
+  for (size_t i = 0; i < run.size(); ++i) {
+    const std::string& value = run[i].second;
+    if (run[i].first == "host")
+      EXPECT_EQ(parsed[2]["host"], "bad\xef\xbf\xbd\xef\xbf\xbd utf-8");  // each invalid byte as U+FFFD
+    else
+      EXPECT_EQ(parsed[2][run[i].first], value);
+  }
+  EXPECT_EQ(io::read_metrics(path).run.size(), run.size());
 }
 
 TEST(MetricsWriter, UnwritablePathNamesTheFile) {

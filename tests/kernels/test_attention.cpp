@@ -5,11 +5,14 @@
 // The cached attention of generation (ops::attention_with_cache) against the
 // same reference, fed the sequence in chunks (a prompt, then tokens one at a
 // time and a few together), and its cache against the keys and values given.
+// The packed qkv layout all of them index through (packed_qkv_offset and
+// packed_qkv_token_stride), against the elements walked in memory order.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/functors/attention.h"
 #include "kernels/ops.h"
 #include "tests/kernels/dtype_params.h"
 #include "tests/support/gradcheck.h"
@@ -434,6 +437,27 @@ TEST_P(Attention, WithCacheGpuMatchesCpu) {
 }
 
 INSTANTIATE_FLOAT_DTYPES(Attention);
+
+// The training kernels (CPU and CUDA) and the cached attention find q, k and v
+// through these two: walking qkv [B, T, 3, H, Dh] in memory order, the n-th
+// element must be (b, t, which, h, d) at offset n.
+TEST(PackedQkv, OffsetAndStrideFollowTheElementsInMemoryOrder) {
+  for (const Dims& g : {Dims{2, 5, 3, 7}, Dims{3, 1, 1, 4}, Dims{1, 4, 2, 1}}) {
+    SCOPED_TRACE(g.qkv().to_string());
+    int64_t next = 0;
+    for (int64_t b = 0; b < g.batch; ++b)
+      for (int64_t t = 0; t < g.seq_len; ++t)
+        for (int64_t which = 0; which < 3; ++which)
+          for (int64_t h = 0; h < g.heads; ++h)
+            for (int64_t d = 0; d < g.head_dim; ++d, ++next)
+              ASSERT_EQ(packed_qkv_offset(b, t, which, h, g.seq_len, g.heads, g.head_dim) + d, next)
+                  << "b " << b << " t " << t << " which " << which << " h " << h << " d " << d;
+    EXPECT_EQ(next, g.qkv().numel());
+    // From a token to the next: one [3, H, Dh] block of memory.
+    const int64_t block = g.qkv().numel() / (g.batch * g.seq_len);
+    EXPECT_EQ(packed_qkv_token_stride(g.heads, g.head_dim), block);
+  }
+}
 
 }  // namespace
 }  // namespace tessera::testing

@@ -3,7 +3,8 @@
 // every rank also builds from the same seed, for the GPT (with dropout, the
 // tied embedding summed between the first and last stage) and the MLP: the
 // loss and every gradient; 1F1B holds fewer micro-batches' activations than
-// GPipe when M > P (allocator counters); partitioning; `tessera train` with
+// GPipe when M > P (allocator counters); the last stage's loss and counts
+// shared over every dp × pp grid; partitioning; `tessera train` with
 // dp × pp against one rank; and the messages for layouts that cannot work.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <random>
 #include <string>
@@ -27,6 +29,7 @@
 #include "parallel/process_grid.h"
 #include "parallel/stage_model.h"
 #include "parallel/tensor_parallel.h"
+#include "parallel/train_step.h"
 #include "tests/mpi/mpi_test.h"
 #include "tests/support/resume_support.h"
 #include "tests/support/test_support.h"
@@ -293,6 +296,47 @@ TEST(PipelineParallel, OneFOneBPeaksBelowGPipeWhenMicroBatchesOutnumberStages) {
   if (comm->rank() == 0)
     std::printf("pp=%d M=8, stage 0 peak activation bytes: gpipe %zu, 1f1b %zu (%.0f%%)\n", comm->size(), gpipe,
                 one_f_one_b, 100.0 * double(one_f_one_b) / double(gpipe));
+}
+
+// What the step's loss and evaluation's sums and counts go through
+// (parallel::share_last_stage_values): on every grid of dp × pp the world
+// makes, only the last stage's values count (the others hold NaN and
+// sentinels), and every rank ends with their sum, or mean, over the replicas.
+TEST(PipelineParallel, LastStageValuesSharedOverTheGrid) {
+  auto comm = world();
+  Context ctx(one_thread());
+  for (int p = 1; p <= comm->size(); ++p) {
+    if (comm->size() % p != 0) continue;
+    parallel::GridSizes sizes;
+    sizes.pp = p;
+    parallel::ProcessGrid grid(*comm, sizes);
+    const bool last = grid.pp_rank() == p - 1;
+    const auto loss_of = [](int replica) { return 0.25f + 3.0f * float(replica); };
+    const auto count_of = [](int replica) { return int64_t(7 + 1000 * replica); };
+    for (const auto op : {parallel::ReduceOp::sum, parallel::ReduceOp::avg}) {
+      SCOPED_TRACE(grid.describe() + (op == parallel::ReduceOp::sum ? " sum" : " avg"));
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      Tensor loss = ctx.from_vector(Shape{1}, std::vector<float>{last ? loss_of(grid.dp_rank()) : nan});
+      Tensor counts = ctx.from_vector(
+          Shape{2}, std::vector<int64_t>{last ? count_of(grid.dp_rank()) : -1, last ? int64_t(grid.dp_rank()) : -1});
+      const std::vector<Tensor> values =
+          op == parallel::ReduceOp::sum ? std::vector<Tensor>{loss, counts} : std::vector<Tensor>{loss};
+      parallel::share_last_stage_values(values, grid.pp(), grid.dp(), op);
+      double loss_total = 0.0;
+      int64_t count_total = 0, replica_total = 0;
+      for (int replica = 0; replica < grid.dp_size(); ++replica) {
+        loss_total += loss_of(replica);
+        count_total += count_of(replica);
+        replica_total += replica;
+      }
+      const double expected = op == parallel::ReduceOp::sum ? loss_total : loss_total / grid.dp_size();
+      EXPECT_NEAR(loss.to_doubles()[0], expected, 1e-6 * expected) << "rank " << comm->rank();
+      if (op == parallel::ReduceOp::sum) {
+        EXPECT_EQ(counts.to_vector<int64_t>(), (std::vector<int64_t>{count_total, replica_total}))
+            << "rank " << comm->rank();
+      }
+    }
+  }
 }
 
 TEST(PipelinePartition, BalancesCostsAndReadsExplicitSplits) {

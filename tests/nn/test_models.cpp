@@ -3,7 +3,8 @@
 // the MLP and CNN against composed double references; recomputation gives
 // bit-identical gradients and lowers peak activation memory; initial values
 // are a function of (seed, name, element) only; ModelConfig messages name the
-// flag; a bf16 model trains a step without NaN; cross-entropy loss and
+// flag; a bf16 model trains a step without NaN; cross-entropy loss (and the
+// backward it shares with the vocabulary-parallel loss, over shards) and
 // accuracy counting.
 #include <gtest/gtest.h>
 
@@ -23,6 +24,7 @@
 #include "nn/models.h"
 #include "parallel/stage_model.h"
 #include "tests/kernels/dtype_params.h"
+#include "tests/support/error_text.h"
 #include "tests/support/gradcheck.h"
 #include "tests/support/reference_nn.h"
 #include "tests/support/test_support.h"
@@ -710,6 +712,62 @@ TEST_P(CrossEntropyLoss, ForwardBackward) {
   };
   EXPECT_TRUE(
       all_close(logits.tensor, numeric_gradient(f, Inputs{logits.values}, 0, {1.0}), backward_tolerance(dtype)));
+}
+
+// Columns [begin, begin + count) of a row-major [rows, width] matrix.
+std::vector<double> columns(const std::vector<double>& matrix, int64_t width, int64_t begin, int64_t count) {
+  std::vector<double> out;
+  for (size_t row = 0; row < matrix.size() / size_t(width); ++row)
+    for (int64_t c = 0; c < count; ++c) out.push_back(matrix[row * size_t(width) + size_t(begin + c)]);
+  return out;
+}
+
+// The forward's end and the backward that CrossEntropyLoss and the
+// vocabulary-parallel loss share (nn::finish_cross_entropy_forward,
+// nn::cross_entropy_backward_in_place): over the whole vocabulary as the
+// first calls them, and over column shards with the global logsumexp as the
+// second does, against central differences of the double loss.
+TEST_P(CrossEntropyLoss, SharedBackwardOverTheVocabularyAndItsShards) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  auto rng = make_rng();
+  const int64_t rows = 9, vocab = 11, ignore = -1;
+  const float scale = 0.61f;
+  auto logits = random_tensor(ctx, Shape{rows, vocab}, dtype, rng, -3.0, 3.0);
+  auto targets = random_indices(ctx, Shape{rows}, DType::i64, rng, 0, vocab);
+  targets.values[2] = targets.values[5] = double(ignore);
+  targets.tensor = ctx.from_doubles(Shape{rows}, DType::i64, targets.values);
+  const ref::Ids ids = as_ids(targets.values);
+  Tensor losses = ctx.empty(Shape{rows}, DType::f32), logsumexp = ctx.empty(Shape{rows}, DType::f32);
+  ops::cross_entropy_forward(logits.tensor, targets.tensor, losses, logsumexp, ignore);
+  const auto forward = [&](Saved& saved) {
+    return nn::finish_cross_entropy_forward(losses, logsumexp, targets.tensor, ignore, saved);
+  };
+  const ReferenceFunction f = [&](const Inputs& in) {
+    return std::vector<double>{double(scale) * ref::cross_entropy(in[0], ids, vocab, ignore)};
+  };
+  const std::vector<double> expected = numeric_gradient(f, Inputs{logits.values}, 0, {1.0});
+
+  Saved saved;
+  const nn::LossValue value = forward(saved);
+  EXPECT_EQ(value.count, rows - 2);
+  expect_loss_near(value.loss, ref::cross_entropy(logits.values, ids, vocab, ignore));
+  Tensor whole = ctx.from_doubles(Shape{rows, vocab}, dtype, logits.values);
+  nn::cross_entropy_backward_in_place(whole, targets.tensor, scale, saved, ignore, "test loss");
+  EXPECT_TRUE(all_close(whole, expected, backward_tolerance(dtype)));
+  EXPECT_CONTAINS(
+      error_of([&] { nn::cross_entropy_backward_in_place(whole, targets.tensor, scale, saved, ignore, "test loss"); }),
+      "test loss backward: no matching forward");  // the backward consumed what the forward kept
+
+  for (const auto& [begin, width] : {std::pair<int64_t, int64_t>{0, 4}, {4, 7}}) {
+    SCOPED_TRACE("columns from " + std::to_string(begin));
+    Saved shard_saved;
+    forward(shard_saved);
+    Tensor shard = ctx.from_doubles(Shape{rows, width}, dtype, columns(logits.values, vocab, begin, width));
+    nn::cross_entropy_backward_in_place(shard, targets.tensor, scale, shard_saved, ignore, "test loss", begin, vocab);
+    EXPECT_TRUE(all_close(shard, columns(expected, vocab, begin, width), backward_tolerance(dtype)));
+  }
 }
 
 INSTANTIATE_FLOAT_DTYPES(CrossEntropyLoss);
