@@ -11,12 +11,19 @@
 // implementations interleaved (alternating which goes first) so clock and
 // temperature drift hit both alike. Tessera's C is also compared with
 // cuBLAS's (the relative Frobenius norm of the difference), so a fast wrong
-// product cannot pass for a fast one. Prints machine-readable lines:
+// product cannot pass for a fast one. Small products (decode, small models)
+// are bound by the host's cost per call more than by the GPU: for them read
+// us_per_call (between the events) and host_us_per_call (the host's time to
+// queue one call, the stream drained before and after; cuBLAS's is the floor,
+// Tessera's adds its checks, descriptors and algorithm look-up). Prints
+// machine-readable lines:
 //   gemm_cuda device="NVIDIA H100 80GB HBM3" sm=90 sms=132 runtime=13000 driver=13000 cublas=130100
 //   gemm_cuda n=8192 dtype=bf16 impl=tessera tflops=650.2
 //   gemm_cuda n=8192 dtype=bf16 impl=cublas tflops=655.0
 //   gemm_cuda n=8192 dtype=bf16 tessera_over_cublas=0.993
 //   gemm_cuda n=8192 dtype=bf16 rel_diff=0
+//   gemm_cuda n=64 dtype=bf16 impl=tessera us_per_call=6.1 host_us_per_call=5.8
+//   gemm_cuda n=64 dtype=bf16 impl=cublas us_per_call=4.2 host_us_per_call=3.9
 //   gemm_cuda n=8192 dtype=f32 impl=cublas_tf32 tflops=380.1
 // Exits 1 with a message when there is no CUDA device.
 #include <cublas_v2.h>
@@ -24,6 +31,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -58,6 +66,18 @@ double seconds_per_call(const Stream& stream, int calls, Fn&& fn) {
   stop.record(stream);
   stop.synchronize();
   return double(start.elapsed_ms(stop)) * 1e-3 / calls;
+}
+
+// Host seconds to queue one call: `calls` calls between two host clock
+// readings, the stream drained before (so the queue has room) and after.
+template <typename Fn>
+double host_seconds_per_call(const Stream& stream, int calls, Fn&& fn) {
+  stream.synchronize();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < calls; ++i) fn();
+  const auto stop = std::chrono::steady_clock::now();
+  stream.synchronize();
+  return std::chrono::duration<double>(stop - start).count() / calls;
 }
 
 // ‖x − reference‖ / ‖reference‖ over all elements, in double on the host.
@@ -158,6 +178,15 @@ int main(int argc, char** argv) {
         std::printf("gemm_cuda n=%lld dtype=%s impl=cublas tflops=%.1f\n", (long long)n, c.name,
                     tflops(n, median(t_cublas)));
         std::printf("gemm_cuda n=%lld dtype=%s tessera_over_cublas=%.3f\n", (long long)n, c.name, median(pair_ratios));
+        std::vector<double> host_tessera, host_cublas;
+        for (int r = 0; r < repeats; ++r) {
+          host_tessera.push_back(host_seconds_per_call(stream, calls, run_tessera));
+          host_cublas.push_back(host_seconds_per_call(stream, calls, run_reference));
+        }
+        std::printf("gemm_cuda n=%lld dtype=%s impl=tessera us_per_call=%.2f host_us_per_call=%.2f\n", (long long)n,
+                    c.name, 1e6 * median(t_tessera), 1e6 * median(host_tessera));
+        std::printf("gemm_cuda n=%lld dtype=%s impl=cublas us_per_call=%.2f host_us_per_call=%.2f\n", (long long)n,
+                    c.name, 1e6 * median(t_cublas), 1e6 * median(host_cublas));
         // Both products are now in place (the last call of each wrote its C).
         std::printf("gemm_cuda n=%lld dtype=%s rel_diff=%.3g\n", (long long)n, c.name,
                     relative_difference(c_tessera, c_cublas));

@@ -20,6 +20,10 @@
 #   metrics       --metrics-port while training on the device: communication seconds, memory,
 #                 and NVML's tessera_gpu_* readings of the GPU
 #   gemm          f32 and bf16 TFLOP/s through the tensor API against cuBLAS (benchmarks/gemm_cuda)
+#   gemm small    the same for n = 64 and 256: microseconds per product and the host's time to
+#                 queue one, against cublasGemmEx's (the per-call cost a decode step pays)
+#   decode        tessera generate at batch 1, greedy, with and without the KV cache (--no-kv-cache):
+#                 tokens/s after the prompt; both ways give the same tokens
 #   gpt2-124m     a GPT-2-124M-shaped bf16 training step (12 layers, d 768, 12 heads, context
 #                 1024, vocabulary 50304, synthetic data): tokens/s and MFU
 # Prints one table at the end (part, PASS/FAIL/SKIP, key figure) and keeps
@@ -405,6 +409,88 @@ else
     else
       record gemm PASS "$figure"
     fi
+  fi
+fi
+
+# ---------------------------------------------------------------------------
+# gemm small: products whose cost is the host's per call (decode, small models)
+# ---------------------------------------------------------------------------
+if [[ $device == emu ]]; then
+  record "gemm small" SKIP "needs a CUDA device"
+elif [[ ! -x $bundle/bin/benchmarks/gemm_cuda ]]; then
+  record "gemm small" FAIL "bin/benchmarks/gemm_cuda is not in the bundle (built without CUDA?)"
+else
+  rc=0; run gemm-small 300 "$bundle/bin/benchmarks/gemm_cuda" --sizes 64,256 --dtypes bf16,f32 --calls 200 || rc=$?
+  if ((rc != 0)); then
+    record "gemm small" FAIL "$(why $rc 300); see logs/gemm-small.log"
+  else
+    g=$out/logs/gemm-small.log
+    small() {  # small N DTYPE IMPL FIELD: FIELD's value on the line of that size, dtype and implementation
+      awk -v n="n=$1" -v d="dtype=$2" -v i="impl=$3" -v k="$4=" '$2 == n && $3 == d && $4 == i {
+        for (f = 5; f <= NF; ++f) if (index($f, k) == 1) { print substr($f, length(k) + 1); exit } }' "$g" || true
+    }
+    figure=""
+    for n in 64 256; do
+      figure+="${figure:+; }bf16 n=$n $(small $n bf16 tessera us_per_call) us/call (host $(small $n bf16 tessera host_us_per_call))"
+      figure+=" vs cuBLAS $(small $n bf16 cublas us_per_call) (host $(small $n bf16 cublas host_us_per_call))"
+    done
+    bad_diff=$(awk '/rel_diff=/ { split($0, a, "rel_diff="); if (a[2] + 0 > 1e-2) print $2 " " $3 }' "$g" | head -1 || true)
+    if [[ -n $bad_diff ]]; then
+      record "gemm small" FAIL "Tessera's product differs from cuBLAS's at $bad_diff; $figure"
+    elif [[ -z $(small 64 bf16 tessera us_per_call) ]]; then
+      record "gemm small" FAIL "no us_per_call lines in logs/gemm-small.log"
+    else
+      record "gemm small" PASS "$figure"
+    fi
+  fi
+fi
+
+# ---------------------------------------------------------------------------
+# decode: tessera generate at batch 1 with and without the KV cache
+# ---------------------------------------------------------------------------
+# A GPT of the given shape trained for one step (the weights' values do not
+# change the cost), then the same greedy generation twice. Greedy decoding
+# with and without the cache computes the same logits in another order (f32:
+# differences of ulps), so the tokens agree unless two logits tie to within
+# that, which random weights make rare; a kernel that is wrong changes them at once.
+decode=$out/runs/decode
+rm -rf "$decode"; mkdir -p "$decode"
+if ((quick)); then
+  decode_vocab=256 decode_prompt=8 decode_new=40
+  decode_model=(--num-layers 2 --hidden-size 64 --num-heads 2 --seq-length 64)
+  decode_shape="2 layers, d 64"
+else
+  decode_vocab=50304 decode_prompt=64 decode_new=448
+  decode_model=(--num-layers 12 --hidden-size 768 --num-heads 12 --seq-length 1024)
+  decode_shape="GPT-2-124M shape"
+fi
+decode_ids=$(seq 0 $((decode_prompt - 1)) | awk -v v="$decode_vocab" '{ print (7 * $1 + 3) % v }' | paste -sd, -)
+decode_rate() {  # decode_rate LOG: generate's tokens/s after the prompt
+  sed -n 's/^generate: .*, then \([0-9.]*\) tokens\/s.*/\1/p' "$out/logs/$1.log" | tail -1 || true
+}
+decode_tokens() {  # decode_tokens LOG: the ids generate printed
+  grep -E '^[0-9 ]+$' "$out/logs/$1.log" | tail -1 || true
+}
+rc=0
+run decode-checkpoint 600 "$tessera" train --model gpt --synthetic --vocab-size "$decode_vocab" "${decode_model[@]}" \
+  --micro-batch-size 1 --train-steps 1 --device "$device" --save "$decode/checkpoint" || rc=$?
+generate_flags=("$decode/checkpoint" --prompt-ids "$decode_ids" --max-new-tokens "$decode_new" --temperature 0
+  --print-ids --device "$device")
+((rc != 0)) || run decode-cache-on 600 "$tessera" generate "${generate_flags[@]}" || rc=$?
+((rc != 0)) || run decode-cache-off 600 "$tessera" generate "${generate_flags[@]}" --no-kv-cache || rc=$?
+with_cache=$(decode_rate decode-cache-on) without_cache=$(decode_rate decode-cache-off)
+if ((rc != 0)); then
+  record decode FAIL "$(why $rc 600); see logs/decode-*.log"
+elif [[ -z $with_cache || -z $without_cache ]]; then
+  record decode FAIL "no tokens/s in generate's output; see logs/decode-cache-on.log and logs/decode-cache-off.log"
+else
+  figure="KV cache $with_cache tokens/s, without $without_cache"
+  figure+=" ($(awk -v a="$with_cache" -v b="$without_cache" 'BEGIN { printf "%.1f", (b > 0 ? a / b : 0) }')x);"
+  figure+=" batch 1, $decode_new new tokens after $decode_prompt, $decode_shape"
+  if [[ $(decode_tokens decode-cache-on) != "$(decode_tokens decode-cache-off)" ]]; then
+    record decode FAIL "the tokens differ with and without the cache; $figure"
+  else
+    record decode PASS "$figure"
   fi
 fi
 

@@ -1,6 +1,7 @@
 // CudaLibraries: the library handles of one GPU, owned by the Context and
 // created on first use: cuBLAS, cuBLASLt (with its workspace) and cuDNN, all
-// bound to the device's compute stream. RAII: destroyed with the context.
+// bound to the device's compute stream, and the cache of cuBLASLt's algorithm
+// choices (core/gemm_algorithm_cache.h). RAII: destroyed with the context.
 #pragma once
 
 #include <cublasLt.h>
@@ -9,11 +10,20 @@
 
 #include <cstddef>
 
+#include "core/gemm_algorithm_cache.h"
 #include "core/tensor.h"
 
 namespace tessera {
 
 class Context;
+
+// cuBLASLt's answer for one GEMM: its algorithm, or found == false with the
+// heuristic's status when it had none.
+struct LtMatmulAlgorithm {
+  cublasLtMatmulAlgo_t algo{};
+  bool found = false;
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+};
 
 class CudaLibraries {
  public:
@@ -31,6 +41,8 @@ class CudaLibraries {
   // per device, so callers on the compute stream may reuse it freely).
   void* workspace(size_t bytes);
   size_t workspace_bytes() const { return workspace_.nbytes(); }
+  // The heuristic's choices on this device so far, by GEMM (kernels/cuda/matmul.cpp).
+  GemmAlgorithmCache<LtMatmulAlgorithm>& gemm_algorithms() { return gemm_algorithms_; }
 
  private:
   Context& context_;
@@ -40,6 +52,7 @@ class CudaLibraries {
   cublasLtHandle_t cublaslt_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   Tensor workspace_;
+  GemmAlgorithmCache<LtMatmulAlgorithm> gemm_algorithms_;
 };
 
 }  // namespace tessera

@@ -12,8 +12,14 @@
 // Every output element is written by exactly one lane: no atomics,
 // deterministic results.
 //
-//   with a cache (generation): the shared index functors, a thread per new
-//             key element (append), then a thread per query row over the cache.
+//   with a cache (generation): the shared index functor appends the new keys
+//             and values (a thread per element); then each query row's cache
+//             positions are split into blocks (cache_blocks), a warp per
+//             (row, block) computes the block's partials (CachedAttentionBlock)
+//             and a thread per output element merges them by log-sum-exp
+//             (CachedAttentionMerge): a decode step of a dozen rows still
+//             occupies the whole GPU, reads each key row coalesced, and keeps
+//             the head vectors in registers.
 #include <type_traits>
 
 #include "core/cuda/launch.cuh"
@@ -247,8 +253,18 @@ void CudaBackend::attention_with_cache(const Tensor& qkv, Tensor& keys, Tensor& 
     const int64_t rows = qkv.size(0) * cache.new_tokens * cache.heads;
     cuda::for_each_index(rows * cache.head_dim, KvAppend<T>{qkv.data<T>(), keys.data<T>(), values.data<T>(), cache},
                          stream);
-    const CachedAttentionRow<T> row{qkv.data<T>(), keys.data<T>(), values.data<T>(), out.data<T>(), cache, s};
-    cuda::for_each_index(rows, row, stream);
+    const CacheBlocks blocks = cache_blocks(rows, position + cache.new_tokens);
+    const int64_t items = rows * blocks.per_row;
+    Tensor scratch = qkv.context().empty(Shape{items * (cache.head_dim + 2)}, DType::f32, qkv.device());
+    const CachePartials partials{scratch.data<float>(), scratch.data<float>() + items * cache.head_dim,
+                                 scratch.data<float>() + items * (cache.head_dim + 1)};
+    dispatch_per_lane(cache.head_dim, [&](auto per_lane) {
+      const CachedAttentionBlock<T, 32 * decltype(per_lane)::value> block{
+          qkv.data<T>(), keys.data<T>(), values.data<T>(), partials, cache, blocks, s};
+      cuda::for_each_row(items, block, stream);
+    });
+    cuda::for_each_index(rows * cache.head_dim, CachedAttentionMerge<T>{partials, out.data<T>(), cache, blocks},
+                         stream);
   });
 }
 

@@ -11,10 +11,15 @@
 // any case the heuristic finds no algorithm for are a plain GEMM (into f32
 // scratch when C is bf16/f16) followed by the epilogue functor, exactly as on
 // the CPU.
+//
+// cuBLASLt's heuristic runs once per distinct GEMM: its choice is kept in the
+// device's CudaLibraries (core/gemm_algorithm_cache.h) under
+// gemm_algorithm_key (kernels/functors/matmul_plan.h).
 #include <cublasLt.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 
 #include "core/context.h"
 #include "core/cuda/cuda_check.h"
@@ -106,14 +111,6 @@ class LtPreference {
   cublasLtMatmulPreference_t preference_ = nullptr;
 };
 
-// The largest power of two (up to 256, cuBLASLt's default assumption) dividing a pointer.
-uint32_t alignment_of(const void* ptr) {
-  const auto address = reinterpret_cast<uintptr_t>(ptr);
-  uint32_t alignment = 256;
-  while (alignment > 1 && address % alignment != 0) alignment /= 2;
-  return alignment;
-}
-
 // A fused epilogue: kind, bias (length n, C's dtype) and the GELU input
 // output (aux, laid out like C).
 struct LtEpilogue {
@@ -121,6 +118,31 @@ struct LtEpilogue {
   const void* bias = nullptr;
   void* aux = nullptr;
 };
+
+// cuBLASLt's heuristic for one GEMM (A and B swapped: see the top of the file).
+LtMatmulAlgorithm heuristic_algorithm(cublasLtHandle_t handle, const LtMatmulDesc& desc, const LtLayout& b_layout,
+                                      const LtLayout& a_layout, const LtLayout& c_layout, const Gemm& g) {
+  LtPreference preference;
+  preference.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(kWorkspaceBytes));
+  preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, pointer_alignment(g.b));
+  preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, pointer_alignment(g.a));
+  preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, pointer_alignment(g.c));
+  preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, pointer_alignment(g.c));
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  LtMatmulAlgorithm choice;
+  choice.status = cublasLtMatmulAlgoGetHeuristic(handle, desc.get(), b_layout.get(), a_layout.get(), c_layout.get(),
+                                                 c_layout.get(), preference.get(), 1, &heuristic, &found);
+  choice.found = choice.status == CUBLAS_STATUS_SUCCESS && found > 0;
+  if (choice.found) choice.algo = heuristic.algo;
+  return choice;
+}
+
+// Whether "no algorithm" is the heuristic's answer for this GEMM, not a
+// passing failure (say, out of host memory) that must not be remembered.
+bool answer_is_final(cublasStatus_t status) {
+  return status == CUBLAS_STATUS_SUCCESS || status == CUBLAS_STATUS_NOT_SUPPORTED;
+}
 
 // Runs one GEMM as run_gemm hands it over (batch 1 or a non-zero C batch
 // stride). Returns false, having queued nothing, when cuBLASLt has no
@@ -148,27 +170,23 @@ bool lt_gemm(const Tensor& on, const Gemm& g, const LtEpilogue& epilogue = {}) {
     }
   }
 
-  LtPreference preference;
-  preference.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(kWorkspaceBytes));
-  preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(g.b));
-  preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(g.a));
-  preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(g.c));
-  preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(g.c));
-
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  const cublasStatus_t status =
-      cublasLtMatmulAlgoGetHeuristic(handle, desc.get(), b_layout.get(), a_layout.get(), c_layout.get(), c_layout.get(),
-                                     preference.get(), 1, &heuristic, &found);
-  if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
+  // The heuristic runs once per distinct GEMM (shape, layouts, dtypes,
+  // epilogue, alignments); later calls take its choice from the cache.
+  const GemmAlgorithmKey key = gemm_algorithm_key(g, int32_t(epilogue.kind));
+  std::optional<LtMatmulAlgorithm> choice = libraries.gemm_algorithms().find(key);
+  if (!choice) {
+    choice = heuristic_algorithm(handle, desc, b_layout, a_layout, c_layout, g);
+    if (answer_is_final(choice->status)) libraries.gemm_algorithms().insert(key, *choice);
+  }
+  if (!choice->found) {
     TESSERA_CHECK(epilogue.kind != CUBLASLT_EPILOGUE_DEFAULT, "matmul: cuBLASLt has no algorithm for a ", g.m, "x", g.n,
                   "x", g.k, " GEMM (batch ", g.batch, ", ", dtype_name(g.ab_dtype), " -> ", dtype_name(g.c_dtype),
-                  "): ", cublasGetStatusName(status));
+                  "): ", cublasGetStatusName(choice->status));
     return false;
   }
   void* workspace = libraries.workspace(kWorkspaceBytes);
   TESSERA_CUBLAS_CHECK(cublasLtMatmul(handle, desc.get(), &g.alpha, g.b, b_layout.get(), g.a, a_layout.get(), &g.beta,
-                                      g.c, c_layout.get(), g.c, c_layout.get(), &heuristic.algo, workspace,
+                                      g.c, c_layout.get(), g.c, c_layout.get(), &choice->algo, workspace,
                                       kWorkspaceBytes, stream));
   return true;
 }

@@ -4,16 +4,22 @@
 // probabilities and score gradients of the backward pass recomputed from the
 // saved logsumexp, and the row functor computing delta = rowsum(dO∘O).
 // Exponentials use exp_f32 (kernels/functors/float_math.h), which CPU loops vectorise.
-// Generation's cached attention (KvAppend, CachedAttentionRow) is a plain
-// index functor both backends run, one query row per call: decoding has a
-// handful of rows, each a pass over the cached keys.
+// Generation's cached attention: KvAppend (an index functor both backends
+// run) writes the new keys and values; the CPU then runs CachedAttentionRow,
+// one query row per call. A GPU splits each row's cache positions into
+// blocks instead (CacheBlocks): a warp per (row, block) computes the block's
+// online-softmax partials (CachedAttentionBlock, a row functor), and an index
+// functor merges each row's blocks by log-sum-exp (CachedAttentionMerge), so
+// that a decode step of a dozen rows still fills the GPU.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 #include "core/half.h"
 #include "kernels/functors/float_math.h"
+#include "kernels/functors/row_group.h"
 
 namespace tessera {
 
@@ -171,6 +177,131 @@ struct CachedAttentionRow {
     const float normaliser = softmax.normaliser();
     T* y = out + row * dh;
     for (int64_t d = 0; d < dh; ++d) y[d] = from_float<T>(accumulated[d] * normaliser);
+  }
+};
+
+// How the cached attention on a GPU splits the cache positions of each query
+// row (b, t, h) into blocks of `positions`: `per_row` blocks cover the longest
+// row (position + Tn positions); a row of length L uses the first covering(L).
+struct CacheBlocks {
+  int64_t per_row, positions;
+
+  TESSERA_HD int64_t covering(int64_t length) const { return (length + positions - 1) / positions; }
+};
+
+// Blocks for `rows` query rows, the longest attending to `longest` positions:
+// enough (row, block) items to fill a large GPU (kCacheBlockItems warps,
+// about 16 per SM of a 132-SM H100) where the rows alone are too few, but
+// blocks no shorter than kCacheBlockMinPositions, below which the merge costs
+// more than the split gains.
+inline constexpr int64_t kCacheBlockItems = 2048;
+inline constexpr int64_t kCacheBlockMinPositions = 32;
+inline CacheBlocks cache_blocks(int64_t rows, int64_t longest) {
+  const int64_t wanted = std::max<int64_t>(1, (kCacheBlockItems + rows - 1) / std::max<int64_t>(1, rows));
+  const int64_t most = std::max<int64_t>(1, longest / kCacheBlockMinPositions);
+  const int64_t count = std::min(wanted, most);
+  const int64_t positions = std::max<int64_t>(1, (longest + count - 1) / count);
+  return CacheBlocks{(longest + positions - 1) / positions, positions};
+}
+
+// The partials of each (row, block) item, item = row·per_row + block, f32:
+// max [items] the block's largest scaled score, sum [items] Σ e^(score − max),
+// acc [items, Dh] Σ e^(score − max)·v. Blocks past a row's length are not written.
+struct CachePartials {
+  float* acc;
+  float* max;
+  float* sum;
+};
+
+// One (row, block) item: the online softmax of CachedAttentionRow over the
+// block's positions, written as partials. A row functor: the group's lanes
+// hold the lane-strided elements d = lane + lanes·i of the query and the
+// accumulated values in registers (kMaxHeadDim / lanes of them, so a warp
+// needs 8 for Dh = 256), and a score is a group sum.
+template <typename T, int kMaxHeadDim>
+struct CachedAttentionBlock {
+  const T* qkv;  // the new tokens [B, Tn, 3, H, Dh]
+  const T* keys;
+  const T* values;
+  CachePartials partials;
+  CacheLayout cache;
+  CacheBlocks blocks;
+  float scale;
+
+  template <typename Group>
+  TESSERA_HD void operator()(const Group& g, int64_t item) const {
+    constexpr int kLanes = int(kGroupLanes<Group>), kPerLane = (kMaxHeadDim + kLanes - 1) / kLanes;
+    const int64_t row = item / blocks.per_row, first = (item % blocks.per_row) * blocks.positions;
+    const int64_t h = row % cache.heads, t = (row / cache.heads) % cache.new_tokens;
+    const int64_t b = row / (cache.heads * cache.new_tokens);
+    const int64_t limit = cache.position + t + 1;  // the row attends to positions [0, limit)
+    const int64_t end = first + blocks.positions < limit ? first + blocks.positions : limit;
+    if (first >= end) return;  // past the row's causal limit: the merge leaves it out
+    const int dh = int(cache.head_dim), lane = g.lane();
+    const T* q = qkv + packed_qkv_offset(b, t, 0, h, cache.new_tokens, cache.heads, dh);
+    float query[kPerLane], acc[kPerLane];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int d = lane + kLanes * i;
+      query[i] = d < dh ? scale * to_float(q[d]) : 0.0f;
+      acc[i] = 0.0f;
+    }
+    OnlineSoftmax softmax;
+    for (int64_t s = first; s < end; ++s) {
+      const T* k = keys + cache.cache_offset(b, h, s);
+      const T* v = values + cache.cache_offset(b, h, s);
+      float partial = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const int d = lane + kLanes * i;
+        if (d < dh) partial += query[i] * to_float(k[d]);
+      }
+      const float score = g.sum(partial);
+      const float factor = softmax.raise_max(score);
+      const float weight = softmax.weight(score);
+      softmax.add(weight);
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const int d = lane + kLanes * i;
+        acc[i] = acc[i] * factor + (d < dh ? weight * to_float(v[d]) : 0.0f);
+      }
+    }
+    float* out = partials.acc + item * dh;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int d = lane + kLanes * i;
+      if (d < dh) out[d] = acc[i];
+    }
+    if (lane == 0) {
+      partials.max[item] = softmax.max;
+      partials.sum[item] = softmax.sum;
+    }
+  }
+};
+
+// out[row, d] from the partials of the row's blocks, merged by log-sum-exp:
+// with m = max_j max_j,  out = Σ_j e^(max_j − m)·acc_j[d] / Σ_j e^(max_j − m)·sum_j.
+// An index functor over the elements i = row·Dh + d of out [B, Tn, H, Dh].
+template <typename T>
+struct CachedAttentionMerge {
+  CachePartials partials;
+  T* out;
+  CacheLayout cache;
+  CacheBlocks blocks;
+
+  TESSERA_HD void operator()(int64_t i) const {
+    const int64_t dh = cache.head_dim, row = i / dh, d = i % dh;
+    const int64_t t = (row / cache.heads) % cache.new_tokens;
+    const int64_t first = row * blocks.per_row, used = blocks.covering(cache.position + t + 1);
+    float max = -INFINITY;
+    for (int64_t j = first; j < first + used; ++j) max = fmaxf(max, partials.max[j]);
+    float numerator = 0.0f, denominator = 0.0f;
+    for (int64_t j = first; j < first + used; ++j) {
+      const float factor = online_softmax_rescale(partials.max[j], max);
+      numerator += factor * partials.acc[j * dh + d];
+      denominator += factor * partials.sum[j];
+    }
+    out[i] = from_float<T>(numerator / denominator);
   }
 };
 

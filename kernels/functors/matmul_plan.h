@@ -4,13 +4,15 @@
 // the rewrites that turn batches into one larger GEMM where the memory layout
 // allows (shared 2-D B stacked under all batches' rows; a batch-summing
 // gradient folded into the inner dimension) or into a sequence of
-// accumulating GEMMs where it does not.
+// accumulating GEMMs where it does not. Also the key under which a GPU
+// library's algorithm choice for a GEMM is cached (core/gemm_algorithm_cache.h).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 
 #include "core/error.h"
+#include "core/gemm_algorithm_cache.h"
 #include "core/tensor.h"
 
 namespace tessera {
@@ -44,6 +46,39 @@ struct Gemm {
     return g;
   }
 };
+
+// The largest power of two, up to 256 (cuBLASLt's default assumption), dividing a pointer.
+inline uint32_t pointer_alignment(const void* ptr) {
+  const auto address = reinterpret_cast<uintptr_t>(ptr);
+  uint32_t alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+// What decides a library's algorithm for `g` with this epilogue code: every
+// field of g but the pointers (only their alignments) and alpha, beta.
+inline GemmAlgorithmKey gemm_algorithm_key(const Gemm& g, int32_t epilogue) {
+  GemmAlgorithmKey key;
+  key.batch = g.batch;
+  key.m = g.m;
+  key.n = g.n;
+  key.k = g.k;
+  key.lda = g.lda;
+  key.ldb = g.ldb;
+  key.ldc = g.ldc;
+  key.stride_a = g.stride_a;
+  key.stride_b = g.stride_b;
+  key.stride_c = g.stride_c;
+  key.trans_a = g.trans_a;
+  key.trans_b = g.trans_b;
+  key.ab_dtype = g.ab_dtype;
+  key.c_dtype = g.c_dtype;
+  key.epilogue = epilogue;
+  key.align_a = pointer_alignment(g.a);
+  key.align_b = pointer_alignment(g.b);
+  key.align_c = pointer_alignment(g.c);
+  return key;
+}
 
 // out = alpha·op(x)·op(y) + beta·out for contiguous tensors of 2 or 3
 // dimensions (the last two are the matrix); a 2-D operand next to a 3-D one is

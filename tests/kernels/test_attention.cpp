@@ -4,13 +4,16 @@
 // sequence whose scratch memory must stay far below T×T, and argument checks.
 // The cached attention of generation (ops::attention_with_cache) against the
 // same reference, fed the sequence in chunks (a prompt, then tokens one at a
-// time and a few together), and its cache against the keys and values given.
-// The packed qkv layout all of them index through (packed_qkv_offset and
+// time and a few together), and its cache against the keys and values given;
+// the GPU's way of computing it (the cache split into blocks, partial softmaxes
+// merged by log-sum-exp) run on the CPU against the same reference. The packed
+// qkv layout all of them index through (packed_qkv_offset and
 // packed_qkv_token_stride), against the elements walked in memory order.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "kernels/functors/attention.h"
 #include "kernels/ops.h"
@@ -353,39 +356,136 @@ std::vector<int64_t> chunk_lengths(int64_t seq_len, int64_t prompt) {
   return lengths;
 }
 
+// The sequence of random qkv of `g` fed to ops::attention_with_cache in chunks
+// (chunk_lengths, a third of it as the prompt) over a poisoned cache with room
+// to spare; after each chunk, check(chunk, keys, values, position, out,
+// expected) with the chunk's rows of out and of the whole-sequence reference.
+struct ChunkedRun {
+  RandomTensor qkv;
+  Tensor keys, values;  // [B, H, T + 5, Dh]
+};
+template <typename Check>
+ChunkedRun run_in_chunks(Context& ctx, const Dims& g, DType dtype, std::mt19937_64& rng, Check&& check) {
+  ChunkedRun run{random_qkv(ctx, g, dtype, rng), Tensor{}, Tensor{}};
+  const Reference ref = reference_forward(g, run.qkv.values);
+  const int64_t capacity = g.seq_len + 5;  // room the sequence does not use
+  run.keys = poisoned(ctx, Shape{g.batch, g.heads, capacity, g.head_dim}, dtype);
+  run.values = poisoned(ctx, run.keys.shape(), dtype);
+  int64_t position = 0;
+  for (const int64_t n : chunk_lengths(g.seq_len, g.seq_len / 3 + 1)) {
+    SCOPED_TRACE("tokens [" + std::to_string(position) + ", " + std::to_string(position + n) + ")");
+    const Tensor chunk = qkv_rows(ctx, g, run.qkv, position, position + n, dtype);
+    Tensor out = poisoned(ctx, Shape{g.batch, n, g.heads, g.head_dim}, dtype);
+    ops::attention_with_cache(chunk, run.keys, run.values, position, out, g.scale);
+    check(chunk, run.keys, run.values, position, out, out_rows(g, ref.out, position, position + n));
+    position += n;
+  }
+  return run;
+}
+
+std::string describe(const Dims& g) {
+  return "B=" + std::to_string(g.batch) + " T=" + std::to_string(g.seq_len) + " H=" + std::to_string(g.heads) +
+         " Dh=" + std::to_string(g.head_dim);
+}
+
 TEST_P(Attention, WithCacheInChunksMatchesTheWholeSequence) {
   TESSERA_SEED_TRACE();
   const DType dtype = GetParam();
   Context ctx;
   auto rng = make_rng();
   for (const Dims& g : {Dims{1, 9, 2, 8}, Dims{2, 40, 3, 16}, Dims{1, 70, 2, 64, 0.3f}, Dims{2, 12, 1, 256}}) {
-    SCOPED_TRACE("B=" + std::to_string(g.batch) + " T=" + std::to_string(g.seq_len) + " H=" + std::to_string(g.heads) +
-                 " Dh=" + std::to_string(g.head_dim));
-    auto qkv = random_qkv(ctx, g, dtype, rng);
-    const Reference ref = reference_forward(g, qkv.values);
-    const int64_t capacity = g.seq_len + 5;  // room the sequence does not use
-    Tensor keys = poisoned(ctx, Shape{g.batch, g.heads, capacity, g.head_dim}, dtype);
-    Tensor values = poisoned(ctx, keys.shape(), dtype);
-    int64_t position = 0;
-    for (const int64_t n : chunk_lengths(g.seq_len, g.seq_len / 3 + 1)) {
-      SCOPED_TRACE("tokens [" + std::to_string(position) + ", " + std::to_string(position + n) + ")");
-      const Tensor chunk = qkv_rows(ctx, g, qkv, position, position + n, dtype);
-      Tensor out = poisoned(ctx, Shape{g.batch, n, g.heads, g.head_dim}, dtype);
-      ops::attention_with_cache(chunk, keys, values, position, out, g.scale);
-      EXPECT_TRUE(all_close(out, out_rows(g, ref.out, position, position + n), output_tolerance(dtype)));
-      position += n;
-    }
+    SCOPED_TRACE(describe(g));
+    const auto expect_reference = [&](const Tensor&, const Tensor&, const Tensor&, int64_t, const Tensor& out,
+                                      const std::vector<double>& expected) {
+      EXPECT_TRUE(all_close(out, expected, output_tolerance(dtype)));
+    };
+    const ChunkedRun run = run_in_chunks(ctx, g, dtype, rng, expect_reference);
     // The cache holds every token's key and value, exactly as given.
+    const int64_t capacity = run.keys.size(2);
     for (int64_t b = 0; b < g.batch; ++b)
       for (int64_t h = 0; h < g.heads; ++h)
         for (int64_t t = 0; t < g.seq_len; ++t)
           for (int64_t d = 0; d < g.head_dim; d += 7) {
             const int64_t at = ((b * g.heads + h) * capacity + t) * g.head_dim + d;
-            const Tensor k = keys.flatten().slice(at, at + 1), v = values.flatten().slice(at, at + 1);
-            ASSERT_TRUE(all_close(k, {qkv.values[g.qkv_index(b, t, 1, h, d)]}, Tolerance{0, 0}));
-            ASSERT_TRUE(all_close(v, {qkv.values[g.qkv_index(b, t, 2, h, d)]}, Tolerance{0, 0}));
+            const Tensor k = run.keys.flatten().slice(at, at + 1), v = run.values.flatten().slice(at, at + 1);
+            ASSERT_TRUE(all_close(k, {run.qkv.values[g.qkv_index(b, t, 1, h, d)]}, Tolerance{0, 0}));
+            ASSERT_TRUE(all_close(v, {run.qkv.values[g.qkv_index(b, t, 2, h, d)]}, Tolerance{0, 0}));
           }
   }
+}
+
+// The GPU's cached attention run on the CPU: each query row's cache positions
+// in `blocks`, a block's partials by CachedAttentionBlock (one lane), merged by
+// CachedAttentionMerge into a poisoned out [B, Tn, H, Dh]. The partials start
+// as NaN, so a block the merge reads but no item wrote shows in the output.
+Tensor blocked_cached_attention(Context& ctx, const Tensor& chunk, const Tensor& keys, const Tensor& values,
+                                int64_t position, float scale, const CacheBlocks& blocks) {
+  const CacheLayout cache{chunk.size(1), chunk.size(3), chunk.size(4), keys.size(2), position};
+  const int64_t rows = chunk.size(0) * cache.new_tokens * cache.heads, items = rows * blocks.per_row;
+  std::vector<float> scratch(size_t(items * (cache.head_dim + 2)), std::numeric_limits<float>::quiet_NaN());
+  const CachePartials partials{scratch.data(), scratch.data() + items * cache.head_dim,
+                               scratch.data() + items * (cache.head_dim + 1)};
+  Tensor out = poisoned(ctx, Shape{chunk.size(0), cache.new_tokens, cache.heads, cache.head_dim}, chunk.dtype());
+  dispatch_float(chunk.dtype(), "blocked_cached_attention", [&](auto tag) {
+    using T = decltype(tag);
+    const float s = attention_scale(scale, cache.head_dim);
+    const CachedAttentionBlock<T, kCachedAttentionMaxHeadDim> block{
+        chunk.data<T>(), keys.data<T>(), values.data<T>(), partials, cache, blocks, s};
+    for (int64_t item = 0; item < items; ++item) block(SerialGroup{}, item);
+    const CachedAttentionMerge<T> merge{partials, out.data<T>(), cache, blocks};
+    for (int64_t i = 0; i < rows * cache.head_dim; ++i) merge(i);
+  });
+  return out;
+}
+
+// Blocks of `positions` covering `longest` positions.
+CacheBlocks blocks_of(int64_t longest, int64_t positions) {
+  return CacheBlocks{(longest + positions - 1) / positions, positions};
+}
+
+// Each chunk again the GPU's way (the cache after the op appended the chunk):
+// the GPU's plan for its rows, then one position a block, odd blocks, a single block.
+TEST_P(Attention, WithCacheInBlocksMergedByLogSumExpMatchesTheWholeSequence) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  auto rng = make_rng();
+  for (const Dims& g :
+       {Dims{1, 9, 2, 8}, Dims{2, 40, 3, 16}, Dims{1, 100, 2, 64, 0.3f}, Dims{1, 75, 1, 256}, Dims{1, 50, 2, 5}}) {
+    SCOPED_TRACE(describe(g));
+    const auto expect_blocked = [&](const Tensor& chunk, const Tensor& keys, const Tensor& values, int64_t position,
+                                    const Tensor&, const std::vector<double>& expected) {
+      const int64_t longest = position + chunk.size(1), rows = g.batch * chunk.size(1) * g.heads;
+      for (const CacheBlocks& blocks :
+           {cache_blocks(rows, longest), blocks_of(longest, 1), blocks_of(longest, 7), blocks_of(longest, longest)}) {
+        const Tensor out = blocked_cached_attention(ctx, chunk, keys, values, position, g.scale, blocks);
+        EXPECT_TRUE(all_close(out, expected, output_tolerance(dtype)))
+            << blocks.per_row << " blocks of " << blocks.positions << " positions";
+      }
+    };
+    run_in_chunks(ctx, g, dtype, rng, expect_blocked);
+  }
+}
+
+// The GPU's blocks cover every position of the longest row with no block left
+// empty, are no shorter than kCacheBlockMinPositions when there are several,
+// and give a few rows enough (row, block) items to fill a GPU without
+// multiplying many rows' work.
+TEST(CacheBlocks, CoverTheCacheInEnoughBlocksOfUsefulLength) {
+  for (const int64_t rows : {1, 6, 12, 100, 5000})
+    for (const int64_t longest : {1, 2, 31, 32, 33, 65, 100, 1024, 4097, 100000}) {
+      SCOPED_TRACE("rows=" + std::to_string(rows) + " longest=" + std::to_string(longest));
+      const CacheBlocks blocks = cache_blocks(rows, longest);
+      EXPECT_GE(blocks.per_row * blocks.positions, longest);
+      EXPECT_LT((blocks.per_row - 1) * blocks.positions, longest);
+      EXPECT_EQ(blocks.covering(longest), blocks.per_row);
+      if (blocks.per_row > 1) {
+        EXPECT_GE(blocks.positions, kCacheBlockMinPositions);
+      }
+      const int64_t items = rows * blocks.per_row;
+      EXPECT_LE(items, kCacheBlockItems + rows);
+      EXPECT_GE(items, std::min(rows * (longest / kCacheBlockMinPositions), kCacheBlockItems) / 2);
+    }
 }
 
 TEST_P(Attention, WithCacheRejectsBadArguments) {
@@ -416,23 +516,27 @@ TEST_P(Attention, WithCacheGpuMatchesCpu) {
   TESSERA_REQUIRE_GPU(ctx);
   const Device gpu = Device::cuda(0);
   auto rng = make_rng();
-  const Dims g{2, 33, 3, 64};
-  auto qkv = random_qkv(ctx, g, dtype, rng);
-  const Shape cache{g.batch, g.heads, g.seq_len, g.head_dim};
-  Tensor keys_cpu = poisoned(ctx, cache, dtype), values_cpu = poisoned(ctx, cache, dtype);
-  Tensor keys_gpu = poisoned(ctx, cache, dtype, gpu), values_gpu = poisoned(ctx, cache, dtype, gpu);
-  int64_t position = 0;
-  for (const int64_t n : chunk_lengths(g.seq_len, 10)) {
-    const Shape out_shape{g.batch, n, g.heads, g.head_dim};
-    Tensor out_cpu = poisoned(ctx, out_shape, dtype), out_gpu = poisoned(ctx, out_shape, dtype, gpu);
-    ops::attention_with_cache(qkv_rows(ctx, g, qkv, position, position + n, dtype), keys_cpu, values_cpu, position,
-                              out_cpu);
-    ops::attention_with_cache(qkv_rows(ctx, g, qkv, position, position + n, dtype, gpu), keys_gpu, values_gpu, position,
-                              out_gpu);
-    Tolerance tolerance = device_tolerance(dtype);
-    tolerance.abs = std::max(tolerance.abs, 2e-5);
-    EXPECT_TRUE(all_close(out_gpu, out_cpu, tolerance)) << "tokens from " << position;
-    position += n;
+  // A short cache (one or two blocks a row), a long one decoded a token at a
+  // time (many blocks, a partial last one), odd and widest head dimensions.
+  for (const Dims& g : {Dims{2, 33, 3, 64}, Dims{1, 300, 2, 80, 0.3f}, Dims{1, 70, 1, 256}, Dims{2, 45, 2, 5}}) {
+    SCOPED_TRACE("T=" + std::to_string(g.seq_len) + " Dh=" + std::to_string(g.head_dim));
+    auto qkv = random_qkv(ctx, g, dtype, rng);
+    const Shape cache{g.batch, g.heads, g.seq_len, g.head_dim};
+    Tensor keys_cpu = poisoned(ctx, cache, dtype), values_cpu = poisoned(ctx, cache, dtype);
+    Tensor keys_gpu = poisoned(ctx, cache, dtype, gpu), values_gpu = poisoned(ctx, cache, dtype, gpu);
+    int64_t position = 0;
+    for (const int64_t n : chunk_lengths(g.seq_len, 10)) {
+      const Shape out_shape{g.batch, n, g.heads, g.head_dim};
+      Tensor out_cpu = poisoned(ctx, out_shape, dtype), out_gpu = poisoned(ctx, out_shape, dtype, gpu);
+      ops::attention_with_cache(qkv_rows(ctx, g, qkv, position, position + n, dtype), keys_cpu, values_cpu, position,
+                                out_cpu, g.scale);
+      ops::attention_with_cache(qkv_rows(ctx, g, qkv, position, position + n, dtype, gpu), keys_gpu, values_gpu,
+                                position, out_gpu, g.scale);
+      Tolerance tolerance = device_tolerance(dtype);
+      tolerance.abs = std::max(tolerance.abs, 2e-5);
+      EXPECT_TRUE(all_close(out_gpu, out_cpu, tolerance)) << "tokens from " << position;
+      position += n;
+    }
   }
 }
 

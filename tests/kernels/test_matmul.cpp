@@ -2,11 +2,18 @@
 // backward: forward against a naive double-precision triple loop, backward
 // against central differences of it, GPU against CPU. Every dtype; odd sizes;
 // every transpose combination; plain, batched and shared-B batched products.
+// The key and bound of the cache of a GPU library's GEMM algorithms.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "core/gemm_algorithm_cache.h"
+#include "kernels/functors/matmul_plan.h"
 #include "kernels/ops.h"
 #include "tests/kernels/dtype_params.h"
 #include "tests/support/gradcheck.h"
@@ -534,6 +541,86 @@ TEST(BiasAdd, RejectsBadArguments) {
   EXPECT_THROW(ops::bias_add_backward(x, bias_bad), Error);
   Tensor grad_i32 = ctx.zeros(Shape{5}, DType::i32);
   EXPECT_THROW(ops::bias_add_backward(x, grad_i32), Error);
+}
+
+// A batched GEMM over addresses 256-aligned plus `offset` bytes (never dereferenced).
+Gemm gemm_at(uintptr_t offset) {
+  Gemm g;
+  g.batch = 3, g.m = 5, g.n = 7, g.k = 9;
+  g.a = reinterpret_cast<const void*>(uintptr_t(1) << 20 | offset);
+  g.b = reinterpret_cast<const void*>(uintptr_t(2) << 20 | offset);
+  g.c = reinterpret_cast<void*>(uintptr_t(3) << 20 | offset);
+  g.trans_a = true;
+  g.lda = 5, g.ldb = 7, g.ldc = 7;
+  g.stride_a = 45, g.stride_b = 63, g.stride_c = 35;
+  g.ab_dtype = DType::bf16, g.c_dtype = DType::f32;
+  return g;
+}
+
+TEST(GemmAlgorithmCache, TheSameGemmHitsAndAnyDifferenceMisses) {
+  GemmAlgorithmCache<int> cache;
+  const Gemm g = gemm_at(0);
+  cache.insert(gemm_algorithm_key(g, 1), 42);
+  // Other buffers of the same alignments, other alpha and beta: the same choice.
+  Gemm elsewhere = gemm_at(0);
+  elsewhere.a = static_cast<const char*>(g.a) + 4096;
+  elsewhere.c = static_cast<char*>(g.c) + 512;
+  elsewhere.alpha = 2.0f, elsewhere.beta = 1.0f;
+  ASSERT_EQ(cache.find(gemm_algorithm_key(elsewhere, 1)), std::optional<int>(42));
+  EXPECT_EQ(GemmAlgorithmKeyHash{}(gemm_algorithm_key(elsewhere, 1)), GemmAlgorithmKeyHash{}(gemm_algorithm_key(g, 1)));
+
+  // Each field that can change the library's choice, changed alone, misses.
+  const std::vector<std::pair<std::string, std::function<void(Gemm&)>>> changes{
+      {"batch", [](Gemm& x) { x.batch = 4; }},
+      {"m", [](Gemm& x) { x.m = 6; }},
+      {"n", [](Gemm& x) { x.n = 8; }},
+      {"k", [](Gemm& x) { x.k = 10; }},
+      {"lda", [](Gemm& x) { x.lda = 6; }},
+      {"ldb", [](Gemm& x) { x.ldb = 8; }},
+      {"ldc", [](Gemm& x) { x.ldc = 8; }},
+      {"stride_a", [](Gemm& x) { x.stride_a = 50; }},
+      {"stride_b", [](Gemm& x) { x.stride_b = 70; }},
+      {"stride_c", [](Gemm& x) { x.stride_c = 0; }},
+      {"trans_a", [](Gemm& x) { x.trans_a = false; }},
+      {"trans_b", [](Gemm& x) { x.trans_b = true; }},
+      {"ab_dtype", [](Gemm& x) { x.ab_dtype = DType::f16; }},
+      {"c_dtype", [](Gemm& x) { x.c_dtype = DType::bf16; }},
+      {"alignment of a", [](Gemm& x) { x.a = static_cast<const char*>(x.a) + 2; }},
+      {"alignment of b", [](Gemm& x) { x.b = static_cast<const char*>(x.b) + 16; }},
+      {"alignment of c", [](Gemm& x) { x.c = static_cast<char*>(x.c) + 128; }},
+  };
+  for (const auto& [field, change] : changes) {
+    Gemm other = gemm_at(0);
+    change(other);
+    EXPECT_FALSE(cache.find(gemm_algorithm_key(other, 1))) << field;
+  }
+  EXPECT_FALSE(cache.find(gemm_algorithm_key(g, 2))) << "epilogue";
+  EXPECT_EQ(cache.size(), 1u);
+}
+
+TEST(GemmAlgorithmCache, AlignmentIsTheLargestPowerOfTwoUpTo256) {
+  for (uintptr_t offset = 1; offset <= 512; offset *= 2) {
+    const uint32_t expected = uint32_t(std::min<uintptr_t>(offset, 256));
+    EXPECT_EQ(pointer_alignment(reinterpret_cast<const void*>((uintptr_t(1) << 20) + offset)), expected) << offset;
+  }
+  EXPECT_EQ(pointer_alignment(reinterpret_cast<const void*>((uintptr_t(1) << 20) + 24)), 8u);
+}
+
+TEST(GemmAlgorithmCache, StaysWithinItsCapacityDroppingTheOldest) {
+  GemmAlgorithmCache<int> cache(3);
+  const auto key = [](int64_t m) {
+    Gemm g = gemm_at(0);
+    g.m = m;
+    return gemm_algorithm_key(g, 0);
+  };
+  for (int64_t m = 1; m <= 3; ++m) cache.insert(key(m), int(10 * m));
+  cache.insert(key(2), 21);  // known already: replaced, nothing dropped
+  EXPECT_EQ(cache.size(), 3u);
+  EXPECT_EQ(cache.find(key(2)), std::optional<int>(21));
+  cache.insert(key(4), 40);
+  EXPECT_EQ(cache.size(), 3u);
+  EXPECT_FALSE(cache.find(key(1))) << "the oldest should have made room";
+  for (int64_t m = 2; m <= 4; ++m) EXPECT_TRUE(cache.find(key(m))) << m;
 }
 
 }  // namespace
