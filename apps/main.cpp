@@ -34,6 +34,7 @@
 #include "core/cpu_libraries.h"
 #include "core/cuda_runtime.h"
 #include "core/error.h"
+#include "io/hdf5_threads.h"
 #include "io/hdf5_version.h"
 #include "parallel/library_versions.h"
 #include "parallel/mpi_env.h"
@@ -48,7 +49,8 @@ std::string build_description() {
   text += "cpu libraries: " + tessera::describe_cpu_libraries() + "\n";
   text += "mpi: " + tessera::mpi_library_version() + "\n";
   text += "nccl: " + tessera::nccl_library_version() + "\n";
-  text += "hdf5: " + tessera::hdf5_library_version() + "\n";
+  text += "hdf5: " + tessera::hdf5_library_version() +
+          (tessera::io::hdf5_calls_serialised() ? " (not thread-safe: Tessera serialises its HDF5 calls)" : "") + "\n";
   return text;
 }
 
@@ -110,6 +112,7 @@ std::vector<std::string> bad_command_line(const CLI::App& app, const CLI::ParseE
 int main(int argc, char** argv) {
   tessera::app::install_process_end_hook();  // how library code ends the job (core/process_end.h)
   tessera::skip_hdf5_shutdown_at_exit();     // no "infinite loop closing library" after a damaged file
+  tessera::io::set_up_hdf5_threading(tessera::io::hdf5_library_threadsafe());  // io/hdf5_threads.h
   CLI::App app{"Tessera: data-, tensor- and pipeline-parallel training on MPI ranks"};
   app.require_subcommand(0, 1);
   int exit_code = 0;

@@ -47,9 +47,12 @@ enum Figure {
   kFigures = kGpuFirst + GpuMonitor::kFigures
 };
 
-// The GPU figures, after kGpuFirst: the NVML index, then GpuSample's fields.
+// The GPU figures, after kGpuFirst: the NVML index, the MIG slice's
+// instance ids (NaN for a whole GPU), then GpuSample's fields.
 enum GpuFigure {
   kGpuIndex,
+  kGpuInstance,
+  kGpuComputeInstance,
   kGpuUtilization,
   kGpuMemoryUsed,
   kGpuMemoryTotal,
@@ -127,8 +130,12 @@ TrainingMonitor::TrainingMonitor(const TrainConfig& c, parallel::ProcessGrid& gr
                                  std::function<void(const std::string&)> say)
     : config_(c), grid_(grid), context_(context), device_(device), say_(std::move(say)) {
   std::vector<std::string> nodes = gather_host_names(grid.world(), context);
-  if (device.is_cuda()) gpu_ = GpuMonitor(cuda_runtime::pci_bus_id(device.index), device.index);
+  if (device.is_cuda()) {
+    const std::optional<std::array<unsigned char, 16>> uuid = cuda_runtime::uuid(device.index);
+    gpu_ = GpuMonitor(uuid ? parallel::uuid_text(*uuid) : "");
+  }
   if (grid.world().rank() != 0) return;
+  if (!gpu_.note().empty()) say_("GPU metrics: " + device.to_string() + " " + gpu_.note());
   nodes_ = std::move(nodes);
   job_id_ = launcher_job_id();
   if (c.metrics_port > 0) endpoint_ = std::make_unique<io::MetricsEndpoint>("0.0.0.0", c.metrics_port);
@@ -314,14 +321,42 @@ std::string TrainingMonitor::prometheus(const std::vector<std::vector<double>>& 
 
 namespace tessera::app {
 
-GpuMonitor::GpuMonitor(const std::string& pci_bus_id, int cuda_index, const std::string& library)
-    : nvml_(std::make_unique<parallel::Nvml>(library)), gpu_(nvml_->find_gpu(pci_bus_id, unsigned(cuda_index))) {}
+namespace {
+
+// What the log says about a device found (or not) in NVML; "" for a whole GPU.
+std::string location_note(const std::optional<parallel::GpuLocation>& gpu, const std::string& uuid) {
+  if (!gpu)
+    return uuid.empty() ? "has no UUID from CUDA to find it in NVML by: no tessera_gpu_* series"
+                        : "(UUID " + uuid + ") is neither a GPU nor a MIG slice NVML lists: no tessera_gpu_* series";
+  const std::string unreported = parallel::unreported_fields(parallel::fields_of(*gpu));
+  const std::string gpu_index = std::to_string(gpu->index);
+  if (gpu->slice)
+    return "is MIG slice gpu_instance=" + std::to_string(gpu->slice->gpu_instance) +
+           " compute_instance=" + std::to_string(gpu->slice->compute_instance) + " of NVML GPU " + gpu_index +
+           ": its memory is the slice's, temperature and clocks the board's; NVML measures no " + unreported +
+           " per slice, so those series are absent";
+  if (gpu->mig_mode)
+    return "is NVML GPU " + gpu_index + ", which is in MIG mode, but CUDA named the whole GPU, not a slice: only " +
+           "the board's temperature and clocks are reported (no " + unreported + ")";
+  return "";
+}
+
+}  // namespace
+
+GpuMonitor::GpuMonitor(const std::string& uuid, const std::string& library)
+    : nvml_(std::make_unique<parallel::Nvml>(library)), gpu_(nvml_->find_gpu(uuid)) {
+  if (nvml_->available()) note_ = location_note(gpu_, uuid);
+}
 
 std::vector<double> GpuMonitor::figures() const {
   std::vector<double> f(kFigures, NAN);
   if (!gpu_) return f;
   const parallel::GpuSample sample = nvml_->sample(*gpu_);
-  f[kGpuIndex] = double(*gpu_);
+  f[kGpuIndex] = double(gpu_->index);
+  if (gpu_->slice) {
+    f[kGpuInstance] = double(gpu_->slice->gpu_instance);
+    f[kGpuComputeInstance] = double(gpu_->slice->compute_instance);
+  }
   f[kGpuUtilization] = or_nan(sample.utilization_ratio);
   f[kGpuMemoryUsed] = or_nan(sample.memory_used_bytes);
   f[kGpuMemoryTotal] = or_nan(sample.memory_total_bytes);
@@ -338,9 +373,10 @@ std::vector<io::PrometheusFamily> GpuMonitor::families(const std::vector<std::ve
   for (const auto& [name, help, figure] :
        {std::tuple{"tessera_gpu_utilization_ratio", "Share of the last sample period a kernel ran on the GPU, 0 to 1",
                    kGpuUtilization},
-        {"tessera_gpu_memory_used_bytes", "GPU memory in use (every process)", kGpuMemoryUsed},
-        {"tessera_gpu_memory_total_bytes", "GPU memory installed", kGpuMemoryTotal},
-        {"tessera_gpu_power_watts", "GPU board power draw", kGpuPower},
+        {"tessera_gpu_memory_used_bytes", "GPU memory in use (every process; of a MIG slice, the slice's)",
+         kGpuMemoryUsed},
+        {"tessera_gpu_memory_total_bytes", "GPU memory installed (of a MIG slice, the slice's share)", kGpuMemoryTotal},
+        {"tessera_gpu_power_watts", "GPU board power draw (absent for a MIG slice)", kGpuPower},
         {"tessera_gpu_temperature_celsius", "GPU die temperature", kGpuTemperature},
         {"tessera_gpu_sm_clock_hertz", "GPU streaming multiprocessor clock", kGpuSmClock},
         {"tessera_gpu_memory_clock_hertz", "GPU memory clock", kGpuMemoryClock}}) {
@@ -350,6 +386,10 @@ std::vector<io::PrometheusFamily> GpuMonitor::families(const std::vector<std::ve
       if (std::isnan(index) || std::isnan(value)) continue;
       io::PrometheusLabels labels = rank_labels(r, nodes);
       labels.emplace_back("gpu", std::to_string(int64_t(index)));
+      for (const auto& [label, figure_of_label] :
+           {std::pair{"gpu_instance", kGpuInstance}, {"compute_instance", kGpuComputeInstance}})
+        if (const double id = ranks[r][offset + size_t(figure_of_label)]; !std::isnan(id))
+          labels.emplace_back(label, std::to_string(int64_t(id)));
       family.samples.push_back({labels, value});
     }
     if (!family.samples.empty()) families.push_back(std::move(family));

@@ -42,33 +42,41 @@ struct StepFigures {
   std::optional<double> checkpoint_write_seconds;  // a checkpoint published in this step: its write time
 };
 
-// The GPU part of an exchange: this rank's CUDA device read through NVML
-// when the exchange is due (a few cheap queries), carried as kFigures doubles
-// (NaN: no GPU, no NVML, or a query that failed), and rendered by rank 0 as
-// the tessera_gpu_* families (DCGM exporter's quantities in base units).
+// The GPU part of an exchange: this rank's CUDA device (a whole GPU or a MIG
+// slice, found in NVML by its UUID) read through NVML when the exchange is
+// due (a few cheap queries), carried as kFigures doubles (NaN: no GPU, no
+// NVML, not a slice, or a query that failed), and rendered by rank 0 as the
+// tessera_gpu_* families (DCGM exporter's quantities in base units).
 class GpuMonitor {
  public:
-  // The GPU's NVML index, then GpuSample's fields in their order.
-  static constexpr size_t kFigures = 8;
+  // The GPU's NVML index, the slice's GPU and compute instance ids, then
+  // GpuSample's fields in their order.
+  static constexpr size_t kFigures = 10;
 
   // No GPU: figures() are all NaN.
   GpuMonitor() = default;
-  // The GPU at `pci_bus_id` (CUDA's; empty: NVML's index `cuda_index`),
-  // through `library` (NVML's; a stand-in in tests). No NVML or no such GPU:
-  // as no GPU, without an error.
-  GpuMonitor(const std::string& pci_bus_id, int cuda_index, const std::string& library = parallel::Nvml::kLibrary);
+  // The GPU or MIG slice whose UUID is `uuid` (CUDA's, parallel::uuid_text;
+  // empty when CUDA gave none), through `library` (NVML's; a stand-in in
+  // tests). No NVML or no such device: as no GPU, without an error.
+  explicit GpuMonitor(const std::string& uuid, const std::string& library = parallel::Nvml::kLibrary);
 
   bool available() const { return gpu_.has_value(); }
   std::vector<double> figures() const;
+  // What a user should know about this rank's GPU series, for the log: a MIG
+  // slice and the fields it cannot report, or a device NVML does not list;
+  // "" for a whole GPU, or without NVML.
+  const std::string& note() const { return note_; }
 
   // One family per quantity that at least one rank has, one series per such
-  // rank (labels rank, node, gpu); ranks[r][offset...] are rank r's figures.
+  // rank (labels rank, node, gpu, and for a slice gpu_instance and
+  // compute_instance); ranks[r][offset...] are rank r's figures.
   static std::vector<io::PrometheusFamily> families(const std::vector<std::vector<double>>& ranks, size_t offset,
                                                     const std::vector<std::string>& nodes);
 
  private:
   std::unique_ptr<parallel::Nvml> nvml_;
-  std::optional<unsigned> gpu_;
+  std::optional<parallel::GpuLocation> gpu_;
+  std::string note_;
 };
 
 // A straggler found at an exchange.

@@ -5,7 +5,9 @@
 // reports zero devices and throws on use) when it is not.
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <optional>
 #include <string>
 
 namespace tessera::cuda_runtime {
@@ -15,9 +17,11 @@ int device_count();      // usable devices; 0 without a driver, a device, or the
 std::string describe();  // runtime/driver versions and devices, for logs
 
 void set_device(int device);
-// The device's PCI address as "0000:3b:00.0" (cudaDeviceGetPCIBusId), for
-// finding it in NVML; "" when it cannot be had (or without the backend).
-std::string pci_bus_id(int device);
+// The device's 16-byte UUID (cudaDeviceProp::uuid: a whole GPU's or, under
+// MIG, the slice's; not its PCI address, which a slice shares with its
+// parent), for finding it in NVML; nothing when it cannot be had (or without
+// the backend).
+std::optional<std::array<unsigned char, 16>> uuid(int device);
 
 void* stream_create(int device);  // a non-blocking stream on `device`
 void stream_destroy(void* stream) noexcept;

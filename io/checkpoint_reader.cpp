@@ -108,6 +108,7 @@ struct CheckpointReader::State {
                   "'s pieces) is missing; ", corrupt_advice(directory));
     check_readable_file(name, "checkpoint", "check the file's permissions");
     Hdf5QuietErrors quiet;
+    const Hdf5Serial serial;  // calls outside TESSERA_HDF5_CHECK (io/hdf5_threads.h)
     const hid_t id = H5Fopen(name.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
     TESSERA_CHECK(id >= 0, "checkpoint ", directory.string(), " is damaged: ", name, " (rank ", rank,
                   "'s pieces) cannot be opened as an HDF5 file; ", corrupt_advice(directory));
@@ -184,6 +185,7 @@ herr_t collect_attribute_name(hid_t, const char* name, const H5A_info_t*, void* 
 
 // Whether `name` (a path relative to `object`, every parent existing or not) is a link.
 bool link_exists(hid_t object, const std::string& name) {
+  const Hdf5Serial serial;  // calls outside TESSERA_HDF5_CHECK (io/hdf5_threads.h)
   Hdf5QuietErrors quiet;
   size_t at = 0;
   bool exists = true;
@@ -244,6 +246,7 @@ Shape checked_shape_and_type(const std::string& p, const fs::path& directory, hi
   TESSERA_CHECK(count && *count <= std::numeric_limits<int64_t>::max() / 8, p, ": tensor ", name,
                 " claims more elements than a file can hold: ", corrupt_advice(directory));
   Hdf5Handle type = datatype_handle(TESSERA_HDF5_CHECK_AT(p, H5Dget_type(dataset)));
+  const Hdf5Serial serial;  // calls outside TESSERA_HDF5_CHECK (io/hdf5_threads.h)
   TESSERA_CHECK(H5Tget_class(type.get()) == type_class_of(dtype) && H5Tget_size(type.get()) == dtype_size(dtype), p,
                 ": tensor ", name, " is tagged ", dtype_name(dtype),
                 " but its HDF5 type does not match: ", corrupt_advice(directory));
@@ -285,6 +288,7 @@ StoredTensor read_virtual_tensor(const std::string& p, const fs::path& directory
         attribute_handle(TESSERA_HDF5_CHECK_AT(p, H5Aopen(dataset.get(), kPiecesAttribute, H5P_DEFAULT)));
     Hdf5Handle space = dataspace_handle(TESSERA_HDF5_CHECK_AT(p, H5Aget_space(attribute.get())));
     hsize_t table[2] = {0, 0};
+    const Hdf5Serial serial;  // calls outside TESSERA_HDF5_CHECK (io/hdf5_threads.h)
     TESSERA_CHECK(H5Sget_simple_extent_ndims(space.get()) == 2, p, ": tensor ", name, "'s '", kPiecesAttribute,
                   "' is not a table: ", corrupt_advice(directory));
     TESSERA_HDF5_CHECK_AT(p, H5Sget_simple_extent_dims(space.get(), table, nullptr));
@@ -327,6 +331,7 @@ CheckpointReader::CheckpointReader(const std::string& path) : state_(new State) 
   const fs::path& directory = state->directory;
   Hdf5QuietErrors quiet;
   read_part(p, directory, "its superblock (the file's header: it cannot be opened as an HDF5 file)", [&] {
+    const Hdf5Serial serial;  // calls outside TESSERA_HDF5_CHECK (io/hdf5_threads.h)
     const hid_t id = H5Fopen(p.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
     if (id < 0)
       throw_error(ErrorSite{"HDF5", static_cast<long long>(id), {}, "H5Fopen", __FILE__, __LINE__, {}},

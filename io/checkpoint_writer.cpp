@@ -68,7 +68,6 @@ H5T_class_t type_class_of(DType dtype) {
   return dtype == DType::f32 ? H5T_FLOAT : H5T_INTEGER;
 }
 
-
 // ---------------------------------------------------------------------------
 // The writer (rank 0): HDF5 file in the temporary directory.
 
@@ -111,6 +110,7 @@ void write_tensor_dataset(const std::string& path, hid_t group, const std::strin
 Hdf5Handle create_checkpoint_file(const std::string& path) {
   Hdf5Handle access = property_list_handle(TESSERA_HDF5_CHECK_AT(path, H5Pcreate(H5P_FILE_ACCESS)));
   TESSERA_HDF5_CHECK_AT(path, H5Pset_libver_bounds(access.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST));
+  const Hdf5Serial serial;  // calls outside TESSERA_HDF5_CHECK (io/hdf5_threads.h)
   const hid_t id = H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, access.get());
   if (id < 0)
     throw_error(ErrorSite{"HDF5", static_cast<long long>(id), {}, "H5Fcreate", __FILE__, __LINE__, {}},
@@ -133,8 +133,8 @@ CheckpointWriter::CheckpointWriter(const fs::path& directory, int64_t step, int 
 }
 
 void CheckpointWriter::write_tensor(const TensorPlan& plan, const void* bytes) {
-    Hdf5QuietErrors quiet;
-    write_tensor_dataset(path_, tensors_.get(), plan.name, plan.shape, plan.dtype, bytes);
+  Hdf5QuietErrors quiet;
+  write_tensor_dataset(path_, tensors_.get(), plan.name, plan.shape, plan.dtype, bytes);
 }
 
 namespace {
@@ -284,26 +284,26 @@ void CheckpointWriter::write_virtual_tensor(const TensorPlan& plan, const std::v
 }
 
 void CheckpointWriter::write_rank_state(int rank, const std::string& key, const std::vector<uint8_t>& bytes) {
-    Hdf5QuietErrors quiet;
-    const std::string group_name = std::to_string(rank);
-    if (!rank_group_.valid() || rank_group_rank_ != rank) {
-      rank_group_.reset();
-      rank_group_ = create_group(path_, ranks_.get(), group_name.c_str());
-      rank_group_rank_ = rank;
-    }
-    write_tensor_dataset(path_, rank_group_.get(), key, Shape{int64_t(bytes.size())}, DType::u8, bytes.data());
+  Hdf5QuietErrors quiet;
+  const std::string group_name = std::to_string(rank);
+  if (!rank_group_.valid() || rank_group_rank_ != rank) {
+    rank_group_.reset();
+    rank_group_ = create_group(path_, ranks_.get(), group_name.c_str());
+    rank_group_rank_ = rank;
+  }
+  write_tensor_dataset(path_, rank_group_.get(), key, Shape{int64_t(bytes.size())}, DType::u8, bytes.data());
 }
 
 void CheckpointWriter::close() {
-    {
-      Hdf5QuietErrors quiet;
-      rank_group_.reset();
-      ranks_.reset();
-      tensors_.reset();
-      TESSERA_HDF5_CHECK_AT(path_, H5Fflush(file_.get(), H5F_SCOPE_GLOBAL));  // errors surface here, not in close
-      file_.reset();
-    }
-    fsync_path(path_, false);
+  {
+    Hdf5QuietErrors quiet;
+    rank_group_.reset();
+    ranks_.reset();
+    tensors_.reset();
+    TESSERA_HDF5_CHECK_AT(path_, H5Fflush(file_.get(), H5F_SCOPE_GLOBAL));  // errors surface here, not in close
+    file_.reset();
+  }
+  fsync_path(path_, false);
 }
 
 }  // namespace tessera::io::checkpoint_detail

@@ -49,6 +49,7 @@ const char* prepare_hint(DatasetKind kind) {
 }
 
 std::string type_name(hid_t type) {
+  const Hdf5Serial serial;  // calls outside TESSERA_HDF5_CHECK (io/hdf5_threads.h)
   const H5T_class_t type_class = H5Tget_class(type);
   const size_t bits = H5Tget_size(type) * 8;
   switch (type_class) {
@@ -66,6 +67,7 @@ std::string type_name(hid_t type) {
 }
 
 bool is_integer(hid_t type, size_t bytes, bool is_signed) {
+  const Hdf5Serial serial;  // calls outside TESSERA_HDF5_CHECK (io/hdf5_threads.h)
   return H5Tget_class(type) == H5T_INTEGER && H5Tget_size(type) == bytes &&
          (H5Tget_sign(type) == H5T_SGN_2) == is_signed;
 }
@@ -172,8 +174,8 @@ void validate_classification(const std::string& path, Hdf5Objects& objects, Data
 std::optional<int64_t> text_bytes_of(const std::string& path, hid_t file, const DatasetInfo& info) {
   if (has_attribute(file, "text_bytes")) {
     const int64_t bytes = read_int64_attribute(path, file, "text_bytes");
-    TESSERA_CHECK(bytes >= info.num_tokens, path, ": root attribute 'text_bytes' is ", bytes, " for ",
-                  info.num_tokens, " tokens; every token holds at least one byte (prepare the file again)");
+    TESSERA_CHECK(bytes >= info.num_tokens, path, ": root attribute 'text_bytes' is ", bytes, " for ", info.num_tokens,
+                  " tokens; every token holds at least one byte (prepare the file again)");
     return bytes;
   }
   if (info.token_type == TokenType::u8 && info.vocab_size == 256 && info.tokenizer.empty()) return info.num_tokens;
@@ -286,6 +288,7 @@ void check_unchanged(const std::string& path, const Hdf5Objects& objects) {
 
 // The descriptor HDF5's default (sec2) driver reads through, or -1.
 int file_descriptor(hid_t file) {
+  const Hdf5Serial serial;  // calls outside TESSERA_HDF5_CHECK (io/hdf5_threads.h)
   void* handle = nullptr;
   if (H5Fget_vfd_handle(file, H5P_DEFAULT, &handle) < 0 || handle == nullptr) {
     H5Eclear2(H5E_DEFAULT);

@@ -4,11 +4,13 @@
 
 #include <sstream>
 
+#include "io/hdf5_threads.h"
 #include "io/hdf5_version.h"
 
 namespace tessera {
 
 std::string hdf5_library_version() {
+  const io::Hdf5Serial serial;
   unsigned major = 0, minor = 0, release = 0;
   H5get_libversion(&major, &minor, &release);
   return "HDF5 " + std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
@@ -37,6 +39,7 @@ herr_t append_entry(unsigned depth, const H5E_error2_t* entry, void* context) {
 }  // namespace
 
 std::string hdf5_error_stack() {
+  const io::Hdf5Serial serial;
   std::ostringstream text;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, append_entry, &text);
   H5Eclear2(H5E_DEFAULT);

@@ -1,6 +1,7 @@
 // HDF5 call checking: hdf5_checked(call, ...) returns the call's value when it
 // is non-negative and otherwise throws tessera::Error carrying HDF5's own
-// error stack (major/minor messages), e.g.
+// error stack (major/minor messages). The macro holds the HDF5 lock
+// (io/hdf5_threads.h) over the call and the reading of its error stack, e.g.
 //   const hid_t file = TESSERA_HDF5_CHECK(H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT));
 #pragma once
 
@@ -10,6 +11,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "io/hdf5_threads.h"
 
 namespace tessera::detail {
 
@@ -25,4 +27,7 @@ T hdf5_checked(T status, std::string_view statement, std::string_view file, int 
 
 }  // namespace tessera::detail
 
-#define TESSERA_HDF5_CHECK(expr) ::tessera::detail::hdf5_checked((expr), #expr, __FILE__, __LINE__)
+// The guard, a temporary of the full expression, lives until the check has
+// read the error stack (or thrown).
+#define TESSERA_HDF5_CHECK(expr) \
+  ::tessera::detail::hdf5_checked((::tessera::io::Hdf5Serial(), (expr)), #expr, __FILE__, __LINE__)

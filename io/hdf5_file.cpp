@@ -98,6 +98,7 @@ Hdf5Handle open_hdf5_read(const std::string& path) {
   // buffer would read (and copy) 64 KiB around each one.
   Hdf5Handle access = property_list_handle(TESSERA_HDF5_CHECK_AT(path, H5Pcreate(H5P_FILE_ACCESS)));
   TESSERA_HDF5_CHECK_AT(path, H5Pset_sieve_buf_size(access.get(), kSieveBytes));
+  const Hdf5Serial serial;  // calls outside TESSERA_HDF5_CHECK (io/hdf5_threads.h)
   const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, access.get());
   if (id < 0)
     throw_error(ErrorSite{"HDF5", static_cast<long long>(id), {}, "H5Fopen", __FILE__, __LINE__, {}},
@@ -114,6 +115,7 @@ bool is_hdf5_file(const std::string& path) {
 }
 
 Hdf5Handle create_hdf5_file(const std::string& path) {
+  const Hdf5Serial serial;  // calls outside TESSERA_HDF5_CHECK (io/hdf5_threads.h)
   Hdf5QuietErrors quiet;
   const hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   if (id < 0)
@@ -124,6 +126,7 @@ Hdf5Handle create_hdf5_file(const std::string& path) {
 }
 
 bool has_attribute(hid_t object, const char* name) {
+  const Hdf5Serial serial;  // calls outside TESSERA_HDF5_CHECK (io/hdf5_threads.h)
   Hdf5QuietErrors quiet;
   const htri_t exists = H5Aexists(object, name);
   H5Eclear2(H5E_DEFAULT);
@@ -131,6 +134,7 @@ bool has_attribute(hid_t object, const char* name) {
 }
 
 std::optional<bool> attribute_exists(hid_t object, const char* name) {
+  const Hdf5Serial serial;  // calls outside TESSERA_HDF5_CHECK (io/hdf5_threads.h)
   Hdf5QuietErrors quiet;
   const htri_t exists = H5Aexists(object, name);
   if (exists < 0) return std::nullopt;
@@ -138,6 +142,7 @@ std::optional<bool> attribute_exists(hid_t object, const char* name) {
 }
 
 bool has_dataset(hid_t file, const char* name) {
+  const Hdf5Serial serial;  // calls outside TESSERA_HDF5_CHECK (io/hdf5_threads.h)
   Hdf5QuietErrors quiet;
   if (H5Lexists(file, name, H5P_DEFAULT) <= 0) {
     H5Eclear2(H5E_DEFAULT);
@@ -163,6 +168,7 @@ Hdf5Handle open_scalar_attribute(const std::string& path, hid_t object, const ch
 }  // namespace
 
 int64_t read_int64_attribute(const std::string& path, hid_t object, const char* name) {
+  const Hdf5Serial serial;  // calls outside TESSERA_HDF5_CHECK (io/hdf5_threads.h)
   Hdf5Handle attribute = open_scalar_attribute(path, object, name);
   Hdf5Handle type = datatype_handle(TESSERA_HDF5_CHECK_AT(path, H5Aget_type(attribute.get())));
   TESSERA_CHECK(H5Tget_class(type.get()) == H5T_INTEGER, path, ": attribute '", name, "' must be an integer");
@@ -172,6 +178,7 @@ int64_t read_int64_attribute(const std::string& path, hid_t object, const char* 
 }
 
 std::string read_string_attribute(const std::string& path, hid_t object, const char* name) {
+  const Hdf5Serial serial;  // calls outside TESSERA_HDF5_CHECK (io/hdf5_threads.h)
   Hdf5Handle attribute = open_scalar_attribute(path, object, name);
   Hdf5Handle type = datatype_handle(TESSERA_HDF5_CHECK_AT(path, H5Aget_type(attribute.get())));
   TESSERA_CHECK(H5Tget_class(type.get()) == H5T_STRING, path, ": attribute '", name, "' must be a string");

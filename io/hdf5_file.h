@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "io/hdf5_check.h"
+#include "io/hdf5_threads.h"
 
 namespace tessera::io {
 
@@ -48,6 +49,7 @@ class Hdf5Handle {
     if (id_ >= 0 && close_) {
       // Errors on close are not actionable here (a write that already failed
       // has been reported): they must not print HDF5's stack either.
+      const Hdf5Serial serial;
       H5E_auto2_t function = nullptr;
       void* data = nullptr;
       H5Eget_auto2(H5E_DEFAULT, &function, &data);
@@ -87,10 +89,14 @@ inline Hdf5Handle property_list_handle(hid_t id) {
 class Hdf5QuietErrors {
  public:
   Hdf5QuietErrors() {
+    const Hdf5Serial serial;
     H5Eget_auto2(H5E_DEFAULT, &function_, &data_);
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   }
-  ~Hdf5QuietErrors() { H5Eset_auto2(H5E_DEFAULT, function_, data_); }
+  ~Hdf5QuietErrors() {
+    const Hdf5Serial serial;
+    H5Eset_auto2(H5E_DEFAULT, function_, data_);
+  }
   Hdf5QuietErrors(const Hdf5QuietErrors&) = delete;
   Hdf5QuietErrors& operator=(const Hdf5QuietErrors&) = delete;
 
@@ -110,8 +116,9 @@ T hdf5_checked_at(T status, std::string_view path, std::string_view statement, s
 }  // namespace detail
 
 // TESSERA_HDF5_CHECK that also names the file the call was working on.
+// Holds the HDF5 lock as TESSERA_HDF5_CHECK does.
 #define TESSERA_HDF5_CHECK_AT(path, expr) \
-  ::tessera::io::detail::hdf5_checked_at((expr), (path), #expr, __FILE__, __LINE__)
+  ::tessera::io::detail::hdf5_checked_at((::tessera::io::Hdf5Serial(), (expr)), (path), #expr, __FILE__, __LINE__)
 
 // Opens an existing file read-only. A missing path is reported as such; a
 // file HDF5 cannot open (truncated, not HDF5) throws with HDF5's error stack.

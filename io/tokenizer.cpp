@@ -587,6 +587,7 @@ constexpr char kGroup[] = "tokenizer";
 constexpr int64_t kMaxTokenBytes = int64_t(1) << 26;  // all tokens' bytes together: 64 per token of 2^20
 
 bool has_group(hid_t file, const char* name) {
+  const Hdf5Serial serial;  // calls outside TESSERA_HDF5_CHECK (io/hdf5_threads.h)
   Hdf5QuietErrors quiet;
   if (H5Lexists(file, name, H5P_DEFAULT) <= 0) {
     H5Eclear2(H5E_DEFAULT);
@@ -604,6 +605,7 @@ std::vector<T> read_group_dataset(const std::string& path, hid_t group, const ch
                 " (prepare the file again with `tessera prepare text --tokenizer bpe`)");
   Hdf5Handle dataset = dataset_handle(TESSERA_HDF5_CHECK_AT(path, H5Dopen2(group, name, H5P_DEFAULT)));
   Hdf5Handle type = datatype_handle(TESSERA_HDF5_CHECK_AT(path, H5Dget_type(dataset.get())));
+  const Hdf5Serial serial;  // calls outside TESSERA_HDF5_CHECK (io/hdf5_threads.h)
   TESSERA_CHECK(H5Tget_class(type.get()) == H5T_INTEGER, where, " is not an integer dataset; it must be ", layout);
   const std::vector<int64_t> dims = dataset_dims(path, dataset.get());
   const bool shaped = columns == 1 ? dims.size() == 1 : dims.size() == 2 && dims[1] == columns;
@@ -640,6 +642,7 @@ std::vector<std::string> split_tokens(const std::string& path, const std::vector
 }  // namespace
 
 void Tokenizer::save(const std::string& h5_path) const {
+  const Hdf5Serial serial;  // calls outside TESSERA_HDF5_CHECK (io/hdf5_threads.h)
   Hdf5QuietErrors quiet;
   const hid_t opened = H5Fopen(h5_path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
   TESSERA_CHECK(opened >= 0, "cannot open ", h5_path, " to store the tokenizer: ", tessera::detail::hdf5_error_stack());
@@ -695,7 +698,7 @@ std::optional<Tokenizer> Tokenizer::load(const std::string& h5_path) {
   Hdf5Handle file = open_hdf5_read(h5_path);
   if (!has_group(file.get(), kGroup)) return std::nullopt;
   const std::string where = h5_path + ": group '/tokenizer'";
-  const hid_t opened = H5Gopen2(file.get(), kGroup, H5P_DEFAULT);
+  const hid_t opened = (Hdf5Serial(), H5Gopen2(file.get(), kGroup, H5P_DEFAULT));
   TESSERA_CHECK(opened >= 0, where, " cannot be opened as a group (is it a dataset?); prepare the file again");
   Hdf5Handle group(opened, H5Gclose);
   TESSERA_CHECK(has_attribute(group.get(), "kind"), where, " lacks its attribute 'kind' (\"bpe\")");

@@ -78,9 +78,9 @@ std::string generation_problem(const TensorParallelGpt& model) {
 }
 
 std::vector<float> last_position_logits(TensorParallelGpt& model, const Tensor& logits) {
-  const int64_t tokens = logits.size(1), local_vocab = logits.size(2);
   TESSERA_CHECK(logits.ndim() == 3 && logits.size(0) == 1, "generate: expected logits [1, T, V], got ",
                 logits.shape().to_string());
+  const int64_t tokens = logits.size(1), local_vocab = logits.size(2);
   const Tensor last = logits.view(Shape{tokens, local_vocab}).slice(tokens - 1, tokens).view(Shape{local_vocab});
   Tensor local = last;
   if (last.dtype() != DType::f32) {

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstring>
 #include <sstream>
 
 #include "core/cuda/cuda_check.h"
@@ -26,13 +27,15 @@ int device_count() {
   return count;
 }
 
-std::string pci_bus_id(int device) {
-  char id[32] = {};
-  if (cudaDeviceGetPCIBusId(id, int(sizeof id), device) != cudaSuccess) {
+std::optional<std::array<unsigned char, 16>> uuid(int device) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
     (void)cudaGetLastError();
-    return {};
+    return std::nullopt;
   }
-  return id;
+  std::array<unsigned char, 16> bytes{};
+  std::memcpy(bytes.data(), prop.uuid.bytes, bytes.size());
+  return bytes;
 }
 
 std::string describe() {

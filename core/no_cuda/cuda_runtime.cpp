@@ -30,8 +30,8 @@ int device_count() {
 std::string describe() {
   return "not built";
 }
-std::string pci_bus_id(int) {
-  return {};
+std::optional<std::array<unsigned char, 16>> uuid(int) {
+  return std::nullopt;
 }
 void set_device(int) {
   no_cuda("set_device");

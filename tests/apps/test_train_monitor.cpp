@@ -1,7 +1,9 @@
 // The training monitor's Prometheus series, in process: GpuMonitor reading
 // the NVML stand-in (tests/support/nvml_stand_in.cpp) into the tessera_gpu_*
 // families, in base units, a failing NVML call dropping only its series and
-// no NVML dropping them all; and a TrainingMonitor on one rank serving, over
+// no NVML dropping them all; ranks on two MIG slices of one GPU exporting
+// their own memory under their instance labels, the fields a slice cannot
+// report absent and named; and a TrainingMonitor on one rank serving, over
 // real HTTP, its communicators' counted seconds per axis, the last
 // checkpoint's write time (absent before one), the `node` label, and
 // tessera_info's `job_id` (and no `job` label). Several ranks, for real:
@@ -34,21 +36,34 @@ std::optional<double> value_of(const std::string& text, const std::string& serie
   return std::nullopt;
 }
 
-// Rank 0 trains on the GPU at CUDA's PCI bus id 0000:86:00.0 (CUDA's device
-// 0 under CUDA_VISIBLE_DEVICES=1: NVML's 1), rank 1 on none; each rank's
-// figures follow two others, as in the exchange.
+// The GPU families of ranks whose monitors are `ranks` (nullptr: a rank
+// without a GPU); each rank's figures follow two others, as in the exchange.
+std::string gpu_text(const std::vector<const GpuMonitor*>& ranks) {
+  std::vector<std::vector<double>> figures;
+  const GpuMonitor none;
+  for (const GpuMonitor* rank : ranks) {
+    figures.push_back({7.0, 8.0});
+    const std::vector<double> gpu = (rank ? rank : &none)->figures();
+    figures.back().insert(figures.back().end(), gpu.begin(), gpu.end());
+  }
+  return io::prometheus_text(GpuMonitor::families(figures, 2, {"node-a", "node-b"}));
+}
+
+// Rank 0 trains on NVML's GPU 1 (CUDA's device 0 under
+// CUDA_VISIBLE_DEVICES=1: only the UUID says which), rank 1 on none.
 std::string gpu_text(const GpuMonitor& rank0) {
-  std::vector<std::vector<double>> ranks = {{7.0, 8.0}, {7.0, 8.0}};
-  const std::vector<double> first = rank0.figures(), second = GpuMonitor().figures();
-  ranks[0].insert(ranks[0].end(), first.begin(), first.end());
-  ranks[1].insert(ranks[1].end(), second.begin(), second.end());
-  return io::prometheus_text(GpuMonitor::families(ranks, 2, {"node-a", "node-b"}));
+  return gpu_text({&rank0, nullptr});
+}
+
+// CUDA's form of a UUID: NVML's without its "GPU-" or "MIG-".
+std::string cuda_uuid(const std::string& nvml_uuid) {
+  return nvml_uuid.substr(4);
 }
 
 TEST(GpuMonitor, ReadingsBecomeTheGpuSeriesInBaseUnits) {
   NvmlStandIn nvml;
   nvml.two_gpus();
-  const GpuMonitor gpu("0000:86:00.0", 0, NvmlStandIn::library());
+  const GpuMonitor gpu(cuda_uuid(NvmlStandIn::kGpu1), NvmlStandIn::library());
   ASSERT_TRUE(gpu.available());
   const std::string text = gpu_text(gpu);
   const std::string labels = "{rank=\"0\",node=\"node-a\",gpu=\"1\"}";
@@ -67,7 +82,7 @@ TEST(GpuMonitor, AFailingCallDropsOnlyItsSeries) {
   NvmlStandIn nvml;
   nvml.two_gpus();
   nvml.set("POWER_MW", "71250,fail").set("TEMPERATURE", "33,fail");
-  const std::string text = gpu_text(GpuMonitor("0000:86:00.0", 0, NvmlStandIn::library()));
+  const std::string text = gpu_text(GpuMonitor(cuda_uuid(NvmlStandIn::kGpu1), NvmlStandIn::library()));
   EXPECT_EQ(text.find("tessera_gpu_power_watts"), std::string::npos) << text;
   EXPECT_EQ(text.find("tessera_gpu_temperature_celsius"), std::string::npos) << text;
   EXPECT_EQ(value_of(text, "tessera_gpu_sm_clock_hertz{rank=\"0\",node=\"node-a\",gpu=\"1\"}"), 1.98e9) << text;
@@ -77,12 +92,43 @@ TEST(GpuMonitor, AFailingCallDropsOnlyItsSeries) {
 TEST(GpuMonitor, NoNvmlOrNoSuchGpuMeansNoGpuSeriesAndNoError) {
   NvmlStandIn nvml;
   nvml.two_gpus();
-  const GpuMonitor missing("0000:86:00.0", 0, "/nonexistent/libnvidia-ml.so.1");
+  const GpuMonitor missing(cuda_uuid(NvmlStandIn::kGpu1), "/nonexistent/libnvidia-ml.so.1");
   EXPECT_FALSE(missing.available());
   EXPECT_EQ(gpu_text(missing).find("tessera_gpu_"), std::string::npos);
-  const GpuMonitor elsewhere("0000:99:00.0", 0, NvmlStandIn::library());
+  EXPECT_EQ(missing.note(), "");
+  const GpuMonitor elsewhere("99999999-0000-0000-0000-000000000000", NvmlStandIn::library());
   EXPECT_FALSE(elsewhere.available());
   EXPECT_EQ(gpu_text(elsewhere).find("tessera_gpu_"), std::string::npos);
+  EXPECT_NE(elsewhere.note().find("neither a GPU nor a MIG slice NVML lists"), std::string::npos) << elsewhere.note();
+  const GpuMonitor no_uuid("", NvmlStandIn::library());  // never a guess from CUDA's index
+  EXPECT_FALSE(no_uuid.available());
+  EXPECT_NE(no_uuid.note().find("no UUID"), std::string::npos) << no_uuid.note();
+}
+
+TEST(GpuMonitor, RanksOnTwoMigSlicesExportTheirOwnMemoryUnderTheirInstances) {
+  NvmlStandIn nvml;
+  nvml.two_gpus_one_split();
+  const GpuMonitor first(cuda_uuid(NvmlStandIn::kSlice0), NvmlStandIn::library());
+  const GpuMonitor second(cuda_uuid(NvmlStandIn::kSlice1), NvmlStandIn::library());
+  ASSERT_TRUE(first.available());
+  ASSERT_TRUE(second.available());
+  const std::string text = gpu_text({&first, &second});
+  const std::string rank0 = "{rank=\"0\",node=\"node-a\",gpu=\"1\",gpu_instance=\"1\",compute_instance=\"0\"}";
+  const std::string rank1 = "{rank=\"1\",node=\"node-b\",gpu=\"1\",gpu_instance=\"2\",compute_instance=\"0\"}";
+  EXPECT_EQ(value_of(text, "tessera_gpu_memory_used_bytes" + rank0), 3221225472.0) << text;
+  EXPECT_EQ(value_of(text, "tessera_gpu_memory_total_bytes" + rank0), 42949672960.0);
+  EXPECT_EQ(value_of(text, "tessera_gpu_memory_used_bytes" + rank1), 7516192768.0);
+  EXPECT_EQ(value_of(text, "tessera_gpu_memory_total_bytes" + rank1), 21474836480.0);
+  EXPECT_EQ(value_of(text, "tessera_gpu_sm_clock_hertz" + rank1), 1.98e9);
+  EXPECT_EQ(value_of(text, "tessera_gpu_temperature_celsius" + rank0), 71.0);
+  EXPECT_EQ(text.find("tessera_gpu_utilization_ratio"), std::string::npos) << text;
+  EXPECT_EQ(text.find("tessera_gpu_power_watts"), std::string::npos) << text;
+  for (const GpuMonitor* slice : {&first, &second})
+    EXPECT_NE(slice->note().find("NVML measures no utilization, power per slice"), std::string::npos) << slice->note();
+  EXPECT_NE(first.note().find("gpu_instance=1 compute_instance=0 of NVML GPU 1"), std::string::npos) << first.note();
+  const GpuMonitor whole(cuda_uuid(NvmlStandIn::kGpu0), NvmlStandIn::library());
+  EXPECT_EQ(whole.note(), "");
+  EXPECT_EQ(gpu_text(whole).find("gpu_instance"), std::string::npos) << "a whole GPU has no instance labels";
 }
 
 // SLURM_JOB_ID set for the life of a test, the previous value put back after.

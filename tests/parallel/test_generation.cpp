@@ -5,7 +5,7 @@
 // recomputed without the cache from scratch at every step; a seed gives the
 // same sample twice and another seed another; the model's mode is restored;
 // prompts that do not fit and models that cannot generate are refused with
-// the numbers.
+// the numbers; logits of the wrong rank are named before their sizes are read.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -167,6 +167,18 @@ TEST(Generation, WhatDoesNotFitIsRefusedWithTheNumbers) {
   first_stage.end = 1;
   parallel::TensorParallelGpt stage(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, 7}, {}, first_stage);
   EXPECT_CONTAINS(error_of([&] { parallel::generate(stage, prompt, options); }), "--pipeline-parallel 1");
+}
+
+// Logits of the wrong rank are named as such before any of their sizes is
+// read (a [V] or [T, V] tensor has no size(2): that read would be the error).
+TEST(Generation, LogitsOfTheWrongRankAreNamedBeforeTheirSizesAreRead) {
+  Context ctx;
+  parallel::TensorParallelGpt model(small_gpt(), nn::ModelSpec{&ctx, Device::cpu(), DType::f32, 7}, {});
+  for (const Shape& shape : {Shape{97}, Shape{5, 97}, Shape{2, 5, 97}, Shape{1, 5, 97, 1}}) {
+    const Tensor logits = ctx.zeros(shape, DType::f32);
+    EXPECT_CONTAINS(error_of([&] { parallel::last_position_logits(model, logits); }),
+                    "expected logits [1, T, V], got " + shape.to_string());
+  }
 }
 
 }  // namespace
