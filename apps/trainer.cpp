@@ -1124,6 +1124,8 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
       record.samples_per_s = double(samples_per_step) / seconds;
     if (scaler.enabled()) record.loss_scale = outcome.loss_scale;
     record_memory(ctx.allocator(device).stats(), record, result.peak_memory);
+    if (device.is_accelerator())  // page-locked host memory: the loader's and the checkpoints' staging
+      record.extra.emplace_back("mem_pinned_bytes", double(ctx.pinned_allocator(device).stats().reserved_bytes));
     for (const auto& figure : checkpoints.take_figures()) record.extra.push_back(figure);
     // Bytes this rank's tensor-parallel group moved in the step (counted by the communicator).
     if (grid.tp_size() > 1)

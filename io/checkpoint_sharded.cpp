@@ -46,6 +46,7 @@
 #include "core/error.h"
 #include "core/storage.h"
 #include "io/checkpoint_internal.h"
+#include "io/host_snapshot.h"
 
 namespace tessera::io {
 
@@ -323,21 +324,6 @@ PublishedCheckpoint publish_everywhere(parallel::Communicator& world, Context& s
   return PublishedCheckpoint{job.final_path.string(), job.step, mine.bytes, mine.seconds};
 }
 
-// A host copy of `tensor` made now (pinned host memory for a device tensor,
-// so the copy back is a DMA), allocated from the tensor's context.
-Tensor host_copy(const Tensor& tensor) {
-  Context& ctx = tensor.context();
-  Tensor copy;
-  if (tensor.device().is_cpu()) {
-    copy = ctx.empty(tensor.shape(), tensor.dtype(), Device::cpu());
-  } else {
-    const std::shared_ptr<Allocator> pinned(std::shared_ptr<void>(), &ctx.pinned_allocator(tensor.device()));
-    copy = Tensor(std::make_shared<Storage>(ctx, pinned, tensor.nbytes(), nullptr), 0, tensor.shape(), tensor.dtype());
-  }
-  copy.copy_(tensor);
-  return copy;
-}
-
 // Asynchronous saves: each rank's background thread writes its file, then
 // (ranks other than 0) a marker `rank_<r>.done` beside it holding its
 // outcome (error or CRCs), written atomically. Rank 0's thread, after its own
@@ -395,6 +381,7 @@ struct CheckpointSaver::State {
   std::unique_ptr<SaveJob> job;  // the asynchronous save not published yet
   std::optional<double> timeout_s;
   std::vector<Tensor> snapshot;  // the host copies the background thread writes from
+  HostSnapshot snapshot_copies;  // makes them, through one bounded pinned staging buffer
   std::thread writer;
   std::atomic<bool> own_written{false};  // this rank's file (and marker) written, or failed
   std::atomic<int64_t> written_slabs{0};  // the background writer's progress, for finish()'s heartbeats
@@ -477,20 +464,21 @@ std::optional<PublishedCheckpoint> CheckpointSaver::save(const std::string& dir,
     return published;
   }
   prepare_everywhere(world, s.scratch, *job);
+  // The bytes each owned piece is written from: host copies made now when
+  // the save is asynchronous (training overwrites the pieces next) or the
+  // piece lives on a device; a host piece of a synchronous save in place.
+  const std::vector<const PieceInfo*> mine = owned_pieces(*job, rank);
+  std::vector<Tensor> to_copy;
+  for (const PieceInfo* info : mine)
+    if (async || pieces[size_t(info->index)].local.device().is_accelerator())
+      to_copy.push_back(pieces[size_t(info->index)].local);
+  std::vector<Tensor> held = s.snapshot_copies.copy(to_copy);
   std::vector<OwnedPiece> owned;
-  std::vector<Tensor> held;  // host copies (asynchronous) or staging of device pieces (synchronous)
-  for (const PieceInfo* info : owned_pieces(*job, rank)) {
-    const Tensor& local = pieces[size_t(info->index)].local;
-    Tensor staging;
-    const std::byte* bytes = nullptr;
-    if (async) {
-      staging = host_copy(local);
-      bytes = static_cast<const std::byte*>(staging.data_ptr());
-    } else {
-      bytes = host_bytes(local, staging);
-    }
-    owned.push_back({info, bytes, int64_t(local.nbytes())});
-    if (staging.defined()) held.push_back(std::move(staging));
+  for (size_t i = 0, copied = 0; i < mine.size(); ++i) {
+    const Tensor& local = pieces[size_t(mine[i]->index)].local;
+    const bool copy = async || local.device().is_accelerator();
+    const Tensor& source = copy ? held[copied++] : local;
+    owned.push_back({mine[i], static_cast<const std::byte*>(source.data_ptr()), int64_t(local.nbytes())});
   }
   if (!async) {
     WriteOutcome outcome;

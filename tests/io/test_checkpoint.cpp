@@ -17,20 +17,24 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/context.h"
+#include "core/device_runtime.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "core/process_end.h"
 #include "io/checkpoint.h"
+#include "io/host_snapshot.h"
 #include "nn/parameter.h"
 #include "parallel/local_communicator.h"
 #include "tests/io/io_test_files.h"
@@ -934,6 +938,56 @@ TEST_P(Checkpoint, GpuSavesAndLoadsDeviceTensors) {
   load.local = poisoned(ctx, Shape{4, 5}, DType::bf16, Device::cuda(0));
   reader.read(load);
   EXPECT_EQ(bytes_of(load.local), expected_slice(bytes_of(host), host.shape(), DType::bf16, load.slice, Shape{4, 5}));
+}
+
+// Saves of device pieces copy them through one bounded pinned staging
+// buffer (io/host_snapshot.h), on the emulated device: after an asynchronous
+// save is published the rank holds at most kSnapshotStagingBytes of
+// page-locked memory although its pieces are 2.5 times that (it held them
+// all, for the rest of the run, before), a second save pins nothing new, and
+// each checkpoint holds what the pieces held when its save began (they are
+// poisoned right after). A synchronous save goes the same way.
+TEST(CheckpointSnapshot, DevicePiecesArePinnedOnlyThroughABoundedStagingBuffer) {
+  TESSERA_SEED_TRACE();
+  std::mt19937_64 rng = make_rng();
+  const Device device = Device::emulated(0);
+  bind_thread_to_device(device);
+  Context ctx;
+  const auto world = parallel::make_local_communicator();
+  const TempDir dir;
+  const int64_t elements = io::kSnapshotStagingBytes * 5 / 2 / 4 / 3;  // 3 f32 pieces: 2.5 times the buffer
+  std::vector<TensorPiece> pieces(3);
+  io::CheckpointSaver saver(*world);
+  uint64_t segments_after_first = 0;
+  for (int step = 1; step <= 3; ++step) {
+    SCOPED_TRACE("save " + std::to_string(step));
+    std::vector<std::vector<float>> expected;
+    for (size_t t = 0; t < pieces.size(); ++t) {
+      std::vector<float> values(size_t(elements) + t * 4099);
+      std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+      for (float& v : values) v = value(rng);
+      pieces[t].name = "tensor" + std::to_string(t);
+      pieces[t].global_shape = Shape{int64_t(values.size())};
+      pieces[t].local = ctx.from_vector(pieces[t].global_shape, values, device);
+      expected.push_back(std::move(values));
+    }
+    const bool async = step != 3;
+    std::optional<io::PublishedCheckpoint> published = saver.save(dir.path().string(), step, pieces, {}, {}, async);
+    for (TensorPiece& piece : pieces) piece.local.fill_(std::nan(""));  // training goes on and overwrites them
+    if (!published) published = saver.finish();
+    const AllocatorStats pinned = ctx.pinned_allocator(device).stats();
+    EXPECT_LE(int64_t(pinned.reserved_bytes), io::kSnapshotStagingBytes);
+    EXPECT_GT(int64_t(pinned.reserved_bytes), 0) << "the device pieces did not go through pinned staging";
+    if (step == 1) segments_after_first = pinned.segments;
+    EXPECT_EQ(pinned.segments, segments_after_first) << "a later save pinned more memory";
+    const io::CheckpointReader reader(published->path);
+    for (size_t t = 0; t < pieces.size(); ++t) {
+      TensorPiece load = pieces[t];
+      load.local = ctx.full(load.global_shape, DType::f32, -7.0);
+      reader.read(load);
+      EXPECT_TRUE(load.local.to_vector<float>() == expected[t]) << pieces[t].name;
+    }
+  }
 }
 
 }  // namespace
