@@ -95,7 +95,8 @@ def main():
     args = parser.parse_args()
 
     env = mpi_environment()
-    configurations = [(ranks, zero) for ranks in args.ranks for zero in args.zero]
+    # One rank is measured without ZeRO only: tessera refuses --zero at one data-parallel rank.
+    configurations = [(ranks, zero) for ranks in args.ranks for zero in args.zero if ranks > 1 or zero == 0]
     print(f"zero_memory: {cpu_description()}; GPT {' '.join(gpt_flags(args)[2:])}, "
           f"--zero-prefetch {args.zero_prefetch}, {args.steps} timed steps x {args.rounds} rounds", flush=True)
     times = {c: [] for c in configurations}

@@ -203,10 +203,10 @@ TEST_P(ResumeModelParallel, StraightAndResumedRunsAreBitIdentical) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ResumeModelParallel,
+                         // (tp 2 x pp 2 on 4 ranks has one data-parallel rank: --zero is refused there)
                          ::testing::Values(std::vector<std::string>{"--tp", "2", "--zero", "1"},
                                            std::vector<std::string>{"--tp", "2", "--pp", "2"},
-                                           std::vector<std::string>{"--tp", "2", "--zero", "3"},
-                                           std::vector<std::string>{"--tp", "2", "--pp", "2", "--zero", "3"}));
+                                           std::vector<std::string>{"--tp", "2", "--zero", "3"}));
 
 // Saved under tp = 2 × pp = 2 and under dp = 2 × tp = 2 (four ranks),
 // resumed on one rank, and the reverse (into sequence parallelism): the next
