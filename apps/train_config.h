@@ -102,7 +102,7 @@ struct TrainConfig {
   int64_t exit_interval = 0;  // --exit-interval N: save (with --save) and stop after a step divisible by N
   std::string init_from;      // --init-from FILE.safetensors: initial weights (exported, either naming)
 
-  // Samples during training (GPT; parallel/generation.h).
+  // Samples during training (GPT; models/generation.h).
   int64_t sample_interval = 0;       // --sample-interval N: print a sample every N steps (0: never)
   std::string sample_prompt = "\n";  // --sample-prompt TEXT, encoded with --data's tokenizer
   int64_t sample_tokens = 64;        // --sample-tokens: tokens per sample

@@ -1,5 +1,6 @@
 // Models: the configuration the CLI fills (ModelConfig, validated with
-// messages that name the flag), and build_model, which turns it into a Module:
+// messages that name the flag), and what the models are. They are built on
+// the models/ floor (models/registry.h: one file and one registry row each):
 //
 //   mlp  InputCast → Flatten → [Linear + fused ReLU]* → Linear(num_classes)
 //        parameters "layers.<i>.weight/bias"; PyTorch's Linear init
@@ -7,8 +8,7 @@
 //   cnn  (LeNet-style, for 28×28-ish images) InputCast → conv1 5×5·32 pad 2 →
 //        ReLU → maxpool 2 → conv2 5×5·64 pad 2 → ReLU → maxpool 2 → Flatten →
 //        fc1 1024 + fused ReLU → fc2 num_classes; PyTorch's default init.
-//   gpt  (built by parallel::build_model, which needs the tensor-parallel
-//        layers; described here with the others)
+//   gpt  (models/gpt.h, over the tensor-parallel layers of parallel/)
 //        ids [B, T] (i32/i64) → wte [V, C] + wpe [T, C] → dropout → blocks.<i>
 //        (pre-LN TransformerBlock) → ln_f → logits [B, T, V] = x·wteᵀ (tied:
 //        wte gets gradients from both uses). GPT-2 init: normal(0, 0.02) for
@@ -72,27 +72,14 @@ struct StageLayers {
   bool last() const { return stage + 1 == stages; }
 };
 
-// The number of partitionable layers of a model (GPT: --num-layers, MLP:
-// hidden layers + the output layer; 0 for models that cannot be split).
-int64_t pipeline_layers(const ModelConfig& config);
-
 // What each partitionable layer costs (its parameter elements), and what the
 // first and last stage pay besides (GPT: the embeddings; the final norm and
-// the LM head's copy of the tied table), for balancing pipeline stages.
+// the LM head's copy of the tied table), for balancing pipeline stages. Each
+// model's row in the registry (models/registry.h) computes them.
 struct LayerCosts {
   std::vector<int64_t> layers;
   int64_t first = 0, last = 0;
 };
-LayerCosts layer_costs(const ModelConfig& config);
-
-// Validates `config` and builds the mlp or cnn (a Sequential) with its
-// parameters on spec.device in spec.dtype; with `stage`, only that pipeline
-// stage's part of an mlp. The GPT is built above this floor, once, by
-// parallel::build_model / build_stage_model (parallel/tensor_parallel.h: with
-// no tensor-parallel group it is the whole model); asked for one, this throws
-// saying so.
-std::unique_ptr<Module> build_model(const ModelConfig& config, const ModelSpec& spec);
-std::unique_ptr<Module> build_model(const ModelConfig& config, const ModelSpec& spec, const StageLayers& stage);
 
 // Total number of parameter elements of the logical model (whole tensors,
 // also when a rank holds only tensor-parallel shards of them).

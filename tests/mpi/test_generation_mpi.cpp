@@ -9,7 +9,8 @@
 #include <vector>
 
 #include "core/context.h"
-#include "parallel/generation.h"
+#include "models/gpt.h"
+#include "models/generation.h"
 #include "parallel/process_grid.h"
 #include "parallel/tensor_parallel.h"
 #include "tests/mpi/mpi_test.h"
@@ -50,19 +51,19 @@ TEST(GenerationMpi, TensorParallelSamplesTheOneRankTokensWithTheSameSeed) {
     sizes.tp = k;
     parallel::ProcessGrid grid(*comm, sizes);
     const nn::ModelSpec spec{&ctx, Device::cpu(), DType::f32, seed};
-    parallel::TensorParallelGpt whole(m, spec, parallel::TensorParallelism{});
-    parallel::TensorParallelGpt split(m, spec, parallel::TensorParallelism{&grid.tp(), false});
+    models::Gpt whole(m, spec, parallel::TensorParallelism{});
+    models::Gpt split(m, spec, parallel::TensorParallelism{&grid.tp(), false});
     std::mt19937_64 rng(seed);
     std::vector<int32_t> prompt(4);
     for (int32_t& id : prompt) id = int32_t(rng() % uint64_t(m.vocab_size));
     for (const nn::SamplingOptions& sampling :
          {nn::SamplingOptions{0.0f, 0, 1.0f, 0}, nn::SamplingOptions{1.0f, 0, 1.0f, rng()},
           nn::SamplingOptions{0.8f, 20, 0.9f, rng()}}) {
-      parallel::GenerationOptions options;
+      models::GenerationOptions options;
       options.max_new_tokens = 24;
       options.sampling = sampling;
-      const std::vector<int32_t> one_rank = parallel::generate(whole, prompt, options).tokens;
-      const std::vector<int32_t> tensor_parallel = parallel::generate(split, prompt, options).tokens;
+      const std::vector<int32_t> one_rank = models::generate(whole, prompt, options).tokens;
+      const std::vector<int32_t> tensor_parallel = models::generate(split, prompt, options).tokens;
       EXPECT_EQ(tensor_parallel, one_rank) << "temperature " << sampling.temperature;
       const std::vector<int32_t> everyone = all_ranks(*comm, ctx, tensor_parallel);
       for (int r = 0; r < comm->size(); ++r)
