@@ -123,8 +123,8 @@ void run_generate(const GenerateArguments& args, const parallel::MpiEnv& env) {
   const std::string path = io::resolve_checkpoint(args.checkpoint, "tessera generate");
   const io::CheckpointReader reader(path);
   const io::CheckpointModel saved = io::checkpoint_model(reader);
-  TESSERA_CHECK(saved.config.kind == nn::ModelKind::gpt, "generate: checkpoint ", path, " holds a ",
-                nn::model_name(saved.config.kind), " model; only GPT checkpoints generate text");
+  TESSERA_CHECK(nn::model_traits(saved.config.kind).reads_tokens, "generate: checkpoint ", path, " holds a ",
+                nn::model_name(saved.config.kind), " model; only language models (gpt, llama) generate text");
   const int tp = args.tensor_parallel > 0 ? args.tensor_parallel : env.world_size();
   TESSERA_CHECK(tp == env.world_size(), "generate: --tensor-parallel ", tp, " must equal the number of ranks (",
                 env.world_size(), "): generation runs one tensor-parallel group");

@@ -18,7 +18,7 @@ namespace tessera::app {
 
 struct TrainConfig {
   // Model.
-  std::string model = "mlp";                   // --model mlp|cnn|gpt
+  std::string model = "mlp";                   // --model mlp|cnn|gpt|llama
   std::vector<int64_t> hidden = {1024, 1024};  // --hidden (mlp)
   int64_t vocab_size = 0;                      // gpt; 0: the dataset's, padded (256 with --synthetic)
   int64_t make_vocab_size_divisible_by = 128;  // gpt, --vocab-size 0: the dataset's vocabulary padded to a multiple
@@ -29,6 +29,17 @@ struct TrainConfig {
   int64_t ffn_hidden_size = 0;  // 0: 4 × hidden size
   float hidden_dropout = 0.0f;
   bool recompute = false;
+  // The Llama family's choices, by Megatron's flag names. --model llama is
+  // RMSNorm, rope, SwiGLU, no biases and an untied head; "" / false: the model's own.
+  std::string normalization;            // --normalization LayerNorm|RMSNorm
+  float norm_epsilon = 1e-5f;           // --norm-epsilon
+  std::string position_embedding_type;  // --position-embedding-type learned_absolute|rope
+  float rotary_base = 10000.0f;         // --rotary-base
+  bool swiglu = false;                  // --swiglu
+  bool group_query_attention = false;   // --group-query-attention
+  int64_t num_query_groups = 0;         // --num-query-groups (with --group-query-attention)
+  bool disable_bias_linear = false;     // --disable-bias-linear
+  bool untie_embeddings = false;        // --untie-embeddings-and-output-weights
 
   // Data.
   std::string data;        // prepared HDF5 file (tessera prepare ...)

@@ -87,7 +87,7 @@ int64_t padded_vocab_size(int64_t vocab, int64_t multiple) {
 // Without --vocab-size: where the GPT's vocabulary came from, for the start-up lines.
 std::string describe_vocabulary(const TrainConfig& c, const nn::ModelConfig& m,
                                 const std::optional<io::DatasetInfo>& data) {
-  if (m.kind != nn::ModelKind::gpt || c.vocab_size > 0) return {};
+  if (!nn::model_traits(m.kind).reads_tokens || c.vocab_size > 0) return {};
   if (!data)
     return "vocabulary: " + std::to_string(m.vocab_size) + " (--synthetic; --vocab-size to change it)";
   std::string text = "vocabulary: " + std::to_string(m.vocab_size) + " from " + data->path;
@@ -111,6 +111,9 @@ nn::ModelConfig model_config(const TrainConfig& c, const std::optional<io::Datas
   m.ffn_hidden_size = c.ffn_hidden_size;
   m.dropout = c.hidden_dropout;
   m.recompute = c.recompute;
+  m.num_query_groups = c.group_query_attention ? c.num_query_groups : 0;
+  m.rotary_base = c.rotary_base;
+  m.norm_epsilon = c.norm_epsilon;
   if (!data) return m;
   const bool wants_tokens = nn::model_traits(m.kind).reads_tokens;
   const bool has_tokens = data->kind == io::DatasetKind::tokens;

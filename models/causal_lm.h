@@ -43,6 +43,16 @@ class CausalLm : public nn::Module {
   Shape hidden_shape(int64_t batch, int64_t tokens) const;
 
  protected:
+  // The LM head on the last stage: `x` [B, T, C] after the final norm (this
+  // rank's positions under sequence parallelism) → this rank's logits
+  // [B, T, V/K] = x·tableᵀ with `table`'s vocabulary rows (a tied embedding
+  // or the head's own), keeping what head_backward needs in `saved`.
+  Tensor head_forward(Tensor x, int64_t batch, int64_t tokens, parallel::VocabParallelEmbedding& table,
+                      nn::Saved& saved);
+  // The logits' gradient → the table's gradient (added) and x's, summed over
+  // the group (reduce-scattered under sequence parallelism).
+  Tensor head_backward(const Tensor& grad_logits, parallel::VocabParallelEmbedding& table, nn::Saved& saved);
+
   nn::ModelConfig config_;
   parallel::TensorParallelism tp_;
   nn::StageLayers stage_;

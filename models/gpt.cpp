@@ -95,20 +95,8 @@ Tensor Gpt::forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& 
   }
   for (size_t i = 0; i < blocks_.size(); ++i) x = blocks_[i]->forward(x, saved.child(3 + i), pass);
   if (!stage_.last()) return x;
-  const int64_t c = config_.hidden_size, local_vocab = wte_->weight().value.size(0);
   x = ln_f_->forward(x, saved.child(head), pass);
-  if (tp_.sequence_parallel) x = gather_sequence_in(tp_, x);
-  const Tensor features = x.view(Shape{batch * tokens, c});
-  Tensor logits = context().empty(Shape{batch * tokens, local_vocab}, spec().dtype, spec().device);
-  ops::MatmulOptions options;
-  options.transpose_b = true;
-  {
-    const nn::ParametersInUse table(*wte_, nn::ParameterPhase::forward);  // the head outside the embedding's calls
-    ops::matmul(features, wte_->weight().value, logits, options);
-  }
-  saved.tensors = {features};
-  saved.scalars = {batch, tokens};
-  return logits.view(Shape{batch, tokens, local_vocab});
+  return head_forward(x, batch, tokens, *wte_, saved);
 }
 
 Tensor Gpt::backward_impl(const Tensor& grad_output, nn::Saved& saved) {
@@ -123,30 +111,10 @@ Tensor Gpt::backward_impl(const Tensor& grad_output, nn::Saved& saved) {
   if (partial_) partial_->begin();
   Tensor grad = grad_output;
   if (stage_.last()) {
-    TESSERA_CHECK(saved.tensors.size() == 1 && saved.scalars.size() == 2, "gpt: backward without a matching forward");
-    const Tensor features = saved.tensors[0];
-    const int64_t batch = saved.scalars[0], tokens = saved.scalars[1];
-    saved.tensors.clear();
-    saved.scalars.clear();
-    nn::Parameter& wte = wte_->weight();
-    const int64_t rows = batch * tokens, c = config_.hidden_size, local_vocab = wte.value.size(0);
-    TESSERA_CHECK(grad_output.numel() == rows * local_vocab, "gpt: the logits gradient has shape ",
-                  grad_output.shape().to_string(), ", expected ", rows, " rows of ", local_vocab);
-    const Tensor dlogits = grad_output.view(Shape{rows, local_vocab});
-    grad = context().empty(features.shape(), spec().dtype, spec().device);
-    {
-      const nn::ParametersInUse table(*wte_, nn::ParameterPhase::backward);  // the head outside the embedding's calls
-      ops::matmul_backward(dlogits, features, wte.value, nullptr, &wte.grad, false, true, /*accumulate=*/true);
-      ops::matmul_backward(dlogits, features, wte.value, &grad, nullptr, false, true, /*accumulate=*/false);
-    }
-    grad = grad.view(Shape{batch, tokens, c});
-    // The features were the same on every rank: sum the ranks' parts of their gradient.
-    if (tp_.sequence_parallel)
-      grad = reduce_scatter_sequence_in(tp_, grad);
-    else
-      all_reduce_in(tp_, grad);
+    grad = head_backward(grad_output, *wte_, saved);
     grad = ln_f_->backward(grad, saved.child(head));
     // The head's use of the table is complete (a tied copy's, or the first stage's before the embedding adds its own).
+    nn::Parameter& wte = wte_->weight();
     if (!stage_.first() && wte.on_grad_ready) wte.on_grad_ready(wte);
   }
   for (size_t i = blocks_.size(); i-- > 0;) grad = blocks_[i]->backward(grad, saved.child(3 + i));

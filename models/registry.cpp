@@ -11,12 +11,13 @@ namespace tessera::models {
 
 ModelRow mlp_row();  // models/mlp.cpp
 ModelRow cnn_row();  // models/cnn.cpp
-ModelRow gpt_row();  // models/gpt.cpp
+ModelRow gpt_row();    // models/gpt.cpp
+ModelRow llama_row();  // models/llama.cpp
 
 namespace {
 
 std::vector<ModelRow> make_rows() {
-  std::vector<ModelRow> rows = {mlp_row(), cnn_row(), gpt_row()};
+  std::vector<ModelRow> rows = {mlp_row(), cnn_row(), gpt_row(), llama_row()};
   for (size_t i = 0; i < rows.size(); ++i)
     TESSERA_CHECK(size_t(rows[i].kind) == i, "model registry: row ", i, " is --model ", nn::model_name(rows[i].kind),
                   "; rows must follow nn::ModelKind's order");

@@ -25,6 +25,19 @@ void check_at_most(const char* flag, int64_t value, int64_t limit, const char* w
                 " Tessera accepts; check the value for a typo");
 }
 
+// Grouped-query attention, rotary embeddings and RMSNorm: what makes them work.
+void validate_llama_choices(const ModelConfig& m) {
+  const int64_t groups = m.query_groups();
+  TESSERA_CHECK(groups >= 1 && m.num_heads % groups == 0, "--num-query-groups ", groups, " must divide --num-heads ",
+                m.num_heads, " (each key/value head serves the same number of query heads); use e.g. "
+                "--num-query-groups ", nearest_divisor(m.num_heads, groups));
+  TESSERA_CHECK((m.hidden_size / m.num_heads) % 2 == 0, "--position-embedding-type rope rotates pairs of features: "
+                "the head width --hidden-size / --num-heads = ", m.hidden_size / m.num_heads, " must be even");
+  TESSERA_CHECK(m.rotary_base > 1.0f, "--rotary-base ", m.rotary_base, " must be larger than 1 (Llama: 10000, "
+                "Llama 3: 500000)");
+  TESSERA_CHECK(m.norm_epsilon > 0.0f, "--norm-epsilon ", m.norm_epsilon, " must be positive (Llama: 1e-5 or 1e-6)");
+}
+
 }  // namespace
 
 int64_t nearest_divisor(int64_t n, int64_t target) {
@@ -40,6 +53,12 @@ int64_t nearest_divisor(int64_t n, int64_t target) {
       consider(n / d);
     }
   return nearest;
+}
+
+int64_t ModelConfig::ffn() const {
+  if (ffn_hidden_size > 0) return ffn_hidden_size;
+  if (kind == ModelKind::llama) return (8 * hidden_size / 3 + 255) / 256 * 256;
+  return 4 * hidden_size;
 }
 
 void ModelConfig::validate() const {
@@ -60,7 +79,7 @@ void ModelConfig::validate() const {
     TESSERA_CHECK(height >= 4 && width >= 4, "cnn: its two 2x2 poolings need images of at least 4x4, the dataset has ",
                   height, "x", width, "; use --model mlp");
   }
-  if (kind == ModelKind::gpt) {
+  if (model_traits(kind).reads_tokens) {
     TESSERA_CHECK(vocab_size >= 1, "--vocab-size ", vocab_size, " must be at least 1");
     TESSERA_CHECK(seq_length >= 1, "--seq-length ", seq_length, " must be at least 1");
     TESSERA_CHECK(num_layers >= 1, "--num-layers ", num_layers, " must be at least 1");
@@ -81,6 +100,7 @@ void ModelConfig::validate() const {
                   " must be positive (or 0 for 4 x --hidden-size)");
     TESSERA_CHECK(dropout >= 0.0f && dropout < 1.0f, "--dropout ", dropout, " must be in [0, 1)");
   }
+  if (kind == ModelKind::llama) validate_llama_choices(*this);
 }
 
 int64_t parameter_count(Module& model) {

@@ -42,7 +42,7 @@ struct ModelConfig {
   int64_t channels = 1, height = 28, width = 28;
   int64_t num_classes = 10;
 
-  // gpt
+  // gpt, llama (the language models)
   int64_t vocab_size = 256;     // --vocab-size (from the dataset)
   int64_t seq_length = 256;     // --seq-length: the longest sequence (positions in wpe)
   int64_t num_layers = 4;       // --num-layers
@@ -52,7 +52,21 @@ struct ModelConfig {
   float dropout = 0.0f;         // --dropout (embeddings, attention and MLP outputs)
   bool recompute = false;       // --recompute: blocks keep only their input and recompute in backward
 
-  int64_t ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
+  // llama: grouped-query attention (--num-query-groups G: key/value heads,
+  // G divides --num-heads; 0 means G = heads), rotary position embeddings
+  // (--rotary-base), RMSNorm (--norm-epsilon), a SwiGLU MLP, no biases, and
+  // an LM head of its own unless tied (--untie-embeddings-and-output-weights,
+  // on by default for llama).
+  int64_t num_query_groups = 0;
+  float rotary_base = 10000.0f;
+  float norm_epsilon = 1e-5f;
+  bool untie_embeddings = true;
+
+  // The MLP's width: --ffn-hidden-size, else GPT's 4·hidden, or Llama's
+  // 8/3·hidden rounded up to a multiple of 256 (Meta's multiple_of).
+  int64_t ffn() const;
+  // Key/value heads: --num-query-groups, or one per head.
+  int64_t query_groups() const { return num_query_groups > 0 ? num_query_groups : num_heads; }
   // Throws tessera::Error naming the flag and the value at fault.
   void validate() const;
 };

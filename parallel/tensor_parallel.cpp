@@ -488,7 +488,7 @@ std::string tensor_parallel_problem(const nn::ModelConfig& config, int tp, bool 
   } else if (tp == 1) {
     return {};
   } else if (!nn::model_traits(config.kind).splits_over_tensor_parallel) {
-    out << "--tensor-parallel " << tp << " splits the layers of --model gpt; --model " << nn::model_name(config.kind)
+    out << "--tensor-parallel " << tp << " splits the layers of --model gpt or llama; --model " << nn::model_name(config.kind)
         << " trains with data parallelism only (use --tensor-parallel 1)";
   } else if (config.num_heads % tp != 0) {
     out << "--num-heads " << config.num_heads << " is not divisible by --tensor-parallel " << tp
@@ -497,6 +497,11 @@ std::string tensor_parallel_problem(const nn::ModelConfig& config, int tp, bool 
     out << "--vocab-size " << config.vocab_size << " is not divisible by --tensor-parallel " << tp
         << ": the embedding is split by vocabulary rows; pad the vocabulary to --vocab-size "
         << (config.vocab_size + tp - 1) / tp * tp;
+  } else if (config.kind == nn::ModelKind::llama && config.query_groups() % tp != 0) {
+    out << "--num-query-groups " << config.query_groups() << " is not divisible by --tensor-parallel " << tp
+        << ": each rank holds whole key/value groups (fewer groups than ranks would replicate them, which "
+        << "Tessera does not do); use --tensor-parallel " << nn::nearest_divisor(config.query_groups(), tp)
+        << " or a multiple of " << tp << " groups";
   } else if (config.ffn() % tp != 0) {
     out << "--ffn-hidden-size " << config.ffn() << " is not divisible by --tensor-parallel " << tp;
   } else if (sequence_parallel && config.seq_length % tp != 0) {

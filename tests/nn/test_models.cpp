@@ -178,6 +178,87 @@ TEST(Gpt, MatchesReferenceLossAndEveryGradient) {
         << params[k]->name;
 }
 
+// ---------------------------------------------------------------------------
+// Llama against the double reference written as Hugging Face computes it
+// ---------------------------------------------------------------------------
+// 4 query heads of width 4 in 2 key/value groups, SwiGLU 12 wide, untied.
+nn::ModelConfig tiny_llama(int64_t groups, bool untied) {
+  nn::ModelConfig config;
+  config.kind = nn::ModelKind::llama;
+  config.vocab_size = 11;
+  config.seq_length = 9;
+  config.num_layers = 2;
+  config.num_heads = 4;
+  config.num_query_groups = groups;
+  config.hidden_size = 16;
+  config.ffn_hidden_size = 12;
+  config.rotary_base = 500000.0f;
+  config.norm_epsilon = 1e-6f;
+  config.untie_embeddings = untied;
+  return config;
+}
+
+void expect_llama_matches_reference(const nn::ModelConfig& config) {
+  Context ctx;
+  auto rng = make_rng();
+  const int64_t batch = 2, tokens = 9;
+  auto model = models::build_model(config, spec_for(ctx, DType::f32, rng()));
+  const auto randomized = randomize(ctx, *model, rng);
+  const std::vector<std::string>& names = randomized.first;
+  const Inputs& values = randomized.second;
+  auto ids = random_indices(ctx, Shape{batch, tokens}, DType::i32, rng, 0, config.vocab_size);
+  auto targets = random_indices(ctx, Shape{batch, tokens}, DType::i64, rng, 0, config.vocab_size);
+  targets.values[2] = -100;  // an ignored position
+  targets.tensor = ctx.from_doubles(targets.tensor.shape(), DType::i64, targets.values);
+  ref::LlamaShape shape{config.vocab_size, config.num_layers, config.num_heads, config.query_groups(),
+                        config.hidden_size, config.ffn(), config.rotary_base, config.norm_epsilon,
+                        !config.untie_embeddings};
+  const ref::Ids id_values = as_ids(ids.values), target_values = as_ids(targets.values);
+  nn::zero_grads(model->parameters());
+  const StepResult step = train_step(*model, ids.tensor, targets.tensor, nn::Pass{});
+  EXPECT_TRUE(all_close(step.logits, ref::llama_logits(shape, as_params(names, values), id_values, batch, tokens),
+                        kModelForward));
+  expect_loss_near(step.loss.loss,
+                   ref::llama_loss(shape, as_params(names, values), id_values, target_values, batch, tokens));
+  const ReferenceFunction loss_of = [&](const Inputs& in) {
+    return std::vector<double>{ref::llama_loss(shape, as_params(names, in), id_values, target_values, batch, tokens)};
+  };
+  const auto params = model->parameters();
+  ASSERT_EQ(params.size(), names.size());
+  for (size_t k = 0; k < params.size(); ++k)
+    EXPECT_TRUE(all_close(params[k]->grad, numeric_gradient(loss_of, values, k, {1.0}), kModelBackward))
+        << params[k]->name;
+}
+
+TEST(Llama, GroupedQueryAttentionMatchesReferenceLossAndEveryGradient) {
+  TESSERA_SEED_TRACE();
+  expect_llama_matches_reference(tiny_llama(2, true));
+}
+
+TEST(Llama, MultiQueryAndMultiHeadTiedMatchReference) {
+  TESSERA_SEED_TRACE();
+  expect_llama_matches_reference(tiny_llama(1, true));
+  expect_llama_matches_reference(tiny_llama(4, false));
+}
+
+TEST(Llama, ParametersAreTheDocumentedNamesAndShapes) {
+  Context ctx;
+  const nn::ModelConfig config = tiny_llama(2, true);
+  auto model = models::build_model(config, spec_for(ctx, DType::f32, 3));
+  std::map<std::string, Shape> shapes;
+  for (const Parameter* p : model->parameters()) shapes[p->name] = p->shard.global_shape;
+  const int64_t c = 16, dh = 4, f = 12;
+  EXPECT_EQ(shapes.at("wte.weight"), (Shape{11, c}));
+  EXPECT_EQ(shapes.at("blocks.1.attn.qkv.weight"), (Shape{2 * (2 + 2) * dh, c}));
+  EXPECT_EQ(shapes.at("blocks.1.attn.proj.weight"), (Shape{c, 4 * dh}));
+  EXPECT_EQ(shapes.at("blocks.0.mlp.fc.weight"), (Shape{2 * f, c}));
+  EXPECT_EQ(shapes.at("blocks.0.mlp.proj.weight"), (Shape{c, f}));
+  EXPECT_EQ(shapes.at("blocks.0.ln1.weight"), (Shape{c}));
+  EXPECT_EQ(shapes.at("ln_f.weight"), (Shape{c}));
+  EXPECT_EQ(shapes.at("lm_head.weight"), (Shape{11, c}));
+  EXPECT_EQ(shapes.size(), size_t(1 + 2 * 6 + 2));  // no biases anywhere
+}
+
 // Micro-batches accumulate: two halves at scale 1/2 give the mean of their gradients.
 TEST(Gpt, MicroBatchGradientsAccumulate) {
   TESSERA_SEED_TRACE();
