@@ -11,13 +11,14 @@
 // conversion), so Hugging Face Llama weights load as they are.
 //
 // The angle follows transformers' LlamaRotaryEmbedding step by step in f32:
-// inv_freq_i = 1 / base^(f32(2i) / Dh), angle = f32(position)·inv_freq_i, then
-// the cosine and sine of that f32 angle. An angle formed in double would be
-// closer to the true one but would differ from transformers' by up to about
-// position·2^−24 radians, more than the f32 rounding of the outputs; matching
-// its arithmetic keeps logits equal to transformers' within f32 rounding.
-// (transformers then rounds cos and sin to the activation dtype; here the
-// rotation is done in f32 and only its result is rounded.)
+// inv_freq_i = 1 / base^(f32(2i) / Dh) (see rotary_inverse_frequency), angle
+// = f32(position)·inv_freq_i, then the cosine and sine of that f32 angle. An
+// angle formed in double would be closer to the true one but would differ
+// from transformers' by up to about position·2^−24 radians, more than the f32
+// rounding of the outputs; matching its arithmetic keeps logits equal to
+// transformers' within f32 rounding. (transformers then rounds cos and sin to
+// the activation dtype; here the rotation is done in f32 and only its result
+// is rounded.)
 #pragma once
 
 #include <cmath>
@@ -29,9 +30,13 @@
 
 namespace tessera {
 
-// base^(−2i/Dh), as transformers' inv_freq (f32 throughout).
+// base^(−2i/Dh), as transformers' inv_freq: the exponent an f32 quotient, the
+// power rounded to f32 (computed in double and rounded once, which is what
+// torch's f32 pow returns but for rare last-bit cases, and the same on host
+// and device, whose powf differ by an ulp or two), then its f32 reciprocal.
 TESSERA_HD float rotary_inverse_frequency(int64_t i, int64_t head_dim, float base) {
-  return 1.0f / powf(base, float(2 * i) / float(head_dim));
+  const float exponent = float(2 * i) / float(head_dim);
+  return 1.0f / float(pow(double(base), double(exponent)));
 }
 
 // out = the rotation of in by direction·angle (direction +1: forward; −1: the

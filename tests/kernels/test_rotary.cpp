@@ -35,7 +35,7 @@ struct Dims {
 // How the reference forms the angle of pair i at position p.
 enum class Angle {
   // As transformers' LlamaRotaryEmbedding: inv_freq = 1 / base^(f32(2i) / Dh)
-  // and angle = f32(p)·inv_freq, every step rounded to f32.
+  // and angle = f32(p)·inv_freq, every step rounded to f32 (base is an f32 value).
   transformers_f32,
   // p·base^(−2i/Dh) in double.
   exact,
@@ -43,8 +43,10 @@ enum class Angle {
 
 double angle_of(int64_t position, int64_t i, int64_t head_dim, double base, Angle angle) {
   if (angle == Angle::exact) return double(position) * std::pow(base, -2.0 * double(i) / double(head_dim));
+  // torch.arange(0, Dh, 2).float() / Dh, then base ** that in f32 (torch's
+  // pow: the f32 rounding of the power), then 1.0 / that in f32.
   const float exponent = float(2 * i) / float(head_dim);
-  const float inv_freq = 1.0f / powf(float(base), exponent);
+  const float inv_freq = 1.0f / float(std::pow(base, double(exponent)));
   return double(float(position) * inv_freq);
 }
 
@@ -139,10 +141,11 @@ TEST_P(Rotary, Forward) {
     }
 }
 
-// The angle formed in f32 (as transformers does) is off the exact one by at
-// most a few f32 roundings of position·inv_freq: with positions below 4096
-// and |x| ≤ 1, each output is within 2·4096·2^-23 ≈ 1e-3 of the exact
-// rotation. A wrong frequency formula would be off by O(1).
+// The angle formed in f32 (as transformers does) is off the exact one by a
+// few f32 roundings of numbers below 4096 (the exponent's quotient, the power,
+// the reciprocal, the product with the position): say 4·4096·2^-24 radians;
+// with |x| ≤ 1 an output moves by at most that times |x1| + |x2| ≤ 2, about
+// 2e-3. A wrong frequency, pairing or position would be off by O(1).
 TEST(RotaryAngle, WithinF32RoundingOfTheExactAngle) {
   TESSERA_SEED_TRACE();
   Context ctx;
@@ -153,7 +156,7 @@ TEST(RotaryAngle, WithinF32RoundingOfTheExactAngle) {
     Tensor out = poisoned(ctx, c.dims.qkv(), DType::f32);
     ops::rotary_forward(qkv.tensor, positions_tensor(ctx, c.positions, DType::i64), out, c.base);
     EXPECT_TRUE(all_close(out, reference_rotary(c.dims, qkv.values, c.positions, c.base, 1.0, Angle::exact),
-                          Tolerance{0, 2.0 * 4096.0 * std::ldexp(1.0, -23)}));
+                          Tolerance{0, 2.0 * 4.0 * 4096.0 * std::ldexp(1.0, -24)}));
   }
 }
 
