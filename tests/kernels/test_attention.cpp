@@ -382,7 +382,7 @@ TEST_P(Attention, WithCacheRejectsBadArguments) {
   EXPECT_THROW(ops::attention_with_cache(wide_qkv, wide_cache, wide_values, 0, wide_out), Error);
 }
 
-TEST_P(Attention, WithCacheGpuMatchesCpu) {
+TEST_P(Attention, GpuWithCacheMatchesCpu) {
   TESSERA_SEED_TRACE();
   const DType dtype = GetParam();
   Context ctx;

@@ -344,7 +344,7 @@ TEST_P(GroupedAttention, WithCacheInBlocksMergedByLogSumExpMatchesTheReference) 
   }
 }
 
-TEST_P(GroupedAttention, WithCacheGpuMatchesCpu) {
+TEST_P(GroupedAttention, GpuWithCacheMatchesCpu) {
   TESSERA_SEED_TRACE();
   const DType dtype = GetParam();
   Context ctx;
