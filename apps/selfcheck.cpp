@@ -259,6 +259,48 @@ std::vector<Check> make_checks(Context& ctx) {
                       ops::attention_backward(g, qkv, out, lse, d);
                       return d;
                     }});
+  // Grouped-query attention: G = 2 groups of R = 2 query heads.
+  checks.push_back({"grouped_attention", Shape{2, 19, 2, 4, 8},
+                    [&ctx](const Tensor& qkv) {
+                      Tensor out = ctx.empty(Shape{2, 19, 4, 8}, DType::f32, qkv.device());
+                      Tensor lse = ctx.empty(Shape{2, 4, 19}, DType::f32, qkv.device());
+                      ops::grouped_attention_forward(qkv, out, lse);
+                      return out;
+                    },
+                    [&ctx](const Tensor& qkv, const Tensor& g) {
+                      Tensor out = ctx.empty(Shape{2, 19, 4, 8}, DType::f32, qkv.device());
+                      Tensor lse = ctx.empty(Shape{2, 4, 19}, DType::f32, qkv.device());
+                      ops::grouped_attention_forward(qkv, out, lse);
+                      Tensor d = ctx.empty(qkv.shape(), DType::f32, qkv.device());
+                      ops::grouped_attention_backward(g, qkv, out, lse, d);
+                      return d;
+                    }});
+  // Positions of a later chunk of a sequence, not contiguous.
+  auto rotary_positions = [&ctx](Device device) {
+    return ctx.from_vector(Shape{7}, std::vector<int32_t>{40, 41, 42, 97, 98, 300, 301}, device);
+  };
+  checks.push_back({"rotary", Shape{2, 7, 2, 3, 16},
+                    [=, &ctx](const Tensor& qkv) {
+                      Tensor out = ctx.empty(qkv.shape(), DType::f32, qkv.device());
+                      ops::rotary_forward(qkv, rotary_positions(qkv.device()), out, 10000.0f);
+                      return out;
+                    },
+                    [=, &ctx](const Tensor& qkv, const Tensor& g) {
+                      Tensor d = ctx.empty(qkv.shape(), DType::f32, qkv.device());
+                      ops::rotary_backward(g, rotary_positions(qkv.device()), d, 10000.0f);
+                      return d;
+                    }});
+  checks.push_back({"swiglu", Shape{37, 2 * 67},
+                    [&ctx](const Tensor& x) {
+                      Tensor y = ctx.empty(Shape{37, 67}, DType::f32, x.device());
+                      ops::swiglu_forward(x, y);
+                      return y;
+                    },
+                    [=](const Tensor& x, const Tensor& g) {
+                      Tensor d = same(x);
+                      ops::swiglu_backward(x, g, d);
+                      return d;
+                    }});
   const ops::Conv2dParams conv{1, 1, 2, 2};
   checks.push_back({"conv2d", Shape{2, 3, 12, 11},
                     [&ctx, conv](const Tensor& x) {
@@ -366,7 +408,7 @@ int run_selfcheck(const SelfcheckOptions& options) {
     std::string detail;
     for (const Result& r : results) ok = ok && r.ok, detail += (detail.empty() ? "" : "; ") + r.detail;
     failures += ok ? 0 : 1;
-    std::printf("selfcheck op=%-14s status=%s ms=%.1f  %s\n", check.name.c_str(), ok ? "ok" : "FAIL", ms,
+    std::printf("selfcheck op=%-17s status=%s ms=%.1f  %s\n", check.name.c_str(), ok ? "ok" : "FAIL", ms,
                 detail.c_str());
   }
   std::printf("selfcheck failures=%d\n", failures);

@@ -37,6 +37,8 @@ enum class ReduceKind { sum, mean, max, sum_squares };
   X(relu_backward, (const Tensor& x, const Tensor& grad_y, Tensor& grad_x))                                            \
   X(gelu_forward, (const Tensor& x, Tensor& y))                                                                        \
   X(gelu_backward, (const Tensor& x, const Tensor& grad_y, Tensor& grad_x))                                            \
+  X(swiglu_forward, (const Tensor& x, Tensor& y))                                                                      \
+  X(swiglu_backward, (const Tensor& x, const Tensor& grad_y, Tensor& grad_x))                                          \
   X(softmax_forward, (const Tensor& x, Tensor& y))                                                                     \
   X(softmax_backward, (const Tensor& y, const Tensor& grad_y, Tensor& grad_x))                                         \
   X(cross_entropy_forward,                                                                                             \
@@ -67,6 +69,13 @@ enum class ReduceKind { sum, mean, max, sum_squares };
                          Tensor& grad_qkv, float scale))                                                               \
   X(attention_with_cache,                                                                                              \
     (const Tensor& qkv, Tensor& keys, Tensor& values, int64_t position, Tensor& out, float scale))                     \
+  X(grouped_attention_forward, (const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale))                       \
+  X(grouped_attention_backward, (const Tensor& grad_out, const Tensor& qkv, const Tensor& out,                         \
+                                 const Tensor& logsumexp, Tensor& grad_qkv, float scale))                              \
+  X(grouped_attention_with_cache,                                                                                      \
+    (const Tensor& qkv, Tensor& keys, Tensor& values, int64_t position, Tensor& out, float scale))                     \
+  X(rotary_forward, (const Tensor& qkv, const Tensor& positions, Tensor& out, float base))                             \
+  X(rotary_backward, (const Tensor& grad_out, const Tensor& positions, Tensor& grad_qkv, float base))                  \
   X(conv2d_forward,                                                                                                    \
     (const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, const ops::Conv2dParams& params))           \
   X(conv2d_backward, (const Tensor& grad_y, const Tensor& x, const Tensor& weight, Tensor* grad_x,                     \

@@ -1,4 +1,4 @@
-// The operator library: every operator MLP, CNN and GPT training needs,
+// The operator library: every operator MLP, CNN, GPT and Llama training needs,
 // forward and backward, on the CPU and on CUDA devices.
 //
 // Conventions, for every function here:
@@ -62,6 +62,13 @@ void relu_backward(const Tensor& x, const Tensor& grad_y, Tensor& grad_x);
 // GELU, tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
 void gelu_forward(const Tensor& x, Tensor& y);
 void gelu_backward(const Tensor& x, const Tensor& grad_y, Tensor& grad_x);
+
+// SwiGLU, the gated MLP activation of Llama-family models, fused:
+// x [..., 2F] holds [gate | up] in each row, y [..., F] = silu(gate)·up with
+// silu(a) = a·σ(a) = a / (1 + e^−a). grad_x [..., 2F] = [dgate | dup]
+// (grad_x may be x itself: each element pair is read before it is written).
+void swiglu_forward(const Tensor& x, Tensor& y);
+void swiglu_backward(const Tensor& x, const Tensor& grad_y, Tensor& grad_x);
 
 // ---------------------------------------------------------------------------
 // Row-wise operators (over the last dimension D; rows = numel / D)
@@ -163,6 +170,42 @@ void attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor&
 // to each other causally, without recomputing the earlier tokens.
 void attention_with_cache(const Tensor& qkv, Tensor& keys, Tensor& values, int64_t position, Tensor& out,
                           float scale = 0.0f);
+
+// Grouped-query attention (Llama's; G = H is multi-head, G = 1 multi-query)
+// over the grouped projections qkv [B, T, G, R + 2, Dh]: for each key/value
+// group g its R query heads (slots 0..R−1), then its key (slot R), then its
+// value (slot R + 1). Query head h = g·R + j (H = G·R heads) attends with
+// group g's key and value, which are read in place, never repeated:
+//   out[b,t,h] = Σ_{s≤t} softmax_s(scale·q[b,t,g,j]·k[b,s,g,R])·v[b,s,g,R+1],
+// out [B, T, H, Dh]; logsumexp [B, H, T] f32; scale = 1/√Dh if scale ≤ 0.
+// Never materialises a T×T matrix for long T. (With R = 1 this is multi-head
+// attention in another layout than attention_forward's.)
+void grouped_attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale = 0.0f);
+// grad_qkv [B, T, G, R + 2, Dh]: the key and value gradients summed over each group's R query heads.
+void grouped_attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out, const Tensor& logsumexp,
+                                Tensor& grad_qkv, float scale = 0.0f);
+// attention_with_cache for grouped projections qkv [B, Tn, G, R + 2, Dh]: the
+// cache keys and values [B, G, S, Dh] hold the G key/value heads (not H);
+// out [B, Tn, H, Dh].
+void grouped_attention_with_cache(const Tensor& qkv, Tensor& keys, Tensor& values, int64_t position, Tensor& out,
+                                  float scale = 0.0f);
+
+// ---------------------------------------------------------------------------
+// Rotary position embedding (RoPE) of grouped projections
+// ---------------------------------------------------------------------------
+// qkv, out [B, T, G, R + 2, Dh] (the layout of grouped_attention_forward; out
+// may be qkv itself), Dh even; positions [T] i32/i64: the position of each
+// token (any values: a later chunk of a sequence, or non-contiguous ones).
+// Rotates the R queries and the key of every group (slots 0..R) and copies
+// the value (slot R + 1). Pairs are half-split as Hugging Face's rotate_half:
+// element i with element i + Dh/2, i < Dh/2, rotated by the angle
+// positions[t]·base^(−2i/Dh):
+//   out[i] = x[i]·cos − x[i + Dh/2]·sin,   out[i + Dh/2] = x[i + Dh/2]·cos + x[i]·sin,
+// with the angle in f32 exactly as transformers' LlamaRotaryEmbedding forms it.
+void rotary_forward(const Tensor& qkv, const Tensor& positions, Tensor& out, float base);
+// The transpose (the inverse rotation, by −angle) of grad_out [B, T, G, R + 2, Dh]
+// into grad_qkv (which may be grad_out itself); the value's gradient is copied.
+void rotary_backward(const Tensor& grad_out, const Tensor& positions, Tensor& grad_qkv, float base);
 
 // ---------------------------------------------------------------------------
 // Convolution and pooling (NCHW)

@@ -64,6 +64,17 @@ void check_ndim(std::string_view op, const Arg& arg, int ndim) {
                 arg.tensor.shape().to_string());
 }
 
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined() || !a.shares_storage_with(b) || a.nbytes() == 0 || b.nbytes() == 0) return false;
+  return a.offset_bytes() < b.offset_bytes() + b.nbytes() && b.offset_bytes() < a.offset_bytes() + a.nbytes();
+}
+
+void check_alias(std::string_view op, const Arg& out, const Arg& in) {
+  const bool same = out.tensor.offset_bytes() == in.tensor.offset_bytes() && out.tensor.dtype() == in.tensor.dtype();
+  TESSERA_CHECK(!overlaps(out.tensor, in.tensor) || same, op, ": '", out.name, "' must be '", in.name,
+                "' itself or not overlap it in memory");
+}
+
 int64_t last_dim(const Tensor& t) {
   return t.ndim() == 0 ? 1 : t.shape()[-1];
 }

@@ -6,11 +6,16 @@
 // The per-row math (online softmax, probabilities, score gradients) is the
 // shared code of kernels/functors/attention.h.
 //
+// Both layouts of the projections (the GPT's packed [B, T, 3, H, Dh], Llama's
+// grouped [B, T, G, R + 2, Dh]) run the same code through QkvLayout; a query
+// head reads its group's keys and values in place, never a repeated copy.
+//
 // Forward: one task per (b, h, query tile), online softmax over key tiles.
-// Backward: one task per (b, h): for each key tile, dK and dV accumulate over
-// the query tiles at or below the diagonal, dQ accumulates in a per-task
-// buffer; no two tasks write the same output, so results are deterministic.
-// Tasks are dealt to one scratch slot per thread, largest first.
+// Backward: one task per (b, key/value group): for each of the group's query
+// heads in turn, for each key tile, dK and dV accumulate over the query tiles
+// at or below the diagonal into the group's sequence-long f32 buffers, dQ in a
+// per-head buffer; no two tasks write the same output, so results are
+// deterministic. Tasks are dealt to one scratch slot per thread, largest first.
 //
 // Generation's cached attention runs the shared row functor, a row per task.
 #include "kernels/functors/attention.h"
@@ -119,24 +124,23 @@ void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const fl
   }
 }
 
-// Where one head's rows live in the packed tensors.
+// Where one call's rows live (either qkv layout, see QkvLayout), and the row
+// length of its f32 tiles.
 struct Layout {
-  int64_t batch, seq_len, heads, head_dim;
-  int64_t padded_dim;  // head_dim rounded up to kLanes: the row length of f32 tiles
+  AttentionRows rows;
+  int64_t padded_dim;  // head_dim rounded up to kLanes
 
-  int64_t qkv_row_stride() const { return packed_qkv_token_stride(heads, head_dim); }  // token t to t + 1 in qkv
-  int64_t out_row_stride() const { return heads * head_dim; }
-  // Element offset of (b, t, which ∈ {q, k, v}, h, 0) in qkv [B, T, 3, H, Dh].
-  int64_t qkv_offset(int64_t b, int64_t t, int which, int64_t h) const {
-    return packed_qkv_offset(b, t, which, h, seq_len, heads, head_dim);
-  }
-  int64_t out_offset(int64_t b, int64_t t, int64_t h) const { return ((b * seq_len + t) * heads + h) * head_dim; }
-  int64_t stats_offset(int64_t b, int64_t h) const { return (b * heads + h) * seq_len; }  // into [B, H, T]
+  int64_t batch() const { return rows.batch; }
+  int64_t seq_len() const { return rows.seq_len; }
+  int64_t heads() const { return rows.qkv.heads; }
+  int64_t groups() const { return rows.qkv.groups; }
+  int64_t head_dim() const { return rows.qkv.head_dim; }
+  int64_t qkv_row_stride() const { return rows.qkv.token_stride; }  // token t to t + 1 in qkv
+  int64_t out_row_stride() const { return heads() * head_dim(); }
 };
 
-Layout layout_of(const Tensor& qkv) {
-  const int64_t head_dim = qkv.size(4);
-  return Layout{qkv.size(0), qkv.size(1), qkv.size(3), head_dim, round_up(head_dim, kLanes)};
+Layout layout_of(const Tensor& qkv, const QkvLayout& layout) {
+  return Layout{AttentionRows{qkv.size(0), qkv.size(1), layout}, round_up(layout.head_dim, kLanes)};
 }
 
 // dst[r][d] = scale·src[r·stride + d] for r < rows, d < dim; zero for dim ≤ d < ld.
@@ -224,23 +228,24 @@ struct ForwardScratch {
 // Query tile qb of head (b, h): out rows and logsumexp. Scores are formed
 // transposed, Sᵀ = K·(scale·Q)ᵀ [keys × queries], so the online softmax runs
 // down the columns with one vector lane per query row, and the keys need no
-// transposing; O += P·V reads Sᵀ as a transposed A.
+// transposing; O += P·V reads Sᵀ as a transposed A. Keys and values are those
+// of the head's group, read in place (never repeated per query head).
 template <typename T>
 void forward_tile(const Layout& g, const T* qkv, T* out, float* logsumexp, int64_t b, int64_t h, int64_t qb,
                   float scale, float* scratch) {
-  const int64_t dp = g.padded_dim, dh = g.head_dim, stride = g.qkv_row_stride();
+  const int64_t dp = g.padded_dim, dh = g.head_dim(), stride = g.qkv_row_stride(), kv = g.rows.qkv.group_of(h);
   const ForwardScratch s(scratch, dp);
-  const int64_t t0 = qb * kBlock, rows = std::min(kBlock, g.seq_len - t0);
-  gather_transposed(qkv + g.qkv_offset(b, t0, 0, h), stride, rows, dh, scale, s.q_t);
+  const int64_t t0 = qb * kBlock, rows = std::min(kBlock, g.seq_len() - t0);
+  gather_transposed(qkv + g.rows.query_offset(b, t0, h), stride, rows, dh, scale, s.q_t);
   std::fill(s.acc, s.acc + rows * dp, 0.0f);
   std::fill(s.max, s.max + kBlock, -INFINITY);
   std::fill(s.sum, s.sum + kBlock, 0.0f);
 
   for (int64_t kb = 0; kb <= qb; ++kb) {
-    const int64_t s0 = kb * kBlock, keys = std::min(kBlock, g.seq_len - s0);
+    const int64_t s0 = kb * kBlock, keys = std::min(kBlock, g.seq_len() - s0);
     const bool diagonal = kb == qb;
-    gather_rows(qkv + g.qkv_offset(b, s0, 1, h), stride, keys, dh, 1.0f, s.k, dp);
-    gather_rows(qkv + g.qkv_offset(b, s0, 2, h), stride, keys, dh, 1.0f, s.v, dp);
+    gather_rows(qkv + g.rows.key_offset(b, s0, kv), stride, keys, dh, 1.0f, s.k, dp);
+    gather_rows(qkv + g.rows.value_offset(b, s0, kv), stride, keys, dh, 1.0f, s.v, dp);
     gemm<false, false>(keys, kBlock, dh, s.k, dp, s.q_t, kBlock, s.scores_t, kBlock);
 
     std::fill(s.tile_max, s.tile_max + kBlock, -INFINITY);
@@ -278,11 +283,11 @@ void forward_tile(const Layout& g, const T* qkv, T* out, float* logsumexp, int64
   }
 
   for (int64_t i = 0; i < rows; ++i) {
-    T* o = out + g.out_offset(b, t0 + i, h);
+    T* o = out + g.rows.out_offset(b, t0 + i, h);
     const float* acc = s.acc + i * dp;
     const float normaliser = 1.0f / s.sum[i];
     for (int64_t d = 0; d < dh; ++d) o[d] = from_float<T>(acc[d] * normaliser);
-    logsumexp[g.stats_offset(b, h) + t0 + i] = online_softmax_logsumexp(s.max[i], s.sum[i]);
+    logsumexp[g.rows.stats_offset(b, h, t0 + i)] = online_softmax_logsumexp(s.max[i], s.sum[i]);
   }
 }
 
@@ -291,43 +296,45 @@ void forward_tile(const Layout& g, const T* qkv, T* out, float* logsumexp, int64
 // ---------------------------------------------------------------------------
 
 struct BackwardScratch {
-  float *q, *grad_out, *grad_q;            // whole head: [padded T, dp]; q pre-multiplied by the scale
-  float *k, *k_t, *v_t, *grad_k, *grad_v;  // one key tile
-  float *p, *grad_s;                       // [kBlock, kBlock]: queries × keys
+  float *q, *grad_out, *grad_q;  // one query head: [padded T, dp]; q pre-multiplied by the scale
+  float *grad_k, *grad_v;        // the group's key and value: [padded T, dp], summed over its heads
+  float *k, *k_t, *v_t;          // one key tile
+  float *p, *grad_s;             // [kBlock, kBlock]: queries × keys
 
-  static int64_t floats(int64_t tp, int64_t dp) { return 3 * tp * dp + 5 * kBlock * dp + 2 * kBlock * kBlock; }
+  static int64_t floats(int64_t tp, int64_t dp) { return 5 * tp * dp + 3 * kBlock * dp + 2 * kBlock * kBlock; }
   BackwardScratch(float* base, int64_t tp, int64_t dp)
       : q(base),
         grad_out(q + tp * dp),
         grad_q(grad_out + tp * dp),
-        k(grad_q + tp * dp),
+        grad_k(grad_q + tp * dp),
+        grad_v(grad_k + tp * dp),
+        k(grad_v + tp * dp),
         k_t(k + kBlock * dp),
         v_t(k_t + kBlock * dp),
-        grad_k(v_t + kBlock * dp),
-        grad_v(grad_k + kBlock * dp),
-        p(grad_v + kBlock * dp),
+        p(v_t + kBlock * dp),
         grad_s(p + kBlock * kBlock) {}
 };
 
+// Query head h's share of the backward: its dQ, written out, and its terms of
+// its group's dK and dV, added to s.grad_k and s.grad_v.
 template <typename T>
-void backward_head(const Layout& g, const T* grad_out, const T* qkv, const float* logsumexp, const float* delta,
-                   T* grad_qkv, int64_t b, int64_t h, float scale, float* scratch) {
-  const int64_t dp = g.padded_dim, dh = g.head_dim, stride = g.qkv_row_stride(), seq = g.seq_len;
-  const int64_t tiles = (seq + kBlock - 1) / kBlock;
-  const BackwardScratch s(scratch, tiles * kBlock, dp);
-  gather_rows(qkv + g.qkv_offset(b, 0, 0, h), stride, seq, dh, scale, s.q, dp);
-  gather_rows(grad_out + g.out_offset(b, 0, h), g.out_row_stride(), seq, dh, 1.0f, s.grad_out, dp);
+void backward_head(const Layout& g, const BackwardScratch& s, const T* grad_out, const T* qkv, const float* logsumexp,
+                   const float* delta, T* grad_qkv, int64_t b, int64_t h, float scale) {
+  const int64_t dp = g.padded_dim, dh = g.head_dim(), stride = g.qkv_row_stride(), seq = g.seq_len();
+  const int64_t tiles = (seq + kBlock - 1) / kBlock, kv = g.rows.qkv.group_of(h);
+  gather_rows(qkv + g.rows.query_offset(b, 0, h), stride, seq, dh, scale, s.q, dp);
+  gather_rows(grad_out + g.rows.out_offset(b, 0, h), g.out_row_stride(), seq, dh, 1.0f, s.grad_out, dp);
   std::fill(s.grad_q, s.grad_q + seq * dp, 0.0f);
-  const float* lse = logsumexp + g.stats_offset(b, h);
-  const float* dl = delta + g.stats_offset(b, h);
+  const float* lse = logsumexp + g.rows.stats_offset(b, h, 0);
+  const float* dl = delta + g.rows.stats_offset(b, h, 0);
 
   for (int64_t kb = 0; kb < tiles; ++kb) {
     const int64_t s0 = kb * kBlock, keys = std::min(kBlock, seq - s0);
-    gather_rows(qkv + g.qkv_offset(b, s0, 1, h), stride, keys, dh, 1.0f, s.k, dp);
-    gather_transposed(qkv + g.qkv_offset(b, s0, 1, h), stride, keys, dh, 1.0f, s.k_t);
-    gather_transposed(qkv + g.qkv_offset(b, s0, 2, h), stride, keys, dh, 1.0f, s.v_t);
-    std::fill(s.grad_k, s.grad_k + keys * dp, 0.0f);
-    std::fill(s.grad_v, s.grad_v + keys * dp, 0.0f);
+    gather_rows(qkv + g.rows.key_offset(b, s0, kv), stride, keys, dh, 1.0f, s.k, dp);
+    gather_transposed(qkv + g.rows.key_offset(b, s0, kv), stride, keys, dh, 1.0f, s.k_t);
+    gather_transposed(qkv + g.rows.value_offset(b, s0, kv), stride, keys, dh, 1.0f, s.v_t);
+    float* grad_k = s.grad_k + s0 * dp;
+    float* grad_v = s.grad_v + s0 * dp;
 
     for (int64_t qb = kb; qb < tiles; ++qb) {
       const int64_t t0 = qb * kBlock, rows = std::min(kBlock, seq - t0);
@@ -347,80 +354,127 @@ void backward_head(const Layout& g, const T* grad_out, const T* qkv, const float
           ds[j] = attention_score_grad(prob, ds[j], row_delta);
         }
       }
-      gemm<true, true>(keys, dp, rows, s.p, kBlock, dout, dp, s.grad_v, dp);                 // dV += Pᵀ·dO
+      gemm<true, true>(keys, dp, rows, s.p, kBlock, dout, dp, grad_v, dp);                   // dV += Pᵀ·dO
       gemm<false, true>(rows, dp, keys, s.grad_s, kBlock, s.k, dp, s.grad_q + t0 * dp, dp);  // dQ += dS·K
-      gemm<true, true>(keys, dp, rows, s.grad_s, kBlock, q, dp, s.grad_k, dp);               // dK += dSᵀ·(scale·Q)
-    }
-
-    for (int64_t r = 0; r < keys; ++r) {
-      T* gk = grad_qkv + g.qkv_offset(b, s0 + r, 1, h);
-      T* gv = grad_qkv + g.qkv_offset(b, s0 + r, 2, h);
-      for (int64_t d = 0; d < dh; ++d) gk[d] = from_float<T>(s.grad_k[r * dp + d]);
-      for (int64_t d = 0; d < dh; ++d) gv[d] = from_float<T>(s.grad_v[r * dp + d]);
+      gemm<true, true>(keys, dp, rows, s.grad_s, kBlock, q, dp, grad_k, dp);                 // dK += dSᵀ·(scale·Q)
     }
   }
   for (int64_t t = 0; t < seq; ++t) {
-    T* gq = grad_qkv + g.qkv_offset(b, t, 0, h);
+    T* gq = grad_qkv + g.rows.query_offset(b, t, h);
     for (int64_t d = 0; d < dh; ++d) gq[d] = from_float<T>(scale * s.grad_q[t * dp + d]);
   }
 }
 
-}  // namespace
+// Key/value group kv of sequence b: the backward of each of its query heads in
+// turn, then the group's dK and dV, summed over them, written once.
+template <typename T>
+void backward_group(const Layout& g, const T* grad_out, const T* qkv, const float* logsumexp, const float* delta,
+                    T* grad_qkv, int64_t b, int64_t kv, float scale, float* scratch) {
+  const int64_t dp = g.padded_dim, dh = g.head_dim(), seq = g.seq_len(), per_group = g.rows.qkv.queries_per_group();
+  const BackwardScratch s(scratch, round_up(seq, kBlock), dp);
+  std::fill(s.grad_k, s.grad_k + seq * dp, 0.0f);
+  std::fill(s.grad_v, s.grad_v + seq * dp, 0.0f);
+  for (int64_t h = kv * per_group; h < (kv + 1) * per_group; ++h)
+    backward_head(g, s, grad_out, qkv, logsumexp, delta, grad_qkv, b, h, scale);
+  for (int64_t t = 0; t < seq; ++t) {
+    T* gk = grad_qkv + g.rows.key_offset(b, t, kv);
+    T* gv = grad_qkv + g.rows.value_offset(b, t, kv);
+    for (int64_t d = 0; d < dh; ++d) gk[d] = from_float<T>(s.grad_k[t * dp + d]);
+    for (int64_t d = 0; d < dh; ++d) gv[d] = from_float<T>(s.grad_v[t * dp + d]);
+  }
+}
 
-void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale) {
-  const Layout g = layout_of(qkv);
-  const float s = attention_scale(scale, g.head_dim);
-  const int64_t tiles = (g.seq_len + kBlock - 1) / kBlock;
-  std::vector<int64_t> costs(size_t(g.batch * g.heads * tiles));
+// One task per (b, h, query tile), costed by the key tiles it visits.
+void run_forward(const Tensor& qkv, const QkvLayout& layout, Tensor& out, Tensor& logsumexp, float scale,
+                 const char* op) {
+  const Layout g = layout_of(qkv, layout);
+  const float s = attention_scale(scale, g.head_dim());
+  const int64_t tiles = (g.seq_len() + kBlock - 1) / kBlock;
+  std::vector<int64_t> costs(size_t(g.batch() * g.heads() * tiles));
   for (size_t i = 0; i < costs.size(); ++i) costs[i] = int64_t(i) % tiles + 1;  // key tiles visited
-  dispatch_float(qkv.dtype(), "attention_forward", [&](auto tag) {
+  dispatch_float(qkv.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     const T* x = qkv.data<T>();
     T* y = out.data<T>();
     float* lse = logsumexp.data<float>();
     run_tasks(qkv.context(), costs, ForwardScratch::floats(g.padded_dim), [&](int64_t task, float* scratch) {
       const int64_t bh = task / tiles;
-      forward_tile(g, x, y, lse, bh / g.heads, bh % g.heads, task % tiles, s, scratch);
+      forward_tile(g, x, y, lse, bh / g.heads(), bh % g.heads(), task % tiles, s, scratch);
     });
   });
 }
 
-void CpuBackend::attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out,
-                                    const Tensor& logsumexp, Tensor& grad_qkv, float scale) {
-  const Layout g = layout_of(qkv);
-  const float s = attention_scale(scale, g.head_dim);
-  const int64_t tiles = (g.seq_len + kBlock - 1) / kBlock;
+// delta = rowsum(dO∘O), then one task per (b, key/value group): no two tasks
+// write the same gradient, so the result is deterministic.
+void run_backward(const Tensor& grad_out, const Tensor& qkv, const QkvLayout& layout, const Tensor& out,
+                  const Tensor& logsumexp, Tensor& grad_qkv, float scale, const char* op) {
+  const Layout g = layout_of(qkv, layout);
+  const float s = attention_scale(scale, g.head_dim());
   Context& ctx = qkv.context();
-  Tensor delta = ctx.empty(Shape{g.batch, g.heads, g.seq_len}, DType::f32);
-  const std::vector<int64_t> costs(size_t(g.batch * g.heads), 1);
-  dispatch_float(qkv.dtype(), "attention_backward", [&](auto tag) {
+  Tensor delta = ctx.empty(Shape{g.batch(), g.heads(), g.seq_len()}, DType::f32);
+  const std::vector<int64_t> costs(size_t(g.batch() * g.groups()), 1);
+  dispatch_float(qkv.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
-    const int64_t rows = g.batch * g.seq_len * g.heads;
+    const int64_t rows = g.batch() * g.seq_len() * g.heads();
     const AttentionDelta<T> delta_op{grad_out.data<T>(), out.data<T>(), delta.data<float>(),
-                                     g.seq_len,          g.heads,       g.head_dim};
-    cpu_for_each_index(rows, delta_op, std::max<int64_t>(1, (int64_t(1) << 14) / g.head_dim));
+                                     g.seq_len(),        g.heads(),     g.head_dim()};
+    cpu_for_each_index(rows, delta_op, std::max<int64_t>(1, (int64_t(1) << 14) / g.head_dim()));
     const T* dy = grad_out.data<T>();
     const T* x = qkv.data<T>();
     const float* lse = logsumexp.data<float>();
     const float* dl = delta.data<float>();
     T* dx = grad_qkv.data<T>();
-    run_tasks(ctx, costs, BackwardScratch::floats(tiles * kBlock, g.padded_dim), [&](int64_t task, float* scratch) {
-      backward_head(g, dy, x, lse, dl, dx, task / g.heads, task % g.heads, s, scratch);
+    const int64_t scratch = BackwardScratch::floats(round_up(g.seq_len(), kBlock), g.padded_dim);
+    run_tasks(ctx, costs, scratch, [&](int64_t task, float* area) {
+      backward_group(g, dy, x, lse, dl, dx, task / g.groups(), task % g.groups(), s, area);
     });
   });
 }
 
+// Appends the new keys and values, then one query row per task.
+void run_with_cache(const Tensor& qkv, const QkvLayout& layout, Tensor& keys, Tensor& values, int64_t position,
+                    Tensor& out, float scale, const char* op) {
+  const CacheLayout cache{AttentionRows{qkv.size(0), qkv.size(1), layout}, keys.size(2), position};
+  const float s = attention_scale(scale, layout.head_dim);
+  dispatch_float(qkv.dtype(), op, [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t new_keys = qkv.size(0) * cache.new_tokens() * layout.groups * layout.head_dim;
+    cpu_for_each_index(new_keys, KvAppend<T>{qkv.data<T>(), keys.data<T>(), values.data<T>(), cache});
+    const CachedAttentionRow<T> row{qkv.data<T>(), keys.data<T>(), values.data<T>(), out.data<T>(), cache, s};
+    cpu_for_each_index(qkv.size(0) * cache.new_tokens() * layout.heads, row, 1);
+  });
+}
+
+}  // namespace
+
+void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale) {
+  run_forward(qkv, packed_qkv_layout(qkv.shape()), out, logsumexp, scale, "attention_forward");
+}
+
+void CpuBackend::attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out,
+                                    const Tensor& logsumexp, Tensor& grad_qkv, float scale) {
+  run_backward(grad_out, qkv, packed_qkv_layout(qkv.shape()), out, logsumexp, grad_qkv, scale, "attention_backward");
+}
+
 void CpuBackend::attention_with_cache(const Tensor& qkv, Tensor& keys, Tensor& values, int64_t position, Tensor& out,
                                       float scale) {
-  const CacheLayout cache{qkv.size(1), qkv.size(3), qkv.size(4), keys.size(2), position};
-  const float s = attention_scale(scale, cache.head_dim);
-  dispatch_float(qkv.dtype(), "attention_with_cache", [&](auto tag) {
-    using T = decltype(tag);
-    const int64_t rows = qkv.size(0) * cache.new_tokens * cache.heads;
-    cpu_for_each_index(rows * cache.head_dim, KvAppend<T>{qkv.data<T>(), keys.data<T>(), values.data<T>(), cache});
-    const CachedAttentionRow<T> row{qkv.data<T>(), keys.data<T>(), values.data<T>(), out.data<T>(), cache, s};
-    cpu_for_each_index(rows, row, 1);
-  });
+  run_with_cache(qkv, packed_qkv_layout(qkv.shape()), keys, values, position, out, scale, "attention_with_cache");
+}
+
+void CpuBackend::grouped_attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale) {
+  run_forward(qkv, grouped_qkv_layout(qkv.shape()), out, logsumexp, scale, "grouped_attention_forward");
+}
+
+void CpuBackend::grouped_attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out,
+                                            const Tensor& logsumexp, Tensor& grad_qkv, float scale) {
+  run_backward(grad_out, qkv, grouped_qkv_layout(qkv.shape()), out, logsumexp, grad_qkv, scale,
+               "grouped_attention_backward");
+}
+
+void CpuBackend::grouped_attention_with_cache(const Tensor& qkv, Tensor& keys, Tensor& values, int64_t position,
+                                              Tensor& out, float scale) {
+  run_with_cache(qkv, grouped_qkv_layout(qkv.shape()), keys, values, position, out, scale,
+                 "grouped_attention_with_cache");
 }
 
 }  // namespace tessera

@@ -1,4 +1,4 @@
-// CudaBackend: ReLU and GELU (functors in kernels/functors/activation.h).
+// CudaBackend: ReLU, GELU and SwiGLU (functors in kernels/functors/activation.h).
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device_stream.h"
 #include "kernels/functors/activation.h"
@@ -37,6 +37,24 @@ void CudaBackend::gelu_forward(const Tensor& x, Tensor& y) {
 }
 void CudaBackend::gelu_backward(const Tensor& x, const Tensor& grad_y, Tensor& grad_x) {
   run_backward<gelu_grad>(x, grad_y, grad_x, "gelu_backward");
+}
+
+// y [R, F] from x [R, 2F].
+void CudaBackend::swiglu_forward(const Tensor& x, Tensor& y) {
+  const cudaStream_t stream = cuda::device_stream(x);
+  dispatch_float(x.dtype(), "swiglu_forward", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::for_each_index(y.numel(), SwigluForward<T>{x.data<T>(), y.data<T>(), y.size(-1)}, stream);
+  });
+}
+
+void CudaBackend::swiglu_backward(const Tensor& x, const Tensor& grad_y, Tensor& grad_x) {
+  const cudaStream_t stream = cuda::device_stream(x);
+  dispatch_float(x.dtype(), "swiglu_backward", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::for_each_index(grad_y.numel(),
+                         SwigluBackward<T>{x.data<T>(), grad_y.data<T>(), grad_x.data<T>(), grad_y.size(-1)}, stream);
+  });
 }
 
 }  // namespace tessera

@@ -1,5 +1,6 @@
-// ReLU and GELU (tanh approximation), forward and backward, as index functors
-// run by cpu_for_each_index on the host and cuda::for_each_index on a GPU.
+// ReLU, GELU (tanh approximation) and SwiGLU (Llama's gated SiLU), forward and
+// backward, as index functors run by cpu_for_each_index on the host and
+// cuda::for_each_index on a GPU.
 #pragma once
 
 #include <cmath>
@@ -52,6 +53,46 @@ struct ActivationBackward {
   const T* grad_y;
   T* grad_x;
   TESSERA_HD void operator()(int64_t i) const { grad_x[i] = from_float<T>(to_float(grad_y[i]) * DF(to_float(x[i]))); }
+};
+
+// SiLU (swish): silu(a) = a·σ(a) = a / (1 + e^−a), as torch computes it.
+TESSERA_HD_INLINE float sigmoid(float x) {
+  return 1.0f / (1.0f + exp_f32(-x));
+}
+
+// y[r, f] = silu(gate)·up with gate = x[r, f], up = x[r, F + f]: an index
+// functor over the elements i = r·F + f of y [R, F]; x [R, 2F].
+template <typename T>
+struct SwigluForward {
+  const T* x;
+  T* y;
+  int64_t width;  // F
+
+  TESSERA_HD void operator()(int64_t i) const {
+    const int64_t gate = i + (i / width) * width;  // r·2F + f
+    const float a = to_float(x[gate]);
+    y[i] = from_float<T>(a * sigmoid(a) * to_float(x[gate + width]));
+  }
+};
+
+// The gradients of y = silu(a)·u for dy = grad_y[r, f]:
+//   d gate = dy·u·silu'(a), silu'(a) = σ(a)·(1 + a·(1 − σ(a))),   d up = dy·silu(a).
+// An index functor over the elements of grad_y [R, F]; x, grad_x [R, 2F], and
+// grad_x may be x (each pair is read before it is written, by one thread).
+template <typename T>
+struct SwigluBackward {
+  const T* x;
+  const T* grad_y;
+  T* grad_x;
+  int64_t width;  // F
+
+  TESSERA_HD void operator()(int64_t i) const {
+    const int64_t gate = i + (i / width) * width;
+    const float a = to_float(x[gate]), u = to_float(x[gate + width]), dy = to_float(grad_y[i]);
+    const float s = sigmoid(a);
+    grad_x[gate] = from_float<T>(dy * u * s * (1.0f + a * (1.0f - s)));
+    grad_x[gate + width] = from_float<T>(dy * a * s);
+  }
 };
 
 }  // namespace tessera

@@ -1,9 +1,16 @@
 // Causal attention: the per-row math shared by the CPU (blocked, flash-attention
-// style) and CUDA (warp per row) backends: the online softmax (running maximum
+// style) and CUDA (a warp per row) backends: the online softmax (running maximum
 // and sum, with the factor that rescales what was accumulated so far), the
 // probabilities and score gradients of the backward pass recomputed from the
 // saved logsumexp, and the row functor computing delta = rowsum(dO∘O).
 // Exponentials use exp_f32 (kernels/functors/float_math.h), which CPU loops vectorise.
+// Two layouts of the projections share every kernel through QkvLayout: the
+// GPT's packed qkv [B, T, 3, H, Dh] and Llama's grouped [B, T, G, R + 2, Dh]
+// (grouped-query attention: R query heads share a key/value head).
+// Training on a GPU: row functors, a group of lanes per query row (forward,
+// dQ) or per key row of a key/value group (dK, dV summed over the group's
+// query heads), written for any group size so the tests run them on the CPU
+// (SerialGroup) against the reference.
 // Generation's cached attention: KvAppend (an index functor both backends
 // run) writes the new keys and values; the CPU then runs CachedAttentionRow,
 // one query row per call. A GPU splits each row's cache positions into
@@ -18,6 +25,7 @@
 #include <cstdint>
 
 #include "core/half.h"
+#include "core/shape.h"
 #include "kernels/functors/float_math.h"
 #include "kernels/functors/row_group.h"
 
@@ -79,6 +87,81 @@ TESSERA_HD float attention_score_grad(float p, float dp, float delta) {
   return p * (dp - delta);
 }
 
+// ---------------------------------------------------------------------------
+// Where the query, key and value of each head are
+// ---------------------------------------------------------------------------
+// One token's projections in either of the two layouts the kernels serve:
+//   packed  [3, H, Dh] (the GPT's): the H queries, then the H keys, then the H
+//           values; every query head has its own key/value head (G = H, R = 1);
+//   grouped [G, R + 2, Dh] (Llama's, as Megatron lays it out): for each
+//           key/value group g, its R query heads, then its key, then its value;
+//           query head h = g·R + j attends with group g's key and value, which
+//           are never repeated in memory (grouped-query attention; G = 1 is
+//           multi-query, G = H multi-head).
+struct QkvLayout {
+  int64_t heads;         // H, query heads
+  int64_t groups;        // G, key/value heads (what a cache holds)
+  int64_t head_dim;      // Dh
+  int64_t group_stride;  // elements from group g to g + 1
+  int64_t key_slot;      // the key's element offset within a group
+  int64_t value_slot;    // the value's element offset within a group
+  int64_t token_stride;  // elements from token t to t + 1
+
+  TESSERA_HD int64_t queries_per_group() const { return heads / groups; }
+  TESSERA_HD int64_t group_of(int64_t h) const { return h / queries_per_group(); }
+  // Element offsets within one token's projections.
+  TESSERA_HD int64_t query(int64_t h) const {
+    return group_of(h) * group_stride + (h % queries_per_group()) * head_dim;
+  }
+  TESSERA_HD int64_t key(int64_t g) const { return g * group_stride + key_slot; }
+  TESSERA_HD int64_t value(int64_t g) const { return g * group_stride + value_slot; }
+};
+
+// qkv [B, T, 3, H, Dh].
+TESSERA_HD QkvLayout packed_qkv_layout(int64_t heads, int64_t head_dim) {
+  return QkvLayout{heads, heads, head_dim, head_dim, heads * head_dim, 2 * heads * head_dim, 3 * heads * head_dim};
+}
+
+// qkv [B, T, G, R + 2, Dh].
+TESSERA_HD QkvLayout grouped_qkv_layout(int64_t groups, int64_t queries_per_group, int64_t head_dim) {
+  const int64_t group_stride = (queries_per_group + 2) * head_dim;
+  return QkvLayout{groups * queries_per_group,
+                   groups,
+                   head_dim,
+                   group_stride,
+                   queries_per_group * head_dim,
+                   (queries_per_group + 1) * head_dim,
+                   groups * group_stride};
+}
+
+// The same from the shape of a qkv tensor.
+inline QkvLayout packed_qkv_layout(const Shape& qkv) {  // [B, T, 3, H, Dh]
+  return packed_qkv_layout(qkv[3], qkv[4]);
+}
+inline QkvLayout grouped_qkv_layout(const Shape& qkv) {  // [B, T, G, R + 2, Dh]
+  return grouped_qkv_layout(qkv[2], qkv[3] - 2, qkv[4]);
+}
+
+// The tensors of one call: qkv [B, T, ...] in `qkv`'s layout, out [B, T, H, Dh],
+// logsumexp and delta [B, H, T].
+struct AttentionRows {
+  int64_t batch, seq_len;
+  QkvLayout qkv;
+
+  TESSERA_HD int64_t token_offset(int64_t b, int64_t t) const { return (b * seq_len + t) * qkv.token_stride; }
+  // Element offsets of (b, t, query head h, 0), (b, t, key/value group g, 0) in qkv.
+  TESSERA_HD int64_t query_offset(int64_t b, int64_t t, int64_t h) const { return token_offset(b, t) + qkv.query(h); }
+  TESSERA_HD int64_t key_offset(int64_t b, int64_t t, int64_t g) const { return token_offset(b, t) + qkv.key(g); }
+  TESSERA_HD int64_t value_offset(int64_t b, int64_t t, int64_t g) const { return token_offset(b, t) + qkv.value(g); }
+  TESSERA_HD int64_t out_offset(int64_t b, int64_t t, int64_t h) const {
+    return ((b * seq_len + t) * qkv.heads + h) * qkv.head_dim;
+  }
+  TESSERA_HD int64_t stats_offset(int64_t b, int64_t h, int64_t t) const { return (b * qkv.heads + h) * seq_len + t; }
+  // Query row (b·H + h)·T + t, the order of logsumexp [B, H, T], as (b, h, t).
+  TESSERA_HD int64_t batch_of_query_row(int64_t row) const { return row / seq_len / qkv.heads; }
+  TESSERA_HD int64_t head_of_query_row(int64_t row) const { return row / seq_len % qkv.heads; }
+};
+
 // delta[b, h, t] = Σ_d grad_out[b, t, h, d]·out[b, t, h, d], an index functor
 // over the rows i = (b·T + t)·H + h of out [B, T, H, Dh]; delta is [B, H, T] f32.
 template <typename T>
@@ -98,33 +181,205 @@ struct AttentionDelta {
   }
 };
 
-// The longest head vector CachedAttentionRow accumulates (ops:: checks it).
-inline constexpr int64_t kCachedAttentionMaxHeadDim = 256;
+// ---------------------------------------------------------------------------
+// Head vectors across a group's lanes (the row functors below)
+// ---------------------------------------------------------------------------
+// Lane l of a group of kLanes holds the elements d = l + kLanes·i (i < kPerLane)
+// of a head vector in registers: a warp needs Dh/32 per lane, SerialGroup
+// (the CPU, which runs these functors in the tests) the whole vector.
+template <int kLanes, int kMaxHeadDim>
+inline constexpr int kPerLane = (kMaxHeadDim + kLanes - 1) / kLanes;
 
-// The packed projections qkv [B, T, 3, H, Dh] (which: 0 query, 1 key, 2
-// value), as the training kernels of both backends and the cached attention
-// index them. Elements from token t to t + 1:
-TESSERA_HD int64_t packed_qkv_token_stride(int64_t heads, int64_t head_dim) {
-  return 3 * heads * head_dim;
+// dst[i] = scale·src[lane + kLanes·i] (0 past the head dimension).
+template <int kLanes, int kCount, typename T>
+TESSERA_HD void load_lanes(const T* src, int head_dim, int lane, float scale, float (&dst)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) {
+    const int d = lane + kLanes * i;
+    dst[i] = d < head_dim ? scale * to_float(src[d]) : 0.0f;
+  }
 }
 
-// Element offset of (b, t, which, h, 0) in qkv [B, T, 3, H, Dh].
-TESSERA_HD int64_t packed_qkv_offset(int64_t b, int64_t t, int64_t which, int64_t h, int64_t tokens, int64_t heads,
-                                     int64_t head_dim) {
-  return (b * tokens + t) * packed_qkv_token_stride(heads, head_dim) + (which * heads + h) * head_dim;
+// dst[lane + kLanes·i] = scale·src[i] within the head dimension.
+template <int kLanes, int kCount, typename T>
+TESSERA_HD void store_lanes(T* dst, int head_dim, int lane, float scale, const float (&src)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) {
+    const int d = lane + kLanes * i;
+    if (d < head_dim) dst[d] = from_float<T>(scale * src[i]);
+  }
 }
 
-// Where the cache [B, H, S, Dh] and the new tokens qkv [B, Tn, 3, H, Dh] are.
-struct CacheLayout {
-  int64_t new_tokens, heads, head_dim, capacity, position;
+// Σ_d a[d]·src[d] over the group, a in registers, src in memory.
+template <typename Group, int kCount, typename T>
+TESSERA_HD float group_dot(const Group& g, const float (&a)[kCount], const T* src, int head_dim) {
+  constexpr int kLanes = int(kGroupLanes<Group>);
+  float partial = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) {
+    const int d = g.lane() + kLanes * i;
+    if (d < head_dim) partial += a[i] * to_float(src[d]);
+  }
+  return g.sum(partial);
+}
 
-  TESSERA_HD int64_t cache_offset(int64_t b, int64_t h, int64_t s) const {
-    return ((b * heads + h) * capacity + s) * head_dim;
+// acc[i] = acc[i]·factor + weight·src[lane + kLanes·i] (the online softmax's update).
+template <int kLanes, int kCount, typename T>
+TESSERA_HD void rescale_add_lanes(float (&acc)[kCount], float factor, float weight, const T* src, int head_dim,
+                                  int lane) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) {
+    const int d = lane + kLanes * i;
+    acc[i] = acc[i] * factor + (d < head_dim ? weight * to_float(src[d]) : 0.0f);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Training, a group of lanes per row (the CUDA backend's kernels; the CPU has
+// its own blocked kernels, and runs these only in tests)
+// ---------------------------------------------------------------------------
+// Forward, a row functor over the query rows row = (b·H + h)·T + t (also the
+// index of (b, h, t) in logsumexp): online softmax over the keys s ≤ t of
+// head h's group → out, logsumexp.
+template <typename T, int kMaxHeadDim>
+struct AttentionForwardRow {
+  const T* qkv;
+  T* out;
+  float* logsumexp;
+  AttentionRows rows;
+  float scale;
+
+  template <typename Group>
+  TESSERA_HD void operator()(const Group& g, int64_t row) const {
+    constexpr int kLanes = int(kGroupLanes<Group>), kCount = kPerLane<kLanes, kMaxHeadDim>;
+    const int lane = g.lane(), dh = int(rows.qkv.head_dim);
+    const int64_t t = row % rows.seq_len, b = rows.batch_of_query_row(row), h = rows.head_of_query_row(row);
+    const int64_t kv = rows.qkv.group_of(h), stride = rows.qkv.token_stride;
+    float q[kCount], acc[kCount];
+    load_lanes<kLanes>(qkv + rows.query_offset(b, t, h), dh, lane, scale, q);
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) acc[i] = 0.0f;
+    const T* key = qkv + rows.key_offset(b, 0, kv);
+    const T* value = qkv + rows.value_offset(b, 0, kv);
+    OnlineSoftmax softmax;
+    for (int64_t s = 0; s <= t; ++s, key += stride, value += stride) {
+      const float score = group_dot(g, q, key, dh);
+      const float factor = softmax.raise_max(score);
+      const float weight = softmax.weight(score);
+      softmax.add(weight);
+      rescale_add_lanes<kLanes>(acc, factor, weight, value, dh, lane);
+    }
+    store_lanes<kLanes>(out + rows.out_offset(b, t, h), dh, lane, softmax.normaliser(), acc);
+    if (lane == 0) logsumexp[row] = softmax.logsumexp();
   }
 };
 
-// keys/values[b, h, position + t, d] = qkv[b, t, 1/2, h, d]: an index functor
-// over the elements (b, t, h, d) of the new tokens' keys.
+// What the two backward row functors read and write.
+template <typename T>
+struct AttentionBackwardArgs {
+  const T* grad_out;  // [B, T, H, Dh]
+  const T* qkv;
+  const float* logsumexp;  // [B, H, T]
+  const float* delta;      // [B, H, T]: rowsum(dO∘O), AttentionDelta's
+  T* grad_qkv;
+  AttentionRows rows;
+  float scale;
+};
+
+// Backward, a row functor over the query rows (numbered as the forward's):
+// dQ = scale·Σ_{s≤t} dS[t, s]·k_s.
+template <typename T, int kMaxHeadDim>
+struct AttentionGradQueryRow {
+  AttentionBackwardArgs<T> args;
+
+  template <typename Group>
+  TESSERA_HD void operator()(const Group& g, int64_t row) const {
+    constexpr int kLanes = int(kGroupLanes<Group>), kCount = kPerLane<kLanes, kMaxHeadDim>;
+    const AttentionRows& rows = args.rows;
+    const int lane = g.lane(), dh = int(rows.qkv.head_dim);
+    const int64_t t = row % rows.seq_len, b = rows.batch_of_query_row(row), h = rows.head_of_query_row(row);
+    const int64_t kv = rows.qkv.group_of(h), stride = rows.qkv.token_stride;
+    float q[kCount], dout[kCount], grad[kCount];
+    load_lanes<kLanes>(args.qkv + rows.query_offset(b, t, h), dh, lane, args.scale, q);
+    load_lanes<kLanes>(args.grad_out + rows.out_offset(b, t, h), dh, lane, 1.0f, dout);
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) grad[i] = 0.0f;
+    const float lse = args.logsumexp[row], row_delta = args.delta[row];
+    const T* key = args.qkv + rows.key_offset(b, 0, kv);
+    const T* value = args.qkv + rows.value_offset(b, 0, kv);
+    for (int64_t s = 0; s <= t; ++s, key += stride, value += stride) {
+      const float p = attention_probability(group_dot(g, q, key, dh), lse);
+      const float ds = attention_score_grad(p, group_dot(g, dout, value, dh), row_delta);
+      rescale_add_lanes<kLanes>(grad, 1.0f, ds, key, dh, lane);
+    }
+    store_lanes<kLanes>(args.grad_qkv + rows.query_offset(b, t, h), dh, lane, args.scale, grad);
+  }
+};
+
+// Backward, a row functor over the key rows row = (b·G + g)·T + s: the
+// gradients of group g's key and value at token s, summed over the group's R
+// query heads and their queries t ≥ s: dV = Σ P[t, s]·dO_t,
+// dK = scale·Σ dS[t, s]·q_t. One writer per key row: no atomics.
+template <typename T, int kMaxHeadDim>
+struct AttentionGradKeyValueRow {
+  AttentionBackwardArgs<T> args;
+
+  template <typename Group>
+  TESSERA_HD void operator()(const Group& g, int64_t row) const {
+    constexpr int kLanes = int(kGroupLanes<Group>), kCount = kPerLane<kLanes, kMaxHeadDim>;
+    const AttentionRows& rows = args.rows;
+    const int lane = g.lane(), dh = int(rows.qkv.head_dim);
+    const int64_t s = row % rows.seq_len, b = row / rows.seq_len / rows.qkv.groups;
+    const int64_t kv = row / rows.seq_len % rows.qkv.groups, per_group = rows.qkv.queries_per_group();
+    float k[kCount], v[kCount], grad_k[kCount], grad_v[kCount];
+    load_lanes<kLanes>(args.qkv + rows.key_offset(b, s, kv), dh, lane, 1.0f, k);
+    load_lanes<kLanes>(args.qkv + rows.value_offset(b, s, kv), dh, lane, 1.0f, v);
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) grad_k[i] = grad_v[i] = 0.0f;
+    const int64_t qkv_stride = rows.qkv.token_stride, out_stride = rows.qkv.heads * rows.qkv.head_dim;
+    for (int64_t h = kv * per_group; h < (kv + 1) * per_group; ++h) {
+      const T* query = args.qkv + rows.query_offset(b, s, h);
+      const T* grad_out = args.grad_out + rows.out_offset(b, s, h);
+      const int64_t stats = rows.stats_offset(b, h, 0);
+      for (int64_t t = s; t < rows.seq_len; ++t, query += qkv_stride, grad_out += out_stride) {
+        float q[kCount], dout[kCount];
+        load_lanes<kLanes>(query, dh, lane, args.scale, q);
+        load_lanes<kLanes>(grad_out, dh, lane, 1.0f, dout);
+        float score = 0.0f, dp = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kCount; ++i) score += q[i] * k[i], dp += dout[i] * v[i];
+        const float p = attention_probability(g.sum(score), args.logsumexp[stats + t]);
+        const float ds = attention_score_grad(p, g.sum(dp), args.delta[stats + t]);
+#pragma unroll
+        for (int i = 0; i < kCount; ++i) grad_v[i] += p * dout[i], grad_k[i] += ds * q[i];
+      }
+    }
+    store_lanes<kLanes>(args.grad_qkv + rows.key_offset(b, s, kv), dh, lane, 1.0f, grad_k);  // q was scaled already
+    store_lanes<kLanes>(args.grad_qkv + rows.value_offset(b, s, kv), dh, lane, 1.0f, grad_v);
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Generation: attention over a key/value cache
+// ---------------------------------------------------------------------------
+// The longest head vector CachedAttentionRow accumulates (ops:: checks it).
+inline constexpr int64_t kCachedAttentionMaxHeadDim = 256;
+
+// Where the cache keys/values [B, G, S, Dh] (G = the layout's key/value
+// heads; H for the packed layout) and the new tokens qkv [B, Tn, ...] are.
+struct CacheLayout {
+  AttentionRows rows;  // the new tokens: seq_len = Tn
+  int64_t capacity, position;
+
+  TESSERA_HD int64_t new_tokens() const { return rows.seq_len; }
+  TESSERA_HD int64_t head_dim() const { return rows.qkv.head_dim; }
+  TESSERA_HD int64_t cache_offset(int64_t b, int64_t g, int64_t s) const {
+    return ((b * rows.qkv.groups + g) * capacity + s) * rows.qkv.head_dim;
+  }
+};
+
+// keys/values[b, g, position + t, d] = the key/value of group g of new token t:
+// an index functor over the elements (b, t, g, d) of the new tokens' keys.
 template <typename T>
 struct KvAppend {
   const T* qkv;
@@ -133,20 +388,17 @@ struct KvAppend {
   CacheLayout cache;
 
   TESSERA_HD void operator()(int64_t i) const {
-    const int64_t d = i % cache.head_dim, h = (i / cache.head_dim) % cache.heads;
-    const int64_t t = (i / (cache.head_dim * cache.heads)) % cache.new_tokens;
-    const int64_t b = i / (cache.head_dim * cache.heads * cache.new_tokens);
-    const int64_t key = packed_qkv_offset(b, t, 1, h, cache.new_tokens, cache.heads, cache.head_dim) + d;
-    const int64_t to = cache.cache_offset(b, h, cache.position + t) + d;
-    const int64_t value = packed_qkv_offset(b, t, 2, h, cache.new_tokens, cache.heads, cache.head_dim) + d;
-    keys[to] = qkv[key];
-    values[to] = qkv[value];
+    const int64_t dh = cache.head_dim(), groups = cache.rows.qkv.groups, tokens = cache.new_tokens();
+    const int64_t d = i % dh, g = (i / dh) % groups, t = (i / (dh * groups)) % tokens, b = i / (dh * groups * tokens);
+    const int64_t to = cache.cache_offset(b, g, cache.position + t) + d;
+    keys[to] = qkv[cache.rows.key_offset(b, t, g) + d];
+    values[to] = qkv[cache.rows.value_offset(b, t, g) + d];
   }
 };
 
 // out[b, t, h] for one new token: an index functor over the rows
 // (b·Tn + t)·H + h of out [B, Tn, H, Dh]; the query at position + t attends to
-// cached positions 0 ..= position + t with the online softmax above.
+// cached positions 0 ..= position + t of its group with the online softmax above.
 template <typename T>
 struct CachedAttentionRow {
   const T* qkv;
@@ -157,15 +409,15 @@ struct CachedAttentionRow {
   float scale;
 
   TESSERA_HD void operator()(int64_t row) const {
-    const int64_t h = row % cache.heads, t = (row / cache.heads) % cache.new_tokens;
-    const int64_t b = row / (cache.heads * cache.new_tokens), dh = cache.head_dim;
-    const T* q = qkv + packed_qkv_offset(b, t, 0, h, cache.new_tokens, cache.heads, dh);
+    const int64_t heads = cache.rows.qkv.heads, h = row % heads, t = (row / heads) % cache.new_tokens();
+    const int64_t b = row / (heads * cache.new_tokens()), dh = cache.head_dim(), kv = cache.rows.qkv.group_of(h);
+    const T* q = qkv + cache.rows.query_offset(b, t, h);
     float accumulated[kCachedAttentionMaxHeadDim];
     for (int64_t d = 0; d < dh; ++d) accumulated[d] = 0.0f;
     OnlineSoftmax softmax;
     for (int64_t s = 0; s <= cache.position + t; ++s) {
-      const T* k = keys + cache.cache_offset(b, h, s);
-      const T* v = values + cache.cache_offset(b, h, s);
+      const T* k = keys + cache.cache_offset(b, kv, s);
+      const T* v = values + cache.cache_offset(b, kv, s);
       float score = 0.0f;
       for (int64_t d = 0; d < dh; ++d) score += to_float(q[d]) * to_float(k[d]);
       score *= scale;
@@ -215,12 +467,11 @@ struct CachePartials {
 
 // One (row, block) item: the online softmax of CachedAttentionRow over the
 // block's positions, written as partials. A row functor: the group's lanes
-// hold the lane-strided elements d = lane + lanes·i of the query and the
-// accumulated values in registers (kMaxHeadDim / lanes of them, so a warp
-// needs 8 for Dh = 256), and a score is a group sum.
+// hold the query and the accumulated values in registers (load_lanes above),
+// and a score is a group sum.
 template <typename T, int kMaxHeadDim>
 struct CachedAttentionBlock {
-  const T* qkv;  // the new tokens [B, Tn, 3, H, Dh]
+  const T* qkv;  // the new tokens [B, Tn, ...]
   const T* keys;
   const T* values;
   CachePartials partials;
@@ -230,48 +481,27 @@ struct CachedAttentionBlock {
 
   template <typename Group>
   TESSERA_HD void operator()(const Group& g, int64_t item) const {
-    constexpr int kLanes = int(kGroupLanes<Group>), kPerLane = (kMaxHeadDim + kLanes - 1) / kLanes;
+    constexpr int kLanes = int(kGroupLanes<Group>), kCount = kPerLane<kLanes, kMaxHeadDim>;
     const int64_t row = item / blocks.per_row, first = (item % blocks.per_row) * blocks.positions;
-    const int64_t h = row % cache.heads, t = (row / cache.heads) % cache.new_tokens;
-    const int64_t b = row / (cache.heads * cache.new_tokens);
+    const int64_t heads = cache.rows.qkv.heads, h = row % heads, t = (row / heads) % cache.new_tokens();
+    const int64_t b = row / (heads * cache.new_tokens()), kv = cache.rows.qkv.group_of(h);
     const int64_t limit = cache.position + t + 1;  // the row attends to positions [0, limit)
     const int64_t end = first + blocks.positions < limit ? first + blocks.positions : limit;
     if (first >= end) return;  // past the row's causal limit: the merge leaves it out
-    const int dh = int(cache.head_dim), lane = g.lane();
-    const T* q = qkv + packed_qkv_offset(b, t, 0, h, cache.new_tokens, cache.heads, dh);
-    float query[kPerLane], acc[kPerLane];
+    const int dh = int(cache.head_dim()), lane = g.lane();
+    float query[kCount], acc[kCount];
+    load_lanes<kLanes>(qkv + cache.rows.query_offset(b, t, h), dh, lane, scale, query);
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int d = lane + kLanes * i;
-      query[i] = d < dh ? scale * to_float(q[d]) : 0.0f;
-      acc[i] = 0.0f;
-    }
+    for (int i = 0; i < kCount; ++i) acc[i] = 0.0f;
     OnlineSoftmax softmax;
     for (int64_t s = first; s < end; ++s) {
-      const T* k = keys + cache.cache_offset(b, h, s);
-      const T* v = values + cache.cache_offset(b, h, s);
-      float partial = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        const int d = lane + kLanes * i;
-        if (d < dh) partial += query[i] * to_float(k[d]);
-      }
-      const float score = g.sum(partial);
+      const float score = group_dot(g, query, keys + cache.cache_offset(b, kv, s), dh);
       const float factor = softmax.raise_max(score);
       const float weight = softmax.weight(score);
       softmax.add(weight);
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        const int d = lane + kLanes * i;
-        acc[i] = acc[i] * factor + (d < dh ? weight * to_float(v[d]) : 0.0f);
-      }
+      rescale_add_lanes<kLanes>(acc, factor, weight, values + cache.cache_offset(b, kv, s), dh, lane);
     }
-    float* out = partials.acc + item * dh;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int d = lane + kLanes * i;
-      if (d < dh) out[d] = acc[i];
-    }
+    store_lanes<kLanes>(partials.acc + item * dh, dh, lane, 1.0f, acc);
     if (lane == 0) {
       partials.max[item] = softmax.max;
       partials.sum[item] = softmax.sum;
@@ -290,8 +520,8 @@ struct CachedAttentionMerge {
   CacheBlocks blocks;
 
   TESSERA_HD void operator()(int64_t i) const {
-    const int64_t dh = cache.head_dim, row = i / dh, d = i % dh;
-    const int64_t t = (row / cache.heads) % cache.new_tokens;
+    const int64_t dh = cache.head_dim(), row = i / dh, d = i % dh;
+    const int64_t t = (row / cache.rows.qkv.heads) % cache.new_tokens();
     const int64_t first = row * blocks.per_row, used = blocks.covering(cache.position + t + 1);
     float max = -INFINITY;
     for (int64_t j = first; j < first + used; ++j) max = fmaxf(max, partials.max[j]);

@@ -16,10 +16,7 @@ void check_dropout(std::string_view op, std::string_view in_name, const Tensor& 
   detail::check_shape(op, {out_name, out}, in.shape());
   detail::check_same_device(op, {{in_name, in}, {out_name, out}});
   TESSERA_CHECK(p >= 0.0f && p <= 1.0f, op, ": drop probability 'p' must be in [0, 1], got ", p);
-  const bool overlap = in.shares_storage_with(out) && in.offset_bytes() < out.offset_bytes() + out.nbytes() &&
-                       out.offset_bytes() < in.offset_bytes() + in.nbytes();
-  TESSERA_CHECK(!overlap || in.offset_bytes() == out.offset_bytes(), op, ": '", out_name, "' must be '", in_name,
-                "' itself or not overlap it in memory");
+  detail::check_alias(op, {out_name, out}, {in_name, in});
 }
 
 }  // namespace

@@ -15,14 +15,8 @@
 namespace tessera::ops {
 namespace {
 
-// True when the bytes of x and y overlap (outputs must not overlap inputs).
-bool overlaps(const Tensor& x, const Tensor& y) {
-  if (!x.defined() || !y.defined() || !x.shares_storage_with(y) || x.nbytes() == 0 || y.nbytes() == 0) return false;
-  return x.offset_bytes() < y.offset_bytes() + y.nbytes() && y.offset_bytes() < x.offset_bytes() + x.nbytes();
-}
-
 void check_no_overlap(std::string_view op, const detail::Arg& out, const detail::Arg& in) {
-  TESSERA_CHECK(!overlaps(out.tensor, in.tensor), op, ": output '", out.name, "' overlaps input '", in.name,
+  TESSERA_CHECK(!detail::overlaps(out.tensor, in.tensor), op, ": output '", out.name, "' overlaps input '", in.name,
                 "'; a matrix product cannot be computed in place");
 }
 
@@ -121,7 +115,7 @@ void bias_add(const Tensor& x, const Tensor& bias, Tensor& y) {
   detail::check_dtype(op, {"y", y}, x.dtype());
   detail::check_shape(op, {"y", y}, x.shape());
   check_no_overlap(op, {"y", y}, {"bias", bias});
-  TESSERA_CHECK(!overlaps(y, x) || y.data_ptr() == x.data_ptr(), op,
+  TESSERA_CHECK(!detail::overlaps(y, x) || y.data_ptr() == x.data_ptr(), op,
                 ": 'y' partly overlaps 'x'; pass x itself (in place) or a separate tensor");
   detail::check_same_device(op, {{"x", x}, {"bias", bias}, {"y", y}});
   backend_for(x, "bias_add").bias_add(x, bias, y);

@@ -1,5 +1,6 @@
-// ReLU and GELU: forward against a double reference, backward against central
-// differences of that reference, GPU against CPU. Every dtype, odd sizes.
+// ReLU, GELU and SwiGLU: forward against a double reference, backward against
+// central differences of that reference, GPU against CPU. Every dtype, odd
+// sizes. SwiGLU also in place (grad_x = x) and with its argument checks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -116,6 +117,105 @@ TEST(Activation, RejectsMismatchedShapes) {
   Tensor z = ctx.zeros(Shape{4, 5}, DType::bf16);
   EXPECT_THROW(ops::relu_forward(x, z), Error);
 }
+
+// SwiGLU: x [R, 2F] holds [gate | up] per row; y [R, F] = silu(gate)·up.
+std::vector<double> swiglu_reference(const std::vector<double>& x, int64_t width) {
+  std::vector<double> y(x.size() / 2);
+  for (size_t i = 0; i < y.size(); ++i) {
+    const size_t row = i / size_t(width), f = i % size_t(width);
+    const double gate = x[row * 2 * size_t(width) + f], up = x[row * 2 * size_t(width) + size_t(width) + f];
+    y[i] = gate / (1.0 + std::exp(-gate)) * up;
+  }
+  return y;
+}
+
+// Rows across the CPU's threading grain with an odd F; a 3-D input; F = 1.
+const Shape kSwigluShapes[] = {Shape{3, 1031, 2 * 17}, Shape{2, 5, 2 * 64}, Shape{9, 2}};
+
+class Swiglu : public DtypeTest {};
+
+TEST_P(Swiglu, Forward) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  auto rng = make_rng();
+  for (const Shape& shape : kSwigluShapes) {
+    SCOPED_TRACE(shape.to_string());
+    const int64_t width = shape[-1] / 2;
+    auto x = random_tensor(ctx, shape, dtype, rng, -6.0, 6.0);
+    Tensor y = poisoned(ctx, shape.with_dim(-1, width), dtype);
+    ops::swiglu_forward(x.tensor, y);
+    EXPECT_TRUE(all_close(y, swiglu_reference(x.values, width), forward_tolerance(dtype)));
+  }
+}
+
+TEST_P(Swiglu, Backward) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  auto rng = make_rng();
+  for (const Shape& shape : {Shape{7, 2 * 13}, Shape{2, 3, 2 * 5}, Shape{9, 2}}) {
+    SCOPED_TRACE(shape.to_string());
+    const int64_t width = shape[-1] / 2;
+    auto x = random_tensor(ctx, shape, dtype, rng, -6.0, 6.0);
+    auto grad_y = random_tensor(ctx, shape.with_dim(-1, width), dtype, rng);
+    Tensor grad_x = poisoned(ctx, shape, dtype);
+    ops::swiglu_backward(x.tensor, grad_y.tensor, grad_x);
+    const auto f = [&](const Inputs& in) { return swiglu_reference(in[0], width); };
+    const auto expected = numeric_gradient(f, Inputs{x.values}, 0, grad_y.values);
+    EXPECT_TRUE(all_close(grad_x, expected, backward_tolerance(dtype)));
+    // In place: grad_x may be x (the activations are not needed after the backward).
+    ops::swiglu_backward(x.tensor, grad_y.tensor, x.tensor);
+    EXPECT_TRUE(all_close(x.tensor, expected, backward_tolerance(dtype))) << "in place";
+  }
+}
+
+TEST_P(Swiglu, GpuMatchesCpu) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  TESSERA_REQUIRE_GPU(ctx);
+  const Device gpu = Device::cuda(0);
+  auto rng = make_rng();
+  for (const Shape& shape : kSwigluShapes) {
+    SCOPED_TRACE(shape.to_string());
+    const Shape half = shape.with_dim(-1, shape[-1] / 2);
+    auto x = random_tensor(ctx, shape, dtype, rng, -6.0, 6.0);
+    auto grad_y = random_tensor(ctx, half, dtype, rng);
+    Tensor y_cpu = poisoned(ctx, half, dtype), y_gpu = poisoned(ctx, half, dtype, gpu);
+    ops::swiglu_forward(x.tensor, y_cpu);
+    ops::swiglu_forward(x.tensor.to(gpu), y_gpu);
+    EXPECT_TRUE(all_close(y_gpu, y_cpu, device_tolerance(dtype))) << "forward";
+    Tensor gx_cpu = poisoned(ctx, shape, dtype), gx_gpu = poisoned(ctx, shape, dtype, gpu);
+    ops::swiglu_backward(x.tensor, grad_y.tensor, gx_cpu);
+    ops::swiglu_backward(x.tensor.to(gpu), grad_y.tensor.to(gpu), gx_gpu);
+    EXPECT_TRUE(all_close(gx_gpu, gx_cpu, device_tolerance(dtype))) << "backward";
+  }
+}
+
+TEST_P(Swiglu, RejectsBadArguments) {
+  const DType dtype = GetParam();
+  Context ctx;
+  Tensor x = ctx.zeros(Shape{4, 10}, dtype), y = ctx.zeros(Shape{4, 5}, dtype), grad_x = ctx.zeros(Shape{4, 10}, dtype);
+  EXPECT_NO_THROW(ops::swiglu_forward(x, y));
+  EXPECT_NO_THROW(ops::swiglu_backward(x, y, grad_x));
+  Tensor odd = ctx.zeros(Shape{4, 9}, dtype), odd_y = ctx.zeros(Shape{4, 4}, dtype);
+  EXPECT_THROW(ops::swiglu_forward(odd, odd_y), Error);  // no [gate | up] split
+  Tensor full_width = ctx.zeros(Shape{4, 10}, dtype);
+  EXPECT_THROW(ops::swiglu_forward(x, full_width), Error);  // y must be [.., F]
+  Tensor other_dtype = ctx.zeros(Shape{4, 5}, dtype == DType::f32 ? DType::bf16 : DType::f32);
+  EXPECT_THROW(ops::swiglu_forward(x, other_dtype), Error);
+  EXPECT_THROW(ops::swiglu_backward(x, full_width, grad_x), Error);  // grad_y must be [.., F]
+  EXPECT_THROW(ops::swiglu_backward(x, y, y), Error);                // grad_x must be [.., 2F]
+  Tensor first_half = x.flatten().slice(0, 20).view(Shape{4, 5});
+  EXPECT_THROW(ops::swiglu_forward(x, first_half), Error);  // y overlapping x
+  Tensor storage = ctx.zeros(Shape{48}, dtype);
+  const Tensor input = storage.slice(0, 40).view(Shape{4, 10});
+  Tensor shifted = storage.slice(8, 48).view(Shape{4, 10});
+  EXPECT_THROW(ops::swiglu_backward(input, y, shifted), Error);  // grad_x partly over x
+}
+
+INSTANTIATE_FLOAT_DTYPES(Swiglu);
 
 }  // namespace
 }  // namespace tessera::testing

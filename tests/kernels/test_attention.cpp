@@ -7,8 +7,8 @@
 // time and a few together), and its cache against the keys and values given;
 // the GPU's way of computing it (the cache split into blocks, partial softmaxes
 // merged by log-sum-exp) run on the CPU against the same reference. The packed
-// qkv layout all of them index through (packed_qkv_offset and
-// packed_qkv_token_stride), against the elements walked in memory order.
+// qkv layout all of them index through (QkvLayout), against the elements
+// walked in memory order.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,8 +17,10 @@
 
 #include "kernels/functors/attention.h"
 #include "kernels/ops.h"
+#include "tests/kernels/attention_support.h"
 #include "tests/kernels/dtype_params.h"
 #include "tests/support/gradcheck.h"
+#include "tests/support/reference_attention.h"
 #include "tests/support/test_support.h"
 
 namespace tessera::testing {
@@ -38,97 +40,31 @@ struct Dims {
   size_t out_index(int64_t b, int64_t t, int64_t h, int64_t d) const {
     return size_t(((b * seq_len + t) * heads + h) * head_dim + d);
   }
-  size_t lse_index(int64_t b, int64_t h, int64_t t) const { return size_t((b * heads + h) * seq_len + t); }
 };
 
-struct Reference {
-  std::vector<double> out, lse;
-  std::vector<double> probs;  // [B, H, T, T], zero above the diagonal
-};
-
-// The textbook computation: the full T×T score matrix per head, masked, softmaxed.
-Reference reference_forward(const Dims& g, const std::vector<double>& qkv) {
-  const int64_t T = g.seq_len, D = g.head_dim;
-  const double scale = g.effective_scale();
-  Reference ref{std::vector<double>(size_t(g.out().numel())), std::vector<double>(size_t(g.lse().numel())),
-                std::vector<double>(size_t(g.batch * g.heads * T * T), 0.0)};
-  std::vector<double> scores(static_cast<size_t>(T));
-  for (int64_t b = 0; b < g.batch; ++b)
-    for (int64_t h = 0; h < g.heads; ++h)
-      for (int64_t t = 0; t < T; ++t) {
-        double max = -INFINITY;
-        for (int64_t s = 0; s <= t; ++s) {
-          double dot = 0;
-          for (int64_t d = 0; d < D; ++d) dot += qkv[g.qkv_index(b, t, 0, h, d)] * qkv[g.qkv_index(b, s, 1, h, d)];
-          scores[size_t(s)] = scale * dot;
-          max = std::max(max, scores[size_t(s)]);
-        }
-        double sum = 0;
-        for (int64_t s = 0; s <= t; ++s) sum += std::exp(scores[size_t(s)] - max);
-        double* p = &ref.probs[size_t(((b * g.heads + h) * T + t) * T)];
-        for (int64_t s = 0; s <= t; ++s) p[s] = std::exp(scores[size_t(s)] - max) / sum;
-        ref.lse[g.lse_index(b, h, t)] = max + std::log(sum);
-        for (int64_t d = 0; d < D; ++d) {
-          double acc = 0;
-          for (int64_t s = 0; s <= t; ++s) acc += p[s] * qkv[g.qkv_index(b, s, 2, h, d)];
-          ref.out[g.out_index(b, t, h, d)] = acc;
-        }
-      }
-  return ref;
+// The reference sees the packed layout through its index.
+AttentionProblem problem_of(const Dims& g) {
+  return AttentionProblem{
+      g.batch,
+      g.seq_len,
+      g.heads,
+      g.head_dim,
+      g.effective_scale(),
+      [g](int64_t b, int64_t t, int which, int64_t h, int64_t d) { return g.qkv_index(b, t, which, h, d); }};
 }
 
-// The textbook backward, from the reference's probabilities:
-//   dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P∘(dP − rowsum(dP∘P)), dQ = scale·dS·K, dK = scale·dSᵀ·Q.
-// `stored_out` is the forward output as the backward receives it (rounded to
-// the dtype): the operator computes D = rowsum(dO∘O) from it, so the
-// reference does too, rather than from the exact output.
+AttentionReference reference_forward(const Dims& g, const std::vector<double>& qkv) {
+  return reference_attention(problem_of(g), qkv);
+}
+
 std::vector<double> reference_backward(const Dims& g, const std::vector<double>& qkv,
                                        const std::vector<double>& grad_out, const std::vector<double>& stored_out) {
-  const int64_t T = g.seq_len, D = g.head_dim;
-  const double scale = g.effective_scale();
-  const Reference ref = reference_forward(g, qkv);
-  std::vector<double> grad(qkv.size(), 0.0), dp(static_cast<size_t>(T));
-  for (int64_t b = 0; b < g.batch; ++b)
-    for (int64_t h = 0; h < g.heads; ++h)
-      for (int64_t t = 0; t < T; ++t) {
-        const double* p = &ref.probs[size_t(((b * g.heads + h) * T + t) * T)];
-        double row = 0;
-        for (int64_t s = 0; s <= t; ++s) {
-          double dot = 0;
-          for (int64_t d = 0; d < D; ++d) dot += grad_out[g.out_index(b, t, h, d)] * qkv[g.qkv_index(b, s, 2, h, d)];
-          dp[size_t(s)] = dot;
-        }
-        for (int64_t d = 0; d < D; ++d) row += grad_out[g.out_index(b, t, h, d)] * stored_out[g.out_index(b, t, h, d)];
-        for (int64_t s = 0; s <= t; ++s) {
-          const double ds = p[s] * (dp[size_t(s)] - row);
-          for (int64_t d = 0; d < D; ++d) {
-            grad[g.qkv_index(b, t, 0, h, d)] += scale * ds * qkv[g.qkv_index(b, s, 1, h, d)];
-            grad[g.qkv_index(b, s, 1, h, d)] += scale * ds * qkv[g.qkv_index(b, t, 0, h, d)];
-            grad[g.qkv_index(b, s, 2, h, d)] += p[s] * grad_out[g.out_index(b, t, h, d)];
-          }
-        }
-      }
-  return grad;
+  return reference_attention_backward(problem_of(g), qkv, grad_out, stored_out);
 }
 
 // Scores of O(1) spread, so the softmax is neither flat nor one-hot.
 RandomTensor random_qkv(Context& ctx, const Dims& g, DType dtype, std::mt19937_64& rng, Device device = Device::cpu()) {
   return random_tensor(ctx, g.qkv(), dtype, rng, -2.0, 2.0, device);
-}
-
-// f32 outputs: a score is a sum of Dh products, rounded to ~Dh·2^-24·Σ|q·k|·scale
-// (≈ 3e-6 for Dh = 80 and scores of spread ~4); exp turns that into a relative
-// error of the weights, and the output, a weighted mean of values of size ~2
-// that may cancel to near 0, inherits it as an absolute error.
-Tolerance output_tolerance(DType dtype) {
-  Tolerance tolerance = forward_tolerance(dtype);
-  tolerance.abs = std::max(tolerance.abs, 2e-5);
-  return tolerance;
-}
-Tolerance gradient_tolerance(DType dtype) {
-  Tolerance tolerance = backward_tolerance(dtype);
-  tolerance.abs = std::max(tolerance.abs, 2e-5);
-  return tolerance;
 }
 
 class Attention : public DtypeTest {};
@@ -147,7 +83,7 @@ TEST_P(Attention, Forward) {
     auto qkv = random_qkv(ctx, g, dtype, rng);
     Tensor out = poisoned(ctx, g.out(), dtype), lse = poisoned(ctx, g.lse(), DType::f32);
     ops::attention_forward(qkv.tensor, out, lse, g.scale);
-    const Reference ref = reference_forward(g, qkv.values);
+    const AttentionReference ref = reference_forward(g, qkv.values);
     EXPECT_TRUE(all_close(out, ref.out, output_tolerance(dtype))) << "out";
     // logsumexp is f32 computed in f32 from the stored inputs whatever their dtype.
     EXPECT_TRUE(all_close(lse, ref.lse, forward_tolerance(DType::f32))) << "logsumexp";
@@ -210,8 +146,7 @@ TEST_P(Attention, GpuMatchesCpu) {
     ops::attention_forward(qkv.tensor, out_cpu, lse_cpu, g.scale);
     ops::attention_forward(qkv_gpu, out_gpu, lse_gpu, g.scale);
     // f32: both devices carry the score rounding explained at output_tolerance.
-    Tolerance tolerance = device_tolerance(dtype);
-    tolerance.abs = std::max(tolerance.abs, 2e-5);
+    const Tolerance tolerance = attention_device_tolerance(dtype);
     EXPECT_TRUE(all_close(out_gpu, out_cpu, tolerance)) << "out";
     EXPECT_TRUE(all_close(lse_gpu, lse_cpu, device_tolerance(DType::f32))) << "logsumexp";
     // Both backwards from the CPU's forward results, so only the backward differs.
@@ -322,40 +257,6 @@ TEST_P(Attention, GpuRejectsLargeHeadDim) {
   EXPECT_THROW(ops::attention_backward(out, qkv, out, lse, grad_qkv), Error);
 }
 
-// Rows [t0, t1) of every sequence of qkv [B, T, 3, H, Dh], as a new tensor.
-Tensor qkv_rows(Context& ctx, const Dims& g, const RandomTensor& qkv, int64_t t0, int64_t t1, DType dtype,
-                Device device = Device::cpu()) {
-  const int64_t n = t1 - t0, row = 3 * g.heads * g.head_dim;
-  Tensor f32 = ctx.empty(Shape{g.batch, n, 3, g.heads, g.head_dim}, DType::f32);
-  for (int64_t b = 0; b < g.batch; ++b)
-    for (int64_t t = 0; t < n; ++t)
-      for (int64_t i = 0; i < row; ++i)
-        f32.data<float>()[(b * n + t) * row + i] = float(qkv.values[size_t((b * g.seq_len + t0 + t) * row + i)]);
-  Tensor out = ctx.empty(f32.shape(), dtype);
-  ops::cast(f32, out);
-  return out.to(device);
-}
-
-// The reference's out rows [t0, t1) of every sequence.
-std::vector<double> out_rows(const Dims& g, const std::vector<double>& out, int64_t t0, int64_t t1) {
-  std::vector<double> rows;
-  for (int64_t b = 0; b < g.batch; ++b)
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t h = 0; h < g.heads; ++h)
-        for (int64_t d = 0; d < g.head_dim; ++d) rows.push_back(out[g.out_index(b, t, h, d)]);
-  return rows;
-}
-
-// Chunk lengths covering T: a prompt of `prompt` tokens, then 1, 1, 3, 1, 1, 3, ...
-std::vector<int64_t> chunk_lengths(int64_t seq_len, int64_t prompt) {
-  std::vector<int64_t> lengths{std::min(prompt, seq_len)};
-  for (int64_t done = lengths[0], i = 0; done < seq_len; ++i) {
-    lengths.push_back(std::min<int64_t>(i % 3 == 2 ? 3 : 1, seq_len - done));
-    done += lengths.back();
-  }
-  return lengths;
-}
-
 // The sequence of random qkv of `g` fed to ops::attention_with_cache in chunks
 // (chunk_lengths, a third of it as the prompt) over a poisoned cache with room
 // to spare; after each chunk, check(chunk, keys, values, position, out,
@@ -367,17 +268,17 @@ struct ChunkedRun {
 template <typename Check>
 ChunkedRun run_in_chunks(Context& ctx, const Dims& g, DType dtype, std::mt19937_64& rng, Check&& check) {
   ChunkedRun run{random_qkv(ctx, g, dtype, rng), Tensor{}, Tensor{}};
-  const Reference ref = reference_forward(g, run.qkv.values);
+  const AttentionReference ref = reference_forward(g, run.qkv.values);
   const int64_t capacity = g.seq_len + 5;  // room the sequence does not use
   run.keys = poisoned(ctx, Shape{g.batch, g.heads, capacity, g.head_dim}, dtype);
   run.values = poisoned(ctx, run.keys.shape(), dtype);
   int64_t position = 0;
   for (const int64_t n : chunk_lengths(g.seq_len, g.seq_len / 3 + 1)) {
     SCOPED_TRACE("tokens [" + std::to_string(position) + ", " + std::to_string(position + n) + ")");
-    const Tensor chunk = qkv_rows(ctx, g, run.qkv, position, position + n, dtype);
+    const Tensor chunk = token_rows(ctx, g.qkv(), run.qkv.values, position, position + n, dtype);
     Tensor out = poisoned(ctx, Shape{g.batch, n, g.heads, g.head_dim}, dtype);
     ops::attention_with_cache(chunk, run.keys, run.values, position, out, g.scale);
-    check(chunk, run.keys, run.values, position, out, out_rows(g, ref.out, position, position + n));
+    check(chunk, run.keys, run.values, position, out, token_slice(ref.out, g.batch, g.seq_len, position, position + n));
     position += n;
   }
   return run;
@@ -414,35 +315,6 @@ TEST_P(Attention, WithCacheInChunksMatchesTheWholeSequence) {
   }
 }
 
-// The GPU's cached attention run on the CPU: each query row's cache positions
-// in `blocks`, a block's partials by CachedAttentionBlock (one lane), merged by
-// CachedAttentionMerge into a poisoned out [B, Tn, H, Dh]. The partials start
-// as NaN, so a block the merge reads but no item wrote shows in the output.
-Tensor blocked_cached_attention(Context& ctx, const Tensor& chunk, const Tensor& keys, const Tensor& values,
-                                int64_t position, float scale, const CacheBlocks& blocks) {
-  const CacheLayout cache{chunk.size(1), chunk.size(3), chunk.size(4), keys.size(2), position};
-  const int64_t rows = chunk.size(0) * cache.new_tokens * cache.heads, items = rows * blocks.per_row;
-  std::vector<float> scratch(size_t(items * (cache.head_dim + 2)), std::numeric_limits<float>::quiet_NaN());
-  const CachePartials partials{scratch.data(), scratch.data() + items * cache.head_dim,
-                               scratch.data() + items * (cache.head_dim + 1)};
-  Tensor out = poisoned(ctx, Shape{chunk.size(0), cache.new_tokens, cache.heads, cache.head_dim}, chunk.dtype());
-  dispatch_float(chunk.dtype(), "blocked_cached_attention", [&](auto tag) {
-    using T = decltype(tag);
-    const float s = attention_scale(scale, cache.head_dim);
-    const CachedAttentionBlock<T, kCachedAttentionMaxHeadDim> block{
-        chunk.data<T>(), keys.data<T>(), values.data<T>(), partials, cache, blocks, s};
-    for (int64_t item = 0; item < items; ++item) block(SerialGroup{}, item);
-    const CachedAttentionMerge<T> merge{partials, out.data<T>(), cache, blocks};
-    for (int64_t i = 0; i < rows * cache.head_dim; ++i) merge(i);
-  });
-  return out;
-}
-
-// Blocks of `positions` covering `longest` positions.
-CacheBlocks blocks_of(int64_t longest, int64_t positions) {
-  return CacheBlocks{(longest + positions - 1) / positions, positions};
-}
-
 // Each chunk again the GPU's way (the cache after the op appended the chunk):
 // the GPU's plan for its rows, then one position a block, odd blocks, a single block.
 TEST_P(Attention, WithCacheInBlocksMergedByLogSumExpMatchesTheWholeSequence) {
@@ -458,7 +330,8 @@ TEST_P(Attention, WithCacheInBlocksMergedByLogSumExpMatchesTheWholeSequence) {
       const int64_t longest = position + chunk.size(1), rows = g.batch * chunk.size(1) * g.heads;
       for (const CacheBlocks& blocks :
            {cache_blocks(rows, longest), blocks_of(longest, 1), blocks_of(longest, 7), blocks_of(longest, longest)}) {
-        const Tensor out = blocked_cached_attention(ctx, chunk, keys, values, position, g.scale, blocks);
+        const Tensor out = blocked_cached_attention(ctx, chunk, packed_qkv_layout(chunk.shape()), keys, values,
+                                                    position, g.scale, blocks);
         EXPECT_TRUE(all_close(out, expected, output_tolerance(dtype)))
             << blocks.per_row << " blocks of " << blocks.positions << " positions";
       }
@@ -509,7 +382,7 @@ TEST_P(Attention, WithCacheRejectsBadArguments) {
   EXPECT_THROW(ops::attention_with_cache(wide_qkv, wide_cache, wide_values, 0, wide_out), Error);
 }
 
-TEST_P(Attention, WithCacheGpuMatchesCpu) {
+TEST_P(Attention, GpuWithCacheMatchesCpu) {
   TESSERA_SEED_TRACE();
   const DType dtype = GetParam();
   Context ctx;
@@ -528,13 +401,11 @@ TEST_P(Attention, WithCacheGpuMatchesCpu) {
     for (const int64_t n : chunk_lengths(g.seq_len, 10)) {
       const Shape out_shape{g.batch, n, g.heads, g.head_dim};
       Tensor out_cpu = poisoned(ctx, out_shape, dtype), out_gpu = poisoned(ctx, out_shape, dtype, gpu);
-      ops::attention_with_cache(qkv_rows(ctx, g, qkv, position, position + n, dtype), keys_cpu, values_cpu, position,
-                                out_cpu, g.scale);
-      ops::attention_with_cache(qkv_rows(ctx, g, qkv, position, position + n, dtype, gpu), keys_gpu, values_gpu,
-                                position, out_gpu, g.scale);
-      Tolerance tolerance = device_tolerance(dtype);
-      tolerance.abs = std::max(tolerance.abs, 2e-5);
-      EXPECT_TRUE(all_close(out_gpu, out_cpu, tolerance)) << "tokens from " << position;
+      ops::attention_with_cache(token_rows(ctx, g.qkv(), qkv.values, position, position + n, dtype), keys_cpu,
+                                values_cpu, position, out_cpu, g.scale);
+      ops::attention_with_cache(token_rows(ctx, g.qkv(), qkv.values, position, position + n, dtype, gpu), keys_gpu,
+                                values_gpu, position, out_gpu, g.scale);
+      EXPECT_TRUE(all_close(out_gpu, out_cpu, attention_device_tolerance(dtype))) << "tokens from " << position;
       position += n;
     }
   }
@@ -543,23 +414,28 @@ TEST_P(Attention, WithCacheGpuMatchesCpu) {
 INSTANTIATE_FLOAT_DTYPES(Attention);
 
 // The training kernels (CPU and CUDA) and the cached attention find q, k and v
-// through these two: walking qkv [B, T, 3, H, Dh] in memory order, the n-th
+// through QkvLayout: walking qkv [B, T, 3, H, Dh] in memory order, the n-th
 // element must be (b, t, which, h, d) at offset n.
-TEST(PackedQkv, OffsetAndStrideFollowTheElementsInMemoryOrder) {
+TEST(PackedQkv, OffsetsFollowTheElementsInMemoryOrder) {
   for (const Dims& g : {Dims{2, 5, 3, 7}, Dims{3, 1, 1, 4}, Dims{1, 4, 2, 1}}) {
     SCOPED_TRACE(g.qkv().to_string());
+    const AttentionRows rows{g.batch, g.seq_len, packed_qkv_layout(g.qkv())};
+    ASSERT_EQ(rows.qkv.heads, g.heads);
+    ASSERT_EQ(rows.qkv.groups, g.heads);
     int64_t next = 0;
     for (int64_t b = 0; b < g.batch; ++b)
       for (int64_t t = 0; t < g.seq_len; ++t)
         for (int64_t which = 0; which < 3; ++which)
           for (int64_t h = 0; h < g.heads; ++h)
-            for (int64_t d = 0; d < g.head_dim; ++d, ++next)
-              ASSERT_EQ(packed_qkv_offset(b, t, which, h, g.seq_len, g.heads, g.head_dim) + d, next)
-                  << "b " << b << " t " << t << " which " << which << " h " << h << " d " << d;
+            for (int64_t d = 0; d < g.head_dim; ++d, ++next) {
+              const int64_t offset = which == 0   ? rows.query_offset(b, t, h)
+                                     : which == 1 ? rows.key_offset(b, t, h)
+                                                  : rows.value_offset(b, t, h);
+              ASSERT_EQ(offset + d, next) << "b " << b << " t " << t << " which " << which << " h " << h << " d " << d;
+            }
     EXPECT_EQ(next, g.qkv().numel());
     // From a token to the next: one [3, H, Dh] block of memory.
-    const int64_t block = g.qkv().numel() / (g.batch * g.seq_len);
-    EXPECT_EQ(packed_qkv_token_stride(g.heads, g.head_dim), block);
+    EXPECT_EQ(rows.qkv.token_stride, g.qkv().numel() / (g.batch * g.seq_len));
   }
 }
 
