@@ -53,12 +53,26 @@ void spread_weights(nn::Module& model, std::mt19937_64& rng) {
   }
 }
 
-// The whole GPT (no tensor-parallel group) with spread weights.
-std::unique_ptr<models::Gpt> spread_gpt(Context& ctx, const nn::ModelConfig& m, std::mt19937_64& rng) {
-  auto model = std::make_unique<models::Gpt>(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, rng()},
-                                                             parallel::TensorParallelism{});
+// The Llama with 2 key/value groups of 2 query heads (its cache holds 2 heads).
+nn::ModelConfig small_llama() {
+  nn::ModelConfig m = small_gpt();
+  m.kind = nn::ModelKind::llama;
+  m.num_heads = 4;
+  m.num_query_groups = 2;
+  m.rotary_base = 500000.0f;
+  return m;
+}
+
+// The whole model (no tensor-parallel group) with spread weights.
+std::unique_ptr<models::CausalLm> spread_model(Context& ctx, const nn::ModelConfig& m, std::mt19937_64& rng) {
+  std::unique_ptr<nn::Module> built = models::model_row(m.kind).build(
+      m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, rng()}, parallel::TensorParallelism{}, nn::StageLayers{});
+  std::unique_ptr<models::CausalLm> model(dynamic_cast<models::CausalLm*>(built.release()));
   spread_weights(*model, rng);
   return model;
+}
+std::unique_ptr<models::CausalLm> spread_gpt(Context& ctx, const nn::ModelConfig& m, std::mt19937_64& rng) {
+  return spread_model(ctx, m, rng);
 }
 
 // Logits [T, V] of the whole sequence, no cache, evaluation mode.
@@ -69,13 +83,11 @@ std::vector<float> whole_sequence_logits(Context& ctx, nn::Module& model, const 
   return logits.to_vector<float>();
 }
 
-TEST(Generation, ChunksThroughTheCacheGiveTheWholeSequencesLogits) {
-  TESSERA_SEED_TRACE();
+void expect_cache_chunks_give_whole_sequence_logits(const nn::ModelConfig& m) {
   Context ctx;
   auto rng = make_rng();
-  const nn::ModelConfig m = small_gpt();
-  const auto owned = spread_gpt(ctx, m, rng);
-  models::Gpt& model = *owned;
+  const auto owned = spread_model(ctx, m, rng);
+  models::CausalLm& model = *owned;
   const std::vector<int32_t> ids = random_ids(rng, size_t(m.seq_length), m.vocab_size);
   const std::vector<float> expected = whole_sequence_logits(ctx, model, ids);
 
@@ -94,16 +106,26 @@ TEST(Generation, ChunksThroughTheCacheGiveTheWholeSequencesLogits) {
   ASSERT_EQ(cache.position(), m.seq_length);
   std::vector<double> want(expected.begin(), expected.end());
   EXPECT_TRUE(all_close(std::vector<double>(got.begin(), got.end()), want, Tolerance{1e-4, 1e-5}));
-  EXPECT_GT(cache.bytes(), 0);
+  // Per layer: keys and values of the key/value heads (the GPT's heads, the Llama's groups) at every position.
+  const int64_t kv_heads = m.kind == nn::ModelKind::llama ? m.query_groups() : m.num_heads;
+  EXPECT_EQ(cache.bytes(), m.num_layers * 2 * kv_heads * m.seq_length * (m.hidden_size / m.num_heads) * 4);
 }
 
-TEST(Generation, GreedyEqualsArgmaxRecomputedWithoutTheCache) {
+TEST(Generation, ChunksThroughTheCacheGiveTheWholeSequencesLogits) {
   TESSERA_SEED_TRACE();
+  expect_cache_chunks_give_whole_sequence_logits(small_gpt());
+}
+
+TEST(Generation, LlamaChunksThroughTheCacheOfItsGroupsGiveTheWholeSequencesLogits) {
+  TESSERA_SEED_TRACE();
+  expect_cache_chunks_give_whole_sequence_logits(small_llama());
+}
+
+void expect_greedy_equals_argmax_without_cache(const nn::ModelConfig& m) {
   Context ctx;
   auto rng = make_rng();
-  const nn::ModelConfig m = small_gpt();
-  const auto owned = spread_gpt(ctx, m, rng);
-  models::Gpt& model = *owned;
+  const auto owned = spread_model(ctx, m, rng);
+  models::CausalLm& model = *owned;
   const std::vector<int32_t> prompt = random_ids(rng, 5, m.vocab_size);
   models::GenerationOptions options;
   options.max_new_tokens = m.seq_length - 5 + 1;  // the last position's logits choose the last token
@@ -127,13 +149,23 @@ TEST(Generation, GreedyEqualsArgmaxRecomputedWithoutTheCache) {
   EXPECT_EQ(models::generate(model, prompt, options).tokens, reference);
 }
 
+TEST(Generation, GreedyEqualsArgmaxRecomputedWithoutTheCache) {
+  TESSERA_SEED_TRACE();
+  expect_greedy_equals_argmax_without_cache(small_gpt());
+}
+
+TEST(Generation, LlamaGreedyEqualsArgmaxRecomputedWithoutTheCache) {
+  TESSERA_SEED_TRACE();
+  expect_greedy_equals_argmax_without_cache(small_llama());
+}
+
 TEST(Generation, TheSameSeedGivesTheSameSample) {
   TESSERA_SEED_TRACE();
   Context ctx;
   auto rng = make_rng();
   const nn::ModelConfig m = small_gpt();
   const auto owned = spread_gpt(ctx, m, rng);
-  models::Gpt& model = *owned;
+  models::CausalLm& model = *owned;
   const std::vector<int32_t> prompt = random_ids(rng, 3, m.vocab_size);
   models::GenerationOptions options;
   options.max_new_tokens = 16;
