@@ -1,8 +1,8 @@
 // `tessera generate` (apps/generate_command.h): the flags, then the library:
 // the checkpoint's model built for this rank's tensor-parallel shard
-// (parallel::build_stage_model), its weights read (io::read_parameters), the
+// (models::build_stage_model), its weights read (io::read_parameters), the
 // prompt encoded with the dataset's tokenizer (io/tokenizer.h), the tokens
-// generated (parallel::generate) and printed by rank 0 as they come.
+// generated (models::generate) and printed by rank 0 as they come.
 #include "apps/generate_command.h"
 
 #include <cstdio>
@@ -18,10 +18,10 @@
 #include "io/checkpoint.h"
 #include "io/model_weights.h"
 #include "io/tokenizer.h"
-#include "parallel/generation.h"
+#include "models/generation.h"
 #include "parallel/process_grid.h"
 #include "parallel/process_group.h"
-#include "parallel/stage_model.h"
+#include "models/stage_model.h"
 #include "parallel/tensor_parallel.h"
 
 namespace tessera::app {
@@ -29,7 +29,7 @@ namespace {
 
 struct GenerateArguments {
   std::string checkpoint, prompt, prompt_ids, tokenizer, device = "cpu";
-  parallel::GenerationOptions generation;
+  models::GenerationOptions generation;
   int tensor_parallel = 0;  // 0: every rank
   int threads = 0;
   bool print_ids = false;
@@ -123,8 +123,8 @@ void run_generate(const GenerateArguments& args, const parallel::MpiEnv& env) {
   const std::string path = io::resolve_checkpoint(args.checkpoint, "tessera generate");
   const io::CheckpointReader reader(path);
   const io::CheckpointModel saved = io::checkpoint_model(reader);
-  TESSERA_CHECK(saved.config.kind == nn::ModelKind::gpt, "generate: checkpoint ", path, " holds a ",
-                nn::model_name(saved.config.kind), " model; only GPT checkpoints generate text");
+  TESSERA_CHECK(nn::model_traits(saved.config.kind).reads_tokens, "generate: checkpoint ", path, " holds a ",
+                nn::model_name(saved.config.kind), " model; only language models (gpt, llama) generate text");
   const int tp = args.tensor_parallel > 0 ? args.tensor_parallel : env.world_size();
   TESSERA_CHECK(tp == env.world_size(), "generate: --tensor-parallel ", tp, " must equal the number of ranks (",
                 env.world_size(), "): generation runs one tensor-parallel group");
@@ -135,7 +135,7 @@ void run_generate(const GenerateArguments& args, const parallel::MpiEnv& env) {
   const std::vector<int32_t> prompt = args.prompt_ids.empty()
                                           ? tokenizer->encode(args.prompt)
                                           : parse_prompt_ids(args.prompt_ids, saved.config.vocab_size);
-  parallel::check_prompt(saved.config, prompt, args.generation);
+  models::check_prompt(saved.config, prompt, args.generation);
 
   std::unique_ptr<parallel::Communicator> world =
       parallel::make_communicator(MPI_COMM_WORLD, "world", ctx, device, parallel::CommBackend::automatic);
@@ -143,9 +143,11 @@ void run_generate(const GenerateArguments& args, const parallel::MpiEnv& env) {
   sizes.tp = tp;
   parallel::ProcessGrid grid(*world, sizes);
   nn::ModelSpec spec{&ctx, device, saved.dtype, 0};
-  parallel::StageModel stage = parallel::build_stage_model(saved.config, spec, grid, false, "");
+  models::StageModel stage = models::build_stage_model(saved.config, spec, grid, false, "");
   io::read_parameters(reader, stage.module->parameters());
-  auto& model = dynamic_cast<parallel::TensorParallelGpt&>(*stage.module);
+  TESSERA_CHECK(stage.causal_lm != nullptr, "generate: ", path, " holds --model ", nn::model_name(saved.config.kind),
+                ", which does not generate text; only language models do (gpt, llama)");
+  models::CausalLm& model = *stage.causal_lm;
 
   if (root) {
     std::fprintf(stderr, "generate: %s (step %lld, %s), %zu prompt tokens, on %d rank(s), %s\n", path.c_str(),
@@ -157,7 +159,7 @@ void run_generate(const GenerateArguments& args, const parallel::MpiEnv& env) {
       write_text(tokenizer->decode(prompt));
   }
   const TokenPrinter print(tokenizer ? &*tokenizer : nullptr, args.print_ids, root);
-  const parallel::GenerationResult result = parallel::generate(model, prompt, args.generation, print);
+  const models::GenerationResult result = models::generate(model, prompt, args.generation, print);
   if (!root) return;
   std::printf("\n");
   std::fflush(stdout);

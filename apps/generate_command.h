@@ -1,6 +1,6 @@
 // `tessera generate CHECKPOINT --prompt TEXT`: text from a trained GPT (a
 // checkpoint saved under any layout), with a KV cache, on one rank or on
-// the ranks of `mpirun` as one tensor-parallel group (parallel/generation.h).
+// the ranks of `mpirun` as one tensor-parallel group (models/generation.h).
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -39,13 +39,20 @@ struct ModelField {
 
 std::vector<ModelField> model_fields(const nn::ModelConfig& m, DType dtype) {
   std::vector<ModelField> fields = {{"model.kind", std::string(nn::model_name(m.kind)), "--model"}};
-  if (m.kind == nn::ModelKind::gpt) {
+  if (nn::model_traits(m.kind).reads_tokens) {
     fields.push_back({"model.vocab_size", std::to_string(m.vocab_size), "--vocab-size"});
     fields.push_back({"model.seq_length", std::to_string(m.seq_length), "--seq-length"});
     fields.push_back({"model.num_layers", std::to_string(m.num_layers), "--num-layers"});
     fields.push_back({"model.num_heads", std::to_string(m.num_heads), "--num-heads"});
     fields.push_back({"model.hidden_size", std::to_string(m.hidden_size), "--hidden-size"});
     fields.push_back({"model.ffn_hidden_size", std::to_string(m.ffn()), "--ffn-hidden-size"});
+    if (m.kind == nn::ModelKind::llama) {
+      fields.push_back({"model.num_query_groups", std::to_string(m.query_groups()), "--num-query-groups"});
+      fields.push_back({"model.rotary_base", shortest_text(m.rotary_base), "--rotary-base"});
+      fields.push_back({"model.norm_epsilon", shortest_text(m.norm_epsilon), "--norm-epsilon"});
+      fields.push_back({"model.untie_embeddings", m.untie_embeddings ? "1" : "0",
+                        "--untie-embeddings-and-output-weights"});
+    }
   } else {
     if (m.kind == nn::ModelKind::mlp) fields.push_back({"model.hidden", list(m.hidden), "--hidden"});
     fields.push_back({"model.input_shape",

@@ -68,6 +68,31 @@ CLI::Validator a_finite_number() {
       "");
 }
 
+// The Llama family's choices, with Megatron-LM's flag names.
+void add_llama_options(CLI::App& command, TrainConfig& c, const std::string& group) {
+  command.add_option("--normalization", c.normalization, "LayerNorm (gpt) or RMSNorm (llama)")
+      ->check(CLI::IsMember({"LayerNorm", "RMSNorm"}))
+      ->group(group);
+  command.add_option("--norm-epsilon", c.norm_epsilon, "RMSNorm's epsilon (llama; default 1e-5)")->group(group);
+  command.add_option("--position-embedding-type", c.position_embedding_type,
+                     "learned_absolute (gpt) or rope (llama: rotary embeddings)")
+      ->check(CLI::IsMember({"learned_absolute", "rope"}))
+      ->group(group);
+  command.add_option("--rotary-base", c.rotary_base, "RoPE's base (llama; 10000, Llama 3: 500000)")->group(group);
+  command.add_flag("--swiglu", c.swiglu, "SwiGLU MLP (llama's)")->group(group);
+  command.add_flag("--group-query-attention", c.group_query_attention,
+                   "Grouped-query attention with --num-query-groups key/value heads (llama)")
+      ->group(group);
+  command.add_option("--num-query-groups", c.num_query_groups,
+                     "Key/value heads with --group-query-attention (divides --num-heads; 1: multi-query)")
+      ->group(group);
+  command.add_flag("--disable-bias-linear", c.disable_bias_linear, "No biases in linear layers (llama's)")
+      ->group(group);
+  command.add_flag("--untie-embeddings-and-output-weights", c.untie_embeddings,
+                   "An LM head of its own instead of the embedding table (llama's)")
+      ->group(group);
+}
+
 }  // namespace
 
 void add_train_options(CLI::App& command, TrainConfig& c) {
@@ -78,8 +103,8 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
       ->check(CLI::ExistingFile);
 
   const std::string model = "Model";
-  command.add_option("--model", c.model, "Model: mlp, cnn or gpt")
-      ->check(CLI::IsMember({"mlp", "cnn", "gpt"}))
+  command.add_option("--model", c.model, "Model: mlp, cnn, gpt or llama")
+      ->check(CLI::IsMember({"mlp", "cnn", "gpt", "llama"}))
       ->group(model);
   command.add_option("--hidden", c.hidden, "MLP hidden sizes, e.g. 1024,1024")
       ->delimiter(',')
@@ -96,10 +121,11 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
   command.add_option("--num-layers", c.num_layers, "GPT Transformer blocks")->group(model);
   command.add_option("--num-heads", c.num_heads, "GPT attention heads")->group(model);
   command.add_option("--hidden-size", c.hidden_size, "GPT model width")->group(model);
-  command.add_option("--ffn-hidden-size", c.ffn_hidden_size, "GPT MLP width (0: 4 x hidden size)")->group(model);
+  command.add_option("--ffn-hidden-size", c.ffn_hidden_size, "MLP width (0: gpt 4 x hidden size; llama 8/3 x hidden size rounded up to a multiple of 256)")->group(model);
   command.add_option("--hidden-dropout", c.hidden_dropout, "Dropout after attention and MLP (GPT)")->group(model);
   command.add_flag("--recompute", c.recompute, "Recompute each Transformer block's activations in backward")
       ->group(model);
+  add_llama_options(command, c, model);
 
   const std::string data = "Data";
   command.add_option("--data", c.data, "Training data: an HDF5 file made by `tessera prepare`")->group(data);
@@ -156,7 +182,7 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
       ->group(parallel);
   command
       .add_option("--pipeline-parallel,--pp", c.pipeline_parallel,
-                  "Split the model's layers into P pipeline stages (gpt, mlp); micro-batches = global batch / "
+                  "Split the model's layers into P pipeline stages (gpt, llama, mlp); micro-batches = global batch / "
                   "(micro-batch x dp)")
       ->check(whole_number_at_least(1))
       ->group(parallel);
@@ -170,7 +196,7 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
       ->group(parallel);
   command
       .add_option("--virtual-pipeline-stages,--num-virtual-stages-per-pipeline-rank", c.virtual_pipeline_stages,
-                  "Interleaved 1F1B (gpt): V model chunks per pipeline stage, the bubble shrinking to (P-1)/(V*M+P-1); "
+                  "Interleaved 1F1B (gpt, llama): V model chunks per pipeline stage, the bubble shrinking to (P-1)/(V*M+P-1); "
                   "micro-batches per step a multiple of P")
       ->check(whole_number_at_least(1))
       ->group(parallel);
@@ -698,6 +724,34 @@ ConfigFileLines apply_config_file(CLI::App& command, TrainConfig& config) {
   return applied;
 }
 
+// The Llama family's switches: --model llama has them all (a contrary one is
+// refused naming both flags); the other models have none of them.
+template <typename Given, typename Refuse>
+void refuse_llama_choices(nn::ModelKind kind, const TrainConfig& c, const Given& given, const Refuse& refuse_if) {
+  if (kind == nn::ModelKind::llama) {
+    refuse_if("--normalization", c.normalization == "LayerNorm",
+              "--model llama normalises with RMSNorm; drop --normalization LayerNorm (or use --model gpt)");
+    refuse_if("--position-embedding-type", c.position_embedding_type == "learned_absolute",
+              "--model llama places tokens with rotary embeddings (rope); drop --position-embedding-type "
+              "learned_absolute (or use --model gpt)");
+    refuse_if("--num-query-groups", !c.group_query_attention,
+              "sets the key/value heads of grouped-query attention, which --group-query-attention turns on; add "
+              "--group-query-attention, or drop it");
+    if (c.group_query_attention && !given("--num-query-groups"))
+      TESSERA_THROW("--group-query-attention needs --num-query-groups G (key/value heads, dividing --num-heads ",
+                    c.num_heads, "; 1: multi-query)");
+    return;
+  }
+  const std::string why = "a Llama-family choice, and --model " + c.model + " does not have it; use --model llama";
+  refuse_if("--normalization", c.normalization == "RMSNorm" || kind != nn::ModelKind::gpt, why);
+  refuse_if("--position-embedding-type", c.position_embedding_type == "rope" || kind != nn::ModelKind::gpt, why);
+  for (const char* flag : {"--norm-epsilon", "--rotary-base", "--num-query-groups"}) refuse_if(flag, true, why);
+  refuse_if("--swiglu", c.swiglu, why);
+  refuse_if("--group-query-attention", c.group_query_attention, why);
+  refuse_if("--disable-bias-linear", c.disable_bias_linear, why);
+  refuse_if("--untie-embeddings-and-output-weights", c.untie_embeddings, why);
+}
+
 void refuse_unused_settings(const CLI::App& command, const TrainConfig& c, const ConfigFileLines& from_file) {
   const nn::ModelKind kind = nn::parse_model_kind(c.model);
   std::vector<std::string> problems;
@@ -720,7 +774,9 @@ void refuse_unused_settings(const CLI::App& command, const TrainConfig& c, const
     return flag + " " + value + (given(flag) ? "" : " (the default)");
   };
 
-  if (kind != nn::ModelKind::gpt) {
+  const bool language_model = nn::model_traits(kind).reads_tokens;
+  refuse_llama_choices(kind, c, given, refuse_if);
+  if (!language_model) {
     const std::string model = setting("--model", c.model);
     const bool mlp = kind == nn::ModelKind::mlp;
     const std::string widths = mlp ? "; the MLP's layer widths are --hidden" : "; the CNN's layers are fixed";
@@ -749,14 +805,14 @@ void refuse_unused_settings(const CLI::App& command, const TrainConfig& c, const
     refuse_if("--recompute", c.recompute,
               "recomputes the GPT's Transformer blocks in backward, and " + model + " has none");
   }
-  if (kind == nn::ModelKind::gpt && given("--vocab-size"))
+  if (language_model && given("--vocab-size"))
     refuse_if("--make-vocab-size-divisible-by", true,
               "pads the dataset's vocabulary when --vocab-size is not given, and --vocab-size " +
                   std::to_string(c.vocab_size) + " is; drop one of them");
   if (kind != nn::ModelKind::mlp)
     refuse_if("--hidden", true,
               "the MLP's layer widths, and " + setting("--model", c.model) + " does not use it" +
-                  (kind == nn::ModelKind::gpt ? "; the GPT's width is --hidden-size and its depth --num-layers"
+                  (language_model ? "; a language model's width is --hidden-size and its depth --num-layers"
                                               : "; the CNN's layers are fixed"));
   if (c.optimizer != "sgd") {
     const std::string optimizer = setting("--optimizer", c.optimizer);
@@ -799,8 +855,8 @@ void refuse_unused_settings(const CLI::App& command, const TrainConfig& c, const
     refuse_if(flag, c.sample_interval == 0,
               "shapes the samples printed during training, and no --sample-interval is given; add "
               "--sample-interval N, or drop it");
-  refuse_if("--sample-interval", c.sample_interval > 0 && kind != nn::ModelKind::gpt,
-            "prints text a GPT generates, and " + setting("--model", c.model) + " does not generate text; drop it");
+  refuse_if("--sample-interval", c.sample_interval > 0 && !language_model,
+            "prints text a language model generates, and " + setting("--model", c.model) + " does not generate text; drop it");
   for (const char* flag : {"--eval-interval", "--eval-iters"})
     refuse_if(flag, c.eval_data.empty(),
               "evaluation needs held-out data, and no --eval-data is given; add --eval-data FILE, or drop it");
@@ -934,7 +990,11 @@ std::string describe(const TrainConfig& c) {
   out << "model=" << c.model;
   const nn::ModelKind kind = nn::parse_model_kind(c.model);
   if (kind == nn::ModelKind::mlp) out << " hidden=" << list(c.hidden);
-  if (kind == nn::ModelKind::gpt)
+  if (kind == nn::ModelKind::llama)
+    out << " num_query_groups=" << (c.num_query_groups ? c.num_query_groups : c.num_heads)
+        << " rotary_base=" << c.rotary_base << " norm_epsilon=" << c.norm_epsilon
+        << " untie_embeddings_and_output_weights=" << c.untie_embeddings;
+  if (nn::model_traits(kind).reads_tokens)
     out << " vocab_size=" << (c.vocab_size ? std::to_string(c.vocab_size) : "auto") << " seq_length=" << c.seq_length << " num_layers=" << c.num_layers
         << " num_heads=" << c.num_heads << " hidden_size=" << c.hidden_size << " ffn_hidden_size=" << c.ffn_hidden_size
         << " hidden_dropout=" << c.hidden_dropout << " recompute=" << c.recompute;

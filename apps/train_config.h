@@ -18,7 +18,7 @@ namespace tessera::app {
 
 struct TrainConfig {
   // Model.
-  std::string model = "mlp";                   // --model mlp|cnn|gpt
+  std::string model = "mlp";                   // --model mlp|cnn|gpt|llama
   std::vector<int64_t> hidden = {1024, 1024};  // --hidden (mlp)
   int64_t vocab_size = 0;                      // gpt; 0: the dataset's, padded (256 with --synthetic)
   int64_t make_vocab_size_divisible_by = 128;  // gpt, --vocab-size 0: the dataset's vocabulary padded to a multiple
@@ -29,6 +29,17 @@ struct TrainConfig {
   int64_t ffn_hidden_size = 0;  // 0: 4 × hidden size
   float hidden_dropout = 0.0f;
   bool recompute = false;
+  // The Llama family's choices, by Megatron's flag names. --model llama is
+  // RMSNorm, rope, SwiGLU, no biases and an untied head; "" / false: the model's own.
+  std::string normalization;            // --normalization LayerNorm|RMSNorm
+  float norm_epsilon = 1e-5f;           // --norm-epsilon
+  std::string position_embedding_type;  // --position-embedding-type learned_absolute|rope
+  float rotary_base = 10000.0f;         // --rotary-base
+  bool swiglu = false;                  // --swiglu
+  bool group_query_attention = false;   // --group-query-attention
+  int64_t num_query_groups = 0;         // --num-query-groups (with --group-query-attention)
+  bool disable_bias_linear = false;     // --disable-bias-linear
+  bool untie_embeddings = false;        // --untie-embeddings-and-output-weights
 
   // Data.
   std::string data;        // prepared HDF5 file (tessera prepare ...)
@@ -102,7 +113,7 @@ struct TrainConfig {
   int64_t exit_interval = 0;  // --exit-interval N: save (with --save) and stop after a step divisible by N
   std::string init_from;      // --init-from FILE.safetensors: initial weights (exported, either naming)
 
-  // Samples during training (GPT; parallel/generation.h).
+  // Samples during training (GPT; models/generation.h).
   int64_t sample_interval = 0;       // --sample-interval N: print a sample every N steps (0: never)
   std::string sample_prompt = "\n";  // --sample-prompt TEXT, encoded with --data's tokenizer
   int64_t sample_tokens = 64;        // --sample-tokens: tokens per sample

@@ -1,9 +1,9 @@
 // TrainingSamples (apps/train_samples.h): the checks at start-up, then
-// parallel::generate at each due step.
+// models::generate at each due step.
 #include "apps/train_samples.h"
 
 #include "core/error.h"
-#include "parallel/generation.h"
+#include "models/generation.h"
 
 namespace tessera::app {
 namespace {
@@ -21,11 +21,11 @@ io::Tokenizer data_tokenizer(const TrainConfig& c, int64_t vocab_size) {
 
 }  // namespace
 
-TrainingSamples::TrainingSamples(const TrainConfig& c, nn::Module& model) : config_(c) {
+TrainingSamples::TrainingSamples(const TrainConfig& c, models::CausalLm* model) : config_(c) {
   if (c.sample_interval == 0) return;
-  model_ = dynamic_cast<parallel::TensorParallelGpt*>(&model);
-  TESSERA_CHECK(model_ != nullptr, "--sample-interval: only a GPT generates text (--model gpt)");
-  const std::string problem = parallel::generation_problem(*model_);
+  model_ = model;
+  TESSERA_CHECK(model_ != nullptr, "--sample-interval: only a language model generates text (--model gpt or llama)");
+  const std::string problem = models::generation_problem(*model_);
   TESSERA_CHECK(problem.empty(), "--sample-interval: ", problem);
   tokenizer_ = data_tokenizer(c, model_->config().vocab_size);
   prompt_ = tokenizer_->encode(c.sample_prompt);
@@ -42,12 +42,12 @@ bool TrainingSamples::due(int64_t step, bool last) const {
 }
 
 std::string TrainingSamples::sample(int64_t step) {
-  parallel::GenerationOptions options;
+  models::GenerationOptions options;
   options.max_new_tokens = config_.sample_tokens;
   options.sampling.temperature = config_.sample_temperature;
   options.sampling.top_k = config_.sample_top_k;
   options.sampling.seed = config_.seed + uint64_t(step);  // a new draw each time, reproducible
-  const parallel::GenerationResult result = parallel::generate(*model_, prompt_, options);
+  const models::GenerationResult result = models::generate(*model_, prompt_, options);
   return "sample at step " + std::to_string(step) + ": " + tokenizer_->decode(prompt_) +
          tokenizer_->decode(result.tokens);
 }

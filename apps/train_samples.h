@@ -1,5 +1,5 @@
 // The samples `tessera train --sample-interval N` prints, as llm.c does while
-// it trains: every N steps and at the end, the GPT continues --sample-prompt
+// it trains: every N steps and at the end, the model continues --sample-prompt
 // (encoded with --data's tokenizer) for --sample-tokens tokens, and rank 0
 // prints the text above the progress line. Every rank generates (the
 // tensor-parallel group computes the logits together, ZeRO-3 gathers the
@@ -15,17 +15,17 @@
 
 #include "apps/train_config.h"
 #include "io/tokenizer.h"
-#include "nn/module.h"
-#include "parallel/tensor_parallel.h"
+#include "models/causal_lm.h"
 
 namespace tessera::app {
 
 class TrainingSamples {
  public:
-  // Checks everything a sample needs up front (a GPT, a tokenizer in --data,
-  // a prompt that fits --seq-length with the tokens asked for), naming the
-  // flag at fault; does nothing further when --sample-interval is 0.
-  TrainingSamples(const TrainConfig& config, nn::Module& model);
+  // Checks everything a sample needs up front (a language model: `model` is
+  // this rank's first chunk if the model is one, else null; a tokenizer in
+  // --data; a prompt that fits --seq-length with the tokens asked for),
+  // naming the flag at fault; does nothing further when --sample-interval is 0.
+  TrainingSamples(const TrainConfig& config, models::CausalLm* model);
 
   bool due(int64_t step, bool last) const;
   // Collective over every rank. Returns the text rank 0 prints ("sample at step 250: ...").
@@ -33,7 +33,7 @@ class TrainingSamples {
 
  private:
   const TrainConfig& config_;
-  parallel::TensorParallelGpt* model_ = nullptr;
+  models::CausalLm* model_ = nullptr;
   std::optional<io::Tokenizer> tokenizer_;
   std::vector<int32_t> prompt_;
 };

@@ -58,7 +58,7 @@
 #include "parallel/pipeline.h"
 #include "parallel/process_grid.h"
 #include "parallel/process_group.h"
-#include "parallel/stage_model.h"
+#include "models/stage_model.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/topology.h"
 #include "parallel/train_step.h"
@@ -87,7 +87,7 @@ int64_t padded_vocab_size(int64_t vocab, int64_t multiple) {
 // Without --vocab-size: where the GPT's vocabulary came from, for the start-up lines.
 std::string describe_vocabulary(const TrainConfig& c, const nn::ModelConfig& m,
                                 const std::optional<io::DatasetInfo>& data) {
-  if (m.kind != nn::ModelKind::gpt || c.vocab_size > 0) return {};
+  if (!nn::model_traits(m.kind).reads_tokens || c.vocab_size > 0) return {};
   if (!data)
     return "vocabulary: " + std::to_string(m.vocab_size) + " (--synthetic; --vocab-size to change it)";
   std::string text = "vocabulary: " + std::to_string(m.vocab_size) + " from " + data->path;
@@ -111,6 +111,9 @@ nn::ModelConfig model_config(const TrainConfig& c, const std::optional<io::Datas
   m.ffn_hidden_size = c.ffn_hidden_size;
   m.dropout = c.hidden_dropout;
   m.recompute = c.recompute;
+  m.num_query_groups = c.group_query_attention ? c.num_query_groups : 0;
+  m.rotary_base = c.rotary_base;
+  m.norm_epsilon = c.norm_epsilon;
   if (!data) return m;
   const bool wants_tokens = nn::model_traits(m.kind).reads_tokens;
   const bool has_tokens = data->kind == io::DatasetKind::tokens;
@@ -588,7 +591,7 @@ io::ProgressOptions progress_options(const TrainConfig& c, bool root) {
 // "pipeline: 2 stages, 1f1b, blocks [0, 2), [2, 4)" (interleaved: "2 stages
 // x 2 chunks, interleaved 1f1b, blocks ..., chunk c on stage c mod 2");
 // empty without pipelining.
-std::string describe_stages(const TrainConfig& c, const parallel::StageModel& stage_model, nn::ModelKind kind) {
+std::string describe_stages(const TrainConfig& c, const models::StageModel& stage_model, nn::ModelKind kind) {
   if (stage_model.bounds.empty()) return {};
   std::ostringstream text;
   const int v = c.virtual_pipeline_stages;
@@ -816,7 +819,7 @@ TrainResult estimate_only(const TrainConfig& c, const nn::ModelConfig& model_cfg
                           Context& ctx) {
   nn::ModelSpec shapes = spec;
   shapes.shapes_only = true;
-  const parallel::StageModel stage_model = parallel::build_stage_model(
+  const models::StageModel stage_model = models::build_stage_model(
       model_cfg, shapes, grid, c.sequence_parallel, c.pipeline_split, c.virtual_pipeline_stages);
   TrainResult estimate;
   estimate.data_parallel_size = grid.dp_size();
@@ -935,8 +938,8 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
                 "; use --global-batch-size ", c.micro_batch_size * dp.size() * grid.pp_size(), " or a multiple of it");
   if (c.estimate_memory) return estimate_only(c, model_cfg, spec, grid, accumulation, *world, ctx);
   // This rank's part of the model: the layers of its pipeline stage, split
-  // over its tensor-parallel group, with its loss (parallel/stage_model.h).
-  parallel::StageModel stage_model = parallel::build_stage_model(model_cfg, spec, grid, c.sequence_parallel,
+  // over its tensor-parallel group, with its loss (models/stage_model.h).
+  models::StageModel stage_model = models::build_stage_model(model_cfg, spec, grid, c.sequence_parallel,
                                                                  c.pipeline_split, c.virtual_pipeline_stages);
   const nn::StageLayers& stage = stage_model.layers;
   const std::string stage_description = describe_stages(c, stage_model, model_cfg.kind);
@@ -954,7 +957,7 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
                   static_cast<long long>(loaded.tensors), loaded.naming.c_str(),
                   loaded.ignored ? (", " + std::to_string(loaded.ignored) + " of the file's not used").c_str() : "");
   }
-  TrainingSamples samples(c, *model);
+  TrainingSamples samples(c, stage_model.causal_lm);
   const PipelineGroups groups = split_pipeline_groups(*world, grid, stage);
 
   // The trace first: the data-parallel reducer writes its communication into it.

@@ -167,13 +167,19 @@ CheckpointModel checkpoint_model(const CheckpointReader& reader) {
   nn::ModelConfig& c = model.config;
   c.kind = nn::parse_model_kind(metadata_entry(reader, "model.kind"));
   model.dtype = parse_dtype(metadata_entry(reader, "model.dtype"));
-  if (c.kind != nn::ModelKind::gpt) return model;
+  if (!nn::model_traits(c.kind).reads_tokens) return model;
   c.vocab_size = metadata_integer(reader, "model.vocab_size");
   c.seq_length = metadata_integer(reader, "model.seq_length");
   c.num_layers = metadata_integer(reader, "model.num_layers");
   c.num_heads = metadata_integer(reader, "model.num_heads");
   c.hidden_size = metadata_integer(reader, "model.hidden_size");
   c.ffn_hidden_size = metadata_integer(reader, "model.ffn_hidden_size");
+  if (c.kind == nn::ModelKind::llama) {
+    c.num_query_groups = metadata_integer(reader, "model.num_query_groups");
+    c.rotary_base = std::stof(metadata_entry(reader, "model.rotary_base"));
+    c.norm_epsilon = std::stof(metadata_entry(reader, "model.norm_epsilon"));
+    c.untie_embeddings = metadata_integer(reader, "model.untie_embeddings") != 0;
+  }
   c.validate();
   return model;
 }

@@ -14,6 +14,7 @@ constexpr ModelTraits kModels[] = {
     {"mlp", false, true, false, "layers"},
     {"cnn", false, false, false, "layers"},
     {"gpt", true, true, true, "blocks"},
+    {"llama", true, true, true, "blocks"},
 };
 
 }  // namespace

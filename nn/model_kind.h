@@ -10,9 +10,9 @@
 namespace tessera::nn {
 
 // The models this build knows (--model). Adding one: its enumerator, its row
-// in model_traits (nn/model_kind.cpp), its builder (nn::build_model, or parallel::build_model for models with tensor-parallel layers), and its cases
-// in pipeline_layers/layer_costs if it splits into pipeline stages.
-enum class ModelKind { mlp, cnn, gpt };
+// in model_traits (nn/model_kind.cpp), and its file and registry row on the
+// models/ floor (models/registry.h says how).
+enum class ModelKind { mlp, cnn, gpt, llama };
 
 // What the rest of the library and the app ask of a model kind.
 struct ModelTraits {
@@ -27,7 +27,7 @@ inline std::string_view model_name(ModelKind kind) {
   return model_traits(kind).name;
 }
 std::ostream& operator<<(std::ostream& out, ModelKind kind);  // its name
-// "mlp" | "cnn" | "gpt" (--model); throws naming the flag and the known models otherwise.
+// "mlp" | "cnn" | "gpt" | "llama" (--model); throws naming the flag and the known models otherwise.
 ModelKind parse_model_kind(std::string_view text);
 
 }  // namespace tessera::nn

@@ -1,5 +1,5 @@
-// ModelConfig validation and the builders of the mlp and cnn models
-// described in nn/models.h.
+// ModelConfig validation (nn/models.h); the models themselves are built on
+// the models/ floor.
 #include "nn/models.h"
 
 #include <cmath>
@@ -25,6 +25,19 @@ void check_at_most(const char* flag, int64_t value, int64_t limit, const char* w
                 " Tessera accepts; check the value for a typo");
 }
 
+// Grouped-query attention, rotary embeddings and RMSNorm: what makes them work.
+void validate_llama_choices(const ModelConfig& m) {
+  const int64_t groups = m.query_groups();
+  TESSERA_CHECK(groups >= 1 && m.num_heads % groups == 0, "--num-query-groups ", groups, " must divide --num-heads ",
+                m.num_heads, " (each key/value head serves the same number of query heads); use e.g. "
+                "--num-query-groups ", nearest_divisor(m.num_heads, groups));
+  TESSERA_CHECK((m.hidden_size / m.num_heads) % 2 == 0, "--position-embedding-type rope rotates pairs of features: "
+                "the head width --hidden-size / --num-heads = ", m.hidden_size / m.num_heads, " must be even");
+  TESSERA_CHECK(m.rotary_base > 1.0f, "--rotary-base ", m.rotary_base, " must be larger than 1 (Llama: 10000, "
+                "Llama 3: 500000)");
+  TESSERA_CHECK(m.norm_epsilon > 0.0f, "--norm-epsilon ", m.norm_epsilon, " must be positive (Llama: 1e-5 or 1e-6)");
+}
+
 }  // namespace
 
 int64_t nearest_divisor(int64_t n, int64_t target) {
@@ -40,6 +53,12 @@ int64_t nearest_divisor(int64_t n, int64_t target) {
       consider(n / d);
     }
   return nearest;
+}
+
+int64_t ModelConfig::ffn() const {
+  if (ffn_hidden_size > 0) return ffn_hidden_size;
+  if (kind == ModelKind::llama) return (8 * hidden_size / 3 + 255) / 256 * 256;
+  return 4 * hidden_size;
 }
 
 void ModelConfig::validate() const {
@@ -60,7 +79,7 @@ void ModelConfig::validate() const {
     TESSERA_CHECK(height >= 4 && width >= 4, "cnn: its two 2x2 poolings need images of at least 4x4, the dataset has ",
                   height, "x", width, "; use --model mlp");
   }
-  if (kind == ModelKind::gpt) {
+  if (model_traits(kind).reads_tokens) {
     TESSERA_CHECK(vocab_size >= 1, "--vocab-size ", vocab_size, " must be at least 1");
     TESSERA_CHECK(seq_length >= 1, "--seq-length ", seq_length, " must be at least 1");
     TESSERA_CHECK(num_layers >= 1, "--num-layers ", num_layers, " must be at least 1");
@@ -81,113 +100,7 @@ void ModelConfig::validate() const {
                   " must be positive (or 0 for 4 x --hidden-size)");
     TESSERA_CHECK(dropout >= 0.0f && dropout < 1.0f, "--dropout ", dropout, " must be in [0, 1)");
   }
-}
-
-// ---------------------------------------------------------------------------
-// Classifiers
-// ---------------------------------------------------------------------------
-namespace {
-
-// Layers [stage.begin, stage.end) of the MLP's linear layers (the input cast
-// and flatten on the first stage).
-std::unique_ptr<Module> build_mlp(const ModelConfig& config, const ModelSpec& spec, const StageLayers& stage) {
-  auto model = std::make_unique<Sequential>(spec, "");
-  if (stage.first()) {
-    model->add<InputCast>(spec, "input_cast");
-    model->add<Flatten>(spec, "flatten");
-  }
-  const int64_t layers = int64_t(config.hidden.size()) + 1, end = stage.end < 0 ? layers : stage.end;
-  int64_t in = config.channels * config.height * config.width;
-  for (int64_t index = 0; index < layers; ++index) {
-    const bool head = index + 1 == layers;
-    const int64_t width = head ? config.num_classes : config.hidden[size_t(index)];
-    if (index >= stage.begin && index < end) {
-      Linear& layer = model->add<Linear>(spec, "layers." + std::to_string(index), in, width, true,
-                                         head ? ops::Activation::none : ops::Activation::relu);
-      if (index == 0) layer.set_input_grad(false);  // the data needs no gradient
-    }
-    in = width;
-  }
-  return model;
-}
-
-std::unique_ptr<Module> build_cnn(const ModelConfig& config, const ModelSpec& spec) {
-  auto model = std::make_unique<Sequential>(spec, "");
-  model->add<InputCast>(spec, "input_cast");
-  model->add<Conv2d>(spec, "conv1", config.channels, 32, 5, 1, 2).set_input_grad(false);
-  model->add<ReLU>(spec, "relu1");
-  model->add<MaxPool2d>(spec, "pool1", 2);
-  model->add<Conv2d>(spec, "conv2", 32, 64, 5, 1, 2);
-  model->add<ReLU>(spec, "relu2");
-  model->add<MaxPool2d>(spec, "pool2", 2);
-  model->add<Flatten>(spec, "flatten");
-  const int64_t features = 64 * (config.height / 2 / 2) * (config.width / 2 / 2);
-  model->add<Linear>(spec, "fc1", features, 1024, true, ops::Activation::relu);
-  model->add<Linear>(spec, "fc2", 1024, config.num_classes);
-  return model;
-}
-
-}  // namespace
-
-int64_t pipeline_layers(const ModelConfig& config) {
-  switch (config.kind) {
-    case ModelKind::gpt:
-      return config.num_layers;
-    case ModelKind::mlp:
-      return int64_t(config.hidden.size()) + 1;
-    case ModelKind::cnn:
-      return 0;
-  }
-  return 0;
-}
-
-LayerCosts layer_costs(const ModelConfig& m) {
-  LayerCosts costs;
-  const int64_t layers = pipeline_layers(m);
-  if (m.kind == ModelKind::gpt) {
-    // ln_1, attention (qkv and output projections), ln_2, the MLP's two layers.
-    const int64_t h = m.hidden_size, f = m.ffn();
-    const int64_t block = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h);
-    costs.layers.assign(size_t(layers), block);
-    costs.first = m.vocab_size * h + m.seq_length * h;  // wte, wpe
-    costs.last = m.vocab_size * h + 2 * h;              // ln_f and the head's tied copy of wte
-  } else {
-    int64_t in = m.channels * m.height * m.width;
-    for (int64_t i = 0; i < layers; ++i) {
-      const int64_t out = i + 1 == layers ? m.num_classes : m.hidden[size_t(i)];
-      costs.layers.push_back(in * out + out);
-      in = out;
-    }
-  }
-  return costs;
-}
-
-std::unique_ptr<Module> build_model(const ModelConfig& config, const ModelSpec& spec, const StageLayers& stage) {
-  config.validate();
-  TESSERA_CHECK(config.kind == ModelKind::mlp || stage.stages == 1, "--pipeline-parallel ", stage.stages, ": --model ",
-                model_name(config.kind),
-                " is not split into pipeline stages here (gpt stages are built by "
-                "parallel::TensorParallelGpt; cnn trains with --pipeline-parallel 1)");
-  const int64_t layers = pipeline_layers(config), end = stage.end < 0 ? layers : stage.end;
-  TESSERA_CHECK(stage.begin >= 0 && stage.begin <= end && end <= layers, "pipeline stage ", stage.stage, " of ",
-                model_name(config.kind), ": layers [", stage.begin, ", ", end, ") are not among its ", layers,
-                " layers");
-  if (config.kind == ModelKind::mlp) return build_mlp(config, spec, stage);
-  return build_model(config, spec);
-}
-
-std::unique_ptr<Module> build_model(const ModelConfig& config, const ModelSpec& spec) {
-  config.validate();
-  switch (config.kind) {
-    case ModelKind::mlp:
-      return build_mlp(config, spec, StageLayers{});
-    case ModelKind::cnn:
-      return build_cnn(config, spec);
-    case ModelKind::gpt:
-      TESSERA_THROW("nn::build_model: the GPT is built by parallel::build_model (parallel/stage_model.h), over the "
-                    "tensor-parallel layers it shares with every layout");
-  }
-  TESSERA_THROW("build_model: model kind ", int(config.kind), " has no builder");
+  if (kind == ModelKind::llama) validate_llama_choices(*this);
 }
 
 int64_t parameter_count(Module& model) {

@@ -1,5 +1,6 @@
 // Models: the configuration the CLI fills (ModelConfig, validated with
-// messages that name the flag), and build_model, which turns it into a Module:
+// messages that name the flag), and what the models are. They are built on
+// the models/ floor (models/registry.h: one file and one registry row each):
 //
 //   mlp  InputCast → Flatten → [Linear + fused ReLU]* → Linear(num_classes)
 //        parameters "layers.<i>.weight/bias"; PyTorch's Linear init
@@ -7,8 +8,7 @@
 //   cnn  (LeNet-style, for 28×28-ish images) InputCast → conv1 5×5·32 pad 2 →
 //        ReLU → maxpool 2 → conv2 5×5·64 pad 2 → ReLU → maxpool 2 → Flatten →
 //        fc1 1024 + fused ReLU → fc2 num_classes; PyTorch's default init.
-//   gpt  (built by parallel::build_model, which needs the tensor-parallel
-//        layers; described here with the others)
+//   gpt  (models/gpt.h, over the tensor-parallel layers of parallel/)
 //        ids [B, T] (i32/i64) → wte [V, C] + wpe [T, C] → dropout → blocks.<i>
 //        (pre-LN TransformerBlock) → ln_f → logits [B, T, V] = x·wteᵀ (tied:
 //        wte gets gradients from both uses). GPT-2 init: normal(0, 0.02) for
@@ -42,7 +42,7 @@ struct ModelConfig {
   int64_t channels = 1, height = 28, width = 28;
   int64_t num_classes = 10;
 
-  // gpt
+  // gpt, llama (the language models)
   int64_t vocab_size = 256;     // --vocab-size (from the dataset)
   int64_t seq_length = 256;     // --seq-length: the longest sequence (positions in wpe)
   int64_t num_layers = 4;       // --num-layers
@@ -52,7 +52,21 @@ struct ModelConfig {
   float dropout = 0.0f;         // --dropout (embeddings, attention and MLP outputs)
   bool recompute = false;       // --recompute: blocks keep only their input and recompute in backward
 
-  int64_t ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
+  // llama: grouped-query attention (--num-query-groups G: key/value heads,
+  // G divides --num-heads; 0 means G = heads), rotary position embeddings
+  // (--rotary-base), RMSNorm (--norm-epsilon), a SwiGLU MLP, no biases, and
+  // an LM head of its own unless tied (--untie-embeddings-and-output-weights,
+  // on by default for llama).
+  int64_t num_query_groups = 0;
+  float rotary_base = 10000.0f;
+  float norm_epsilon = 1e-5f;
+  bool untie_embeddings = true;
+
+  // The MLP's width: --ffn-hidden-size, else GPT's 4·hidden, or Llama's
+  // 8/3·hidden rounded up to a multiple of 256 (Meta's multiple_of).
+  int64_t ffn() const;
+  // Key/value heads: --num-query-groups, or one per head.
+  int64_t query_groups() const { return num_query_groups > 0 ? num_query_groups : num_heads; }
   // Throws tessera::Error naming the flag and the value at fault.
   void validate() const;
 };
@@ -72,27 +86,14 @@ struct StageLayers {
   bool last() const { return stage + 1 == stages; }
 };
 
-// The number of partitionable layers of a model (GPT: --num-layers, MLP:
-// hidden layers + the output layer; 0 for models that cannot be split).
-int64_t pipeline_layers(const ModelConfig& config);
-
 // What each partitionable layer costs (its parameter elements), and what the
 // first and last stage pay besides (GPT: the embeddings; the final norm and
-// the LM head's copy of the tied table), for balancing pipeline stages.
+// the LM head's copy of the tied table), for balancing pipeline stages. Each
+// model's row in the registry (models/registry.h) computes them.
 struct LayerCosts {
   std::vector<int64_t> layers;
   int64_t first = 0, last = 0;
 };
-LayerCosts layer_costs(const ModelConfig& config);
-
-// Validates `config` and builds the mlp or cnn (a Sequential) with its
-// parameters on spec.device in spec.dtype; with `stage`, only that pipeline
-// stage's part of an mlp. The GPT is built above this floor, once, by
-// parallel::build_model / build_stage_model (parallel/tensor_parallel.h: with
-// no tensor-parallel group it is the whole model); asked for one, this throws
-// saying so.
-std::unique_ptr<Module> build_model(const ModelConfig& config, const ModelSpec& spec);
-std::unique_ptr<Module> build_model(const ModelConfig& config, const ModelSpec& spec, const StageLayers& stage);
 
 // Total number of parameter elements of the logical model (whole tensors,
 // also when a rank holds only tensor-parallel shards of them).

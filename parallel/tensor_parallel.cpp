@@ -1,8 +1,9 @@
-// The tensor-parallel layers and GPT of parallel/tensor_parallel.h: the
-// region communication (all-reduce, sequence all-gather/reduce-scatter), the
-// split linear layers and embedding, dropout by region, the sequence-parallel
-// gradient sums, the parallel attention/MLP/block/GPT, and the
-// vocabulary-parallel cross-entropy.
+// The tensor-parallel layers of parallel/tensor_parallel.h: the region
+// communication (all-reduce, sequence all-gather/reduce-scatter), the split
+// linear layers and embedding, dropout by region, the sequence-parallel
+// gradient sums, the parallel attention/MLP/block, which splits a model
+// allows, and the vocabulary-parallel cross-entropy. The models built from
+// them live on the floor above (models/).
 #include "parallel/tensor_parallel.h"
 
 #include <cmath>
@@ -117,9 +118,6 @@ Tensor tp_split_last_dim(Communicator& group, const Tensor& x) {
   return out;
 }
 
-namespace {
-
-// The region communication of a layer (nothing when the group is one rank).
 void all_reduce_in(const TensorParallelism& tp, Tensor& x) {
   if (tp.size() > 1) tp_all_reduce(*tp.group, x);
 }
@@ -129,8 +127,6 @@ Tensor gather_sequence_in(const TensorParallelism& tp, const Tensor& x) {
 Tensor reduce_scatter_sequence_in(const TensorParallelism& tp, const Tensor& x) {
   return tp.size() > 1 ? tp_reduce_scatter_sequence(*tp.group, x) : x;
 }
-
-}  // namespace
 
 // ---------------------------------------------------------------------------
 // ColumnParallelLinear
@@ -483,7 +479,7 @@ void ParallelTransformerBlock::after_backward() {
 }
 
 // ---------------------------------------------------------------------------
-// GPT
+// Which splits a model allows
 // ---------------------------------------------------------------------------
 std::string tensor_parallel_problem(const nn::ModelConfig& config, int tp, bool sequence_parallel) {
   std::ostringstream out;
@@ -492,7 +488,7 @@ std::string tensor_parallel_problem(const nn::ModelConfig& config, int tp, bool 
   } else if (tp == 1) {
     return {};
   } else if (!nn::model_traits(config.kind).splits_over_tensor_parallel) {
-    out << "--tensor-parallel " << tp << " splits the layers of --model gpt; --model " << nn::model_name(config.kind)
+    out << "--tensor-parallel " << tp << " splits the layers of --model gpt or llama; --model " << nn::model_name(config.kind)
         << " trains with data parallelism only (use --tensor-parallel 1)";
   } else if (config.num_heads % tp != 0) {
     out << "--num-heads " << config.num_heads << " is not divisible by --tensor-parallel " << tp
@@ -501,6 +497,11 @@ std::string tensor_parallel_problem(const nn::ModelConfig& config, int tp, bool 
     out << "--vocab-size " << config.vocab_size << " is not divisible by --tensor-parallel " << tp
         << ": the embedding is split by vocabulary rows; pad the vocabulary to --vocab-size "
         << (config.vocab_size + tp - 1) / tp * tp;
+  } else if (config.kind == nn::ModelKind::llama && config.query_groups() % tp != 0) {
+    out << "--num-query-groups " << config.query_groups() << " is not divisible by --tensor-parallel " << tp
+        << ": each rank holds whole key/value groups (fewer groups than ranks would replicate them, which "
+        << "Tessera does not do); use --tensor-parallel " << nn::nearest_divisor(config.query_groups(), tp)
+        << " or a multiple of " << tp << " groups";
   } else if (config.ffn() % tp != 0) {
     out << "--ffn-hidden-size " << config.ffn() << " is not divisible by --tensor-parallel " << tp;
   } else if (sequence_parallel && config.seq_length % tp != 0) {
@@ -514,161 +515,6 @@ std::vector<int> tensor_parallel_sizes(const nn::ModelConfig& config) {
   for (int64_t tp = 2; tp <= config.num_heads; ++tp)
     if (tensor_parallel_problem(config, int(tp), false).empty()) sizes.push_back(int(tp));
   return sizes;
-}
-
-TensorParallelGpt::TensorParallelGpt(const nn::ModelConfig& config, const nn::ModelSpec& spec, TensorParallelism tp,
-                                     const nn::StageLayers& stage)
-    : Module(spec, ""), config_(config), tp_(tp), stage_(stage) {
-  config_.validate();
-  if (tp_.size() == 1) tp_.sequence_parallel = false;
-  const std::string problem = tensor_parallel_problem(config_, tp_.size(), tp_.sequence_parallel);
-  TESSERA_CHECK(problem.empty(), problem);
-  if (stage_.end < 0) stage_.end = config_.num_layers;
-  TESSERA_CHECK(stage_.begin >= 0 && stage_.begin <= stage_.end && stage_.end <= config_.num_layers,
-                "gpt pipeline stage ", stage_.stage, ": blocks [", stage_.begin, ", ", stage_.end,
-                ") are not among its ", config_.num_layers, " blocks");
-  const int64_t c = config_.hidden_size;
-  // The first stage's embedding, or the last stage's tied copy for the head.
-  if (stage_.first() || stage_.last())
-    wte_ = &add_child<VocabParallelEmbedding>(spec, "wte", tp_, config_.vocab_size, c);
-  if (stage_.first()) {
-    wpe_ = &add_child<nn::PositionEmbedding>(spec, "wpe", config_.seq_length, c);
-    if (tp_.sequence_parallel) wpe_->set_sequence_shard(tp_.rank(), tp_.size());
-    dropout_ = &add_child<TensorParallelDropout>(spec, "dropout", tp_, config_.dropout);
-  } else if (wte_) {
-    wte_->weight().tied_copy = true;
-  }
-  for (int64_t i = stage_.begin; i < stage_.end; ++i)
-    blocks_.push_back(&add_child<ParallelTransformerBlock>(spec, "blocks." + std::to_string(i), tp_, c,
-                                                           config_.num_heads, config_.ffn(), config_.dropout,
-                                                           config_.recompute));
-  if (stage_.last()) ln_f_ = &add_child<nn::LayerNorm>(spec, "ln_f", c);
-  if (tp_.sequence_parallel) {
-    std::vector<nn::Parameter*> partial;
-    if (wpe_) partial.push_back(&wpe_->weight());
-    if (ln_f_) partial.insert(partial.end(), {&ln_f_->weight(), ln_f_->bias()});
-    if (!partial.empty()) partial_ = std::make_unique<SequenceParallelGradients>(partial, *tp_.group);
-  }
-
-  // GPT-2 initialisation (nn/models.h): each shard draws its elements of the whole tensors.
-  constexpr float kStd = 0.02f;
-  const float residual_std = kStd / std::sqrt(2.0f * float(config_.num_layers));
-  if (wte_) init_normal(wte_->weight(), kStd);
-  if (wpe_) init_normal(wpe_->weight(), kStd);
-  for (nn::Parameter* p : parameters()) {
-    const std::string& n = p->name;
-    const auto ends_with = [&](std::string_view tail) {
-      return n.size() >= tail.size() && n.compare(n.size() - tail.size(), tail.size(), tail) == 0;
-    };
-    if (n.rfind("blocks.", 0) != 0 || ends_with("ln1.weight") || ends_with("ln1.bias") || ends_with("ln2.weight") ||
-        ends_with("ln2.bias"))
-      continue;
-    if (ends_with(".bias"))
-      init_constant(*p, 0.0f);
-    else
-      init_normal(*p, ends_with("attn.proj.weight") || ends_with("mlp.proj.weight") ? residual_std : kStd);
-  }
-}
-
-void TensorParallelGpt::set_recompute(bool recompute) {
-  config_.recompute = recompute;
-  for (ParallelTransformerBlock* block : blocks_) block->set_recompute(recompute);
-}
-
-Shape TensorParallelGpt::hidden_shape(int64_t batch, int64_t tokens) const {
-  return Shape{batch, tp_.sequence_parallel ? tokens / tp_.size() : tokens, config_.hidden_size};
-}
-
-Tensor TensorParallelGpt::forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) {
-  const size_t head = 3 + blocks_.size();
-  Tensor x = input;
-  int64_t batch = 0, tokens = 0;
-  if (stage_.first()) {
-    TESSERA_CHECK(input.ndim() == 2, "gpt: token ids must be [batch, tokens], got shape ", input.shape().to_string());
-    TESSERA_CHECK(input.size(1) <= config_.seq_length, "gpt: a sequence of ", input.size(1),
-                  " tokens is longer than --seq-length ", config_.seq_length);
-    TESSERA_CHECK(!tp_.sequence_parallel || input.size(1) % tp_.size() == 0, "gpt: --sequence-parallel: a sequence of ",
-                  input.size(1), " tokens cannot be split over --tensor-parallel ", tp_.size());
-    batch = input.size(0);
-    tokens = input.size(1);
-    x = wte_->forward(input, saved.child(0), pass);
-    x = wpe_->forward(x, saved.child(1), pass);
-    x = dropout_->forward(x, saved.child(2), pass);
-  } else {
-    TESSERA_CHECK(input.ndim() == 3 && input.size(2) == config_.hidden_size, "gpt pipeline stage ", stage_.stage,
-                  ": the hidden states have shape ", input.shape().to_string(), ", expected [B, T, ",
-                  config_.hidden_size, "]");
-    batch = input.size(0);
-    tokens = input.size(1) * (tp_.sequence_parallel ? tp_.size() : 1);
-  }
-  for (size_t i = 0; i < blocks_.size(); ++i) x = blocks_[i]->forward(x, saved.child(3 + i), pass);
-  if (!stage_.last()) return x;
-  const int64_t c = config_.hidden_size, local_vocab = wte_->weight().value.size(0);
-  x = ln_f_->forward(x, saved.child(head), pass);
-  if (tp_.sequence_parallel) x = gather_sequence_in(tp_, x);
-  const Tensor features = x.view(Shape{batch * tokens, c});
-  Tensor logits = context().empty(Shape{batch * tokens, local_vocab}, spec().dtype, spec().device);
-  ops::MatmulOptions options;
-  options.transpose_b = true;
-  {
-    const nn::ParametersInUse table(*wte_, nn::ParameterPhase::forward);  // the head outside the embedding's calls
-    ops::matmul(features, wte_->weight().value, logits, options);
-  }
-  saved.tensors = {features};
-  saved.scalars = {batch, tokens};
-  return logits.view(Shape{batch, tokens, local_vocab});
-}
-
-Tensor TensorParallelGpt::backward_impl(const Tensor& grad_output, nn::Saved& saved) {
-  const size_t head = 3 + blocks_.size();
-  // Sequence parallelism sums wpe's and ln_f's gradients over the group after
-  // this whole backward: under ZeRO-2/3 their gradient buffers must exist
-  // from here to there (nothing is held without parameter hooks).
-  std::vector<std::unique_ptr<nn::ParametersInUse>> summed_later;
-  if (partial_)
-    for (nn::Module* module : {static_cast<nn::Module*>(wpe_), static_cast<nn::Module*>(ln_f_)})
-      if (module) summed_later.push_back(std::make_unique<nn::ParametersInUse>(*module, nn::ParameterPhase::backward));
-  if (partial_) partial_->begin();
-  Tensor grad = grad_output;
-  if (stage_.last()) {
-    TESSERA_CHECK(saved.tensors.size() == 1 && saved.scalars.size() == 2, "gpt: backward without a matching forward");
-    const Tensor features = saved.tensors[0];
-    const int64_t batch = saved.scalars[0], tokens = saved.scalars[1];
-    saved.tensors.clear();
-    saved.scalars.clear();
-    nn::Parameter& wte = wte_->weight();
-    const int64_t rows = batch * tokens, c = config_.hidden_size, local_vocab = wte.value.size(0);
-    TESSERA_CHECK(grad_output.numel() == rows * local_vocab, "gpt: the logits gradient has shape ",
-                  grad_output.shape().to_string(), ", expected ", rows, " rows of ", local_vocab);
-    const Tensor dlogits = grad_output.view(Shape{rows, local_vocab});
-    grad = context().empty(features.shape(), spec().dtype, spec().device);
-    {
-      const nn::ParametersInUse table(*wte_, nn::ParameterPhase::backward);  // the head outside the embedding's calls
-      ops::matmul_backward(dlogits, features, wte.value, nullptr, &wte.grad, false, true, /*accumulate=*/true);
-      ops::matmul_backward(dlogits, features, wte.value, &grad, nullptr, false, true, /*accumulate=*/false);
-    }
-    grad = grad.view(Shape{batch, tokens, c});
-    // The features were the same on every rank: sum the ranks' parts of their gradient.
-    if (tp_.sequence_parallel)
-      grad = reduce_scatter_sequence_in(tp_, grad);
-    else
-      all_reduce_in(tp_, grad);
-    grad = ln_f_->backward(grad, saved.child(head));
-    // The head's use of the table is complete (a tied copy's, or the first stage's before the embedding adds its own).
-    if (!stage_.first() && wte.on_grad_ready) wte.on_grad_ready(wte);
-  }
-  for (size_t i = blocks_.size(); i-- > 0;) grad = blocks_[i]->backward(grad, saved.child(3 + i));
-  if (!stage_.first()) {
-    if (partial_) partial_->end();
-    saved.clear();
-    return grad;
-  }
-  grad = dropout_->backward(grad, saved.child(2));
-  grad = wpe_->backward(grad, saved.child(1));
-  if (partial_) partial_->end();
-  wte_->backward(grad, saved.child(0));
-  saved.clear();
-  return Tensor();
 }
 
 // ---------------------------------------------------------------------------

@@ -81,6 +81,10 @@ Tensor tp_reduce_scatter_sequence(Communicator& group, const Tensor& x);
 Tensor tp_gather_last_dim(Communicator& group, const Tensor& x);
 // This rank's columns [r·n/K, (r+1)·n/K) of x [..., n] (a copy).
 Tensor tp_split_last_dim(Communicator& group, const Tensor& x);
+// The same over a layer's TensorParallelism: nothing when it is one rank.
+void all_reduce_in(const TensorParallelism& tp, Tensor& x);
+Tensor gather_sequence_in(const TensorParallelism& tp, const Tensor& x);
+Tensor reduce_scatter_sequence_in(const TensorParallelism& tp, const Tensor& x);
 
 // ---------------------------------------------------------------------------
 // Layers
@@ -264,49 +268,6 @@ std::string tensor_parallel_problem(const nn::ModelConfig& config, int tp, bool 
 // whose sizes are fixed, the rank counts that can run it.
 std::vector<int> tensor_parallel_sizes(const nn::ModelConfig& config);
 
-// The GPT (nn/models.h describes it), the only one there is: split over the
-// group, or whole with no group (TensorParallelism{}: no communication, the
-// model every layout's names and initial values come from, element for
-// element). forward(ids [B, T]) returns this rank's logits [B, T, V/K]
-// (columns [vocab_begin, vocab_begin + V/K)); train it with
-// VocabParallelCrossEntropy (with no group, nn::CrossEntropyLoss is the same).
-//
-// A pipeline stage (StageLayers) holds blocks [begin, end) and: on the first
-// stage the embeddings (its forward takes the ids), on the last ln_f and the
-// LM head (its forward returns the logits); a stage in between maps hidden
-// states [B, T, C] ([B, T/K, C] under sequence parallelism) to hidden states,
-// and its backward returns their gradient. The last stage of several holds a
-// tied copy of wte (Parameter::tied_copy) for the head, initialised like the
-// first stage's; the pipeline sums the two gradients after the flush.
-class TensorParallelGpt : public nn::Module {
- public:
-  TensorParallelGpt(const nn::ModelConfig& config, const nn::ModelSpec& spec, TensorParallelism tp,
-                    const nn::StageLayers& stage = {});
-  Tensor forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
-  Tensor backward_impl(const Tensor& grad_output, nn::Saved& saved) override;
-  void set_recompute(bool recompute);
-  int64_t vocab_begin() const { return wte_->vocab_begin(); }
-  const TensorParallelism& parallelism() const { return tp_; }
-  const nn::StageLayers& stage() const { return stage_; }
-  const nn::ModelConfig& config() const { return config_; }
-  // The embedding table this stage holds (the first stage's, or the last
-  // stage's tied copy; null on stages in between).
-  nn::Parameter* embedding_table() { return wte_ ? &wte_->weight() : nullptr; }
-  // The hidden states between stages for a micro-batch of `batch` sequences
-  // of `tokens` tokens: [B, T, C], or [B, T/K, C] under sequence parallelism.
-  Shape hidden_shape(int64_t batch, int64_t tokens) const;
-
- private:
-  nn::ModelConfig config_;
-  TensorParallelism tp_;
-  nn::StageLayers stage_;
-  VocabParallelEmbedding* wte_ = nullptr;
-  nn::PositionEmbedding* wpe_ = nullptr;
-  TensorParallelDropout* dropout_ = nullptr;
-  std::vector<ParallelTransformerBlock*> blocks_;
-  nn::LayerNorm* ln_f_ = nullptr;
-  std::unique_ptr<SequenceParallelGradients> partial_;  // wpe and ln_f under sequence parallelism
-};
 
 // Cross-entropy over logits split by vocabulary: [N, V/K] or [B, T, V/K]
 // holding columns [vocab_begin, vocab_begin + V/K) of a vocabulary of

@@ -21,7 +21,7 @@
 #include "core/context.h"
 #include "io/model_weights.h"
 #include "io/safetensors.h"
-#include "parallel/stage_model.h"
+#include "models/stage_model.h"
 #include "tests/io/io_test_files.h"
 #include "tests/support/error_text.h"
 #include "tests/support/test_support.h"
@@ -43,7 +43,7 @@ class SafetensorsWeights : public ::testing::Test {
     config.num_layers = 1;
     config.num_heads = 2;
     config.hidden_size = 8;
-    model = parallel::build_model(config, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, 0});
+    model = models::build_model(config, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, 0});
     for (nn::Parameter* p : model->parameters()) p->value.fill_(std::nan(""));
   }
   std::vector<nn::Parameter*> parameters() { return model->parameters(); }

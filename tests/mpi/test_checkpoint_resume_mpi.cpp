@@ -17,7 +17,7 @@
 #include "apps/trainer.h"
 #include "core/context.h"
 #include "nn/models.h"
-#include "parallel/stage_model.h"
+#include "models/stage_model.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mpi_communicator.h"
 #include "tests/mpi/mpi_test.h"
@@ -45,7 +45,7 @@ TEST(OptimizerStateSlices, EveryElementHasExactlyOneOwner) {
     spec.context = &ctx;
     spec.dtype = DType::bf16;  // masters too
     spec.seed = 5;
-    std::unique_ptr<nn::Module> model = parallel::build_model(m, spec);
+    std::unique_ptr<nn::Module> model = models::build_model(m, spec);
     const std::vector<nn::Parameter*> parameters = model->parameters();
     nn::OptimizerConfig opt;
     parallel::DataParallelOptions options;

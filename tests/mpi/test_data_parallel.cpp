@@ -24,7 +24,7 @@
 #include "kernels/ops.h"
 #include "nn/loss.h"
 #include "nn/models.h"
-#include "parallel/stage_model.h"
+#include "models/stage_model.h"
 #include "nn/optimizer.h"
 #include "parallel/data_parallel.h"
 #include "parallel/local_communicator.h"
@@ -124,7 +124,7 @@ nn::OptimizerConfig sgd_config() {
 RunResult run_single(Context& ctx, const RunSpec& spec, uint64_t seed, int ranks) {
   const nn::ModelConfig m = run_model(spec);
   nn::ModelSpec model_spec{&ctx, Device::cpu(), spec.dtype, seed};
-  auto model = parallel::build_model(m, model_spec);
+  auto model = models::build_model(m, model_spec);
   const auto parameters = model->parameters();
   nn::Optimizer optimizer(parameters, spec.optimizer);
   const nn::CrossEntropyLoss loss;
@@ -157,7 +157,7 @@ RunResult run_parallel(Context& ctx, const RunSpec& spec, uint64_t seed, paralle
                        AllocatorStats* memory = nullptr) {
   const nn::ModelConfig m = run_model(spec);
   nn::ModelSpec model_spec{&ctx, Device::cpu(), spec.dtype, seed};
-  auto model = parallel::build_model(m, model_spec);
+  auto model = models::build_model(m, model_spec);
   if (options.zero_stage >= 2) options.units = nn::sharding_units(*model);
   parallel::DataParallel replica(model->parameters(), comm, spec.optimizer, options);
   if (state_bytes) *state_bytes = replica.optimizer_state_bytes();
@@ -318,14 +318,14 @@ TEST(DataParallel, ZeroOneShardsOptimizerMemory) {
     nn::OptimizerConfig adamw;  // exp_avg + exp_avg_sq (+ an f32 master for bf16)
     int64_t plain_bytes = 0, zero_bytes = 0;
     {
-      auto model = parallel::build_model(m, model_spec);
+      auto model = models::build_model(m, model_spec);
       parallel::DataParallel replica(model->parameters(), *comm, adamw, dp_options(0, 0.02));
       plain_bytes = replica.optimizer_state_bytes();
       const int64_t per_element = dtype == DType::f32 ? 8 : 12;
       EXPECT_EQ(plain_bytes, per_element * nn::parameter_count(*model));
     }
     {
-      auto model = parallel::build_model(m, model_spec);
+      auto model = models::build_model(m, model_spec);
       parallel::DataParallel replica(model->parameters(), *comm, adamw, dp_options(1, 0.02));
       EXPECT_GT(replica.bucket_count(), 3);
       zero_bytes = replica.optimizer_state_bytes();
@@ -370,7 +370,7 @@ TEST(DataParallel, ZeroThreeHoldsItsShareAndOneGatheredUnit) {
     {
       Context ctx(one_thread());
       nn::ModelSpec model_spec{&ctx, Device::cpu(), dtype, seed};
-      auto model = parallel::build_model(run_model(spec), model_spec);
+      auto model = models::build_model(run_model(spec), model_spec);
       for (nn::Module* unit : nn::sharding_units(*model)) {
         largest = std::max(largest, nn::parameter_count(*unit));
         plan.unit_elements.push_back(nn::parameter_count(*unit));
@@ -485,7 +485,7 @@ TEST(DataParallel, BucketsStartDuringBackward) {
   m.hidden = {64, 64, 64};
   for (const int zero : {0, 1}) {
     SCOPED_TRACE("zero " + std::to_string(zero));
-    auto model = parallel::build_model(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, seed});
+    auto model = models::build_model(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, seed});
     std::vector<parallel::CommEvent> events;
     parallel::DataParallelOptions options;
     options.zero_stage = zero;
@@ -552,7 +552,7 @@ TEST(DataParallel, AGradientCompletedAfterBackwardWaitsAloneAndHoldsNothingBack)
     nn::OptimizerConfig sgd;
     sgd.kind = nn::OptimizerKind::sgd;
     const auto reduce = [&](bool defer) {
-      auto model = parallel::build_model(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, seed});
+      auto model = models::build_model(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, seed});
       parallel::DataParallelOptions options = dp_options(zero, 2000.0 * 4 / (1 << 20));
       if (defer) options.reduced_after_backward = [](const nn::Parameter& p) { return p.name == "layers.3.bias"; };
       parallel::DataParallel replica(model->parameters(), *comm, sgd, options);
@@ -600,7 +600,7 @@ TEST(DataParallel, NonFiniteGradientOnOneRankIsSeenByAll) {
   for (const int zero : {0, 1}) {
     SCOPED_TRACE("zero " + std::to_string(zero));
     const nn::ModelConfig m = model_config("mlp");
-    auto model = parallel::build_model(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, 9});
+    auto model = models::build_model(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, 9});
     parallel::DataParallel replica(model->parameters(), *comm, sgd_config(), dp_options(zero));
     replica.begin_step();
     replica.finish_backward();  // zero gradients, reduced

@@ -1,5 +1,5 @@
-// Generation under tensor parallelism (mpiexec, 2 and 4 ranks): the GPT split
-// over K ranks, built from the same seed as the whole GPT every rank also
+// Generation under tensor parallelism (mpiexec, 2 and 4 ranks): the GPT and
+// the Llama split over K ranks, built from the same seed as the whole model every rank also
 // holds, samples the same tokens with the same seed (temperature, top-k and
 // top-p on, so every logit matters) and greedily the same text; every rank
 // of the group gets the same tokens (each draws them from the gathered logits).
@@ -9,7 +9,8 @@
 #include <vector>
 
 #include "core/context.h"
-#include "parallel/generation.h"
+#include "models/generation.h"
+#include "models/registry.h"
 #include "parallel/process_grid.h"
 #include "parallel/tensor_parallel.h"
 #include "tests/mpi/mpi_test.h"
@@ -29,6 +30,21 @@ nn::ModelConfig small_gpt() {
   return m;
 }
 
+// The Llama with 4 key/value groups of 2 query heads: split over 2 or 4 ranks, each holds whole groups.
+nn::ModelConfig small_llama() {
+  nn::ModelConfig m = small_gpt();
+  m.kind = nn::ModelKind::llama;
+  m.num_heads = 8;
+  m.num_query_groups = 4;
+  return m;
+}
+
+std::unique_ptr<models::CausalLm> causal_lm(const nn::ModelConfig& m, const nn::ModelSpec& spec,
+                                            parallel::TensorParallelism tp) {
+  std::unique_ptr<nn::Module> built = models::model_row(m.kind).build(m, spec, tp, nn::StageLayers{});
+  return std::unique_ptr<models::CausalLm>(dynamic_cast<models::CausalLm*>(built.release()));
+}
+
 // Every rank's tokens, gathered to compare.
 std::vector<int32_t> all_ranks(parallel::Communicator& comm, Context& ctx, const std::vector<int32_t>& tokens) {
   Tensor mine = ctx.from_vector(Shape{int64_t(tokens.size())}, tokens);
@@ -37,12 +53,10 @@ std::vector<int32_t> all_ranks(parallel::Communicator& comm, Context& ctx, const
   return all.to_vector<int32_t>();
 }
 
-TEST(GenerationMpi, TensorParallelSamplesTheOneRankTokensWithTheSameSeed) {
-  TESSERA_SEED_TRACE();
+void expect_tensor_parallel_samples_the_one_rank_tokens(const nn::ModelConfig& m) {
   auto comm = world();
   Context ctx(one_thread());
   const uint64_t seed = test_seed();
-  const nn::ModelConfig m = small_gpt();
   for (const int k : {2, 4}) {
     if (comm->size() % k != 0) continue;
     SCOPED_TRACE("tp=" + std::to_string(k));
@@ -50,19 +64,21 @@ TEST(GenerationMpi, TensorParallelSamplesTheOneRankTokensWithTheSameSeed) {
     sizes.tp = k;
     parallel::ProcessGrid grid(*comm, sizes);
     const nn::ModelSpec spec{&ctx, Device::cpu(), DType::f32, seed};
-    parallel::TensorParallelGpt whole(m, spec, parallel::TensorParallelism{});
-    parallel::TensorParallelGpt split(m, spec, parallel::TensorParallelism{&grid.tp(), false});
+    const auto whole_model = causal_lm(m, spec, parallel::TensorParallelism{});
+    const auto split_model = causal_lm(m, spec, parallel::TensorParallelism{&grid.tp(), false});
+    models::CausalLm& whole = *whole_model;
+    models::CausalLm& split = *split_model;
     std::mt19937_64 rng(seed);
     std::vector<int32_t> prompt(4);
     for (int32_t& id : prompt) id = int32_t(rng() % uint64_t(m.vocab_size));
     for (const nn::SamplingOptions& sampling :
          {nn::SamplingOptions{0.0f, 0, 1.0f, 0}, nn::SamplingOptions{1.0f, 0, 1.0f, rng()},
           nn::SamplingOptions{0.8f, 20, 0.9f, rng()}}) {
-      parallel::GenerationOptions options;
+      models::GenerationOptions options;
       options.max_new_tokens = 24;
       options.sampling = sampling;
-      const std::vector<int32_t> one_rank = parallel::generate(whole, prompt, options).tokens;
-      const std::vector<int32_t> tensor_parallel = parallel::generate(split, prompt, options).tokens;
+      const std::vector<int32_t> one_rank = models::generate(whole, prompt, options).tokens;
+      const std::vector<int32_t> tensor_parallel = models::generate(split, prompt, options).tokens;
       EXPECT_EQ(tensor_parallel, one_rank) << "temperature " << sampling.temperature;
       const std::vector<int32_t> everyone = all_ranks(*comm, ctx, tensor_parallel);
       for (int r = 0; r < comm->size(); ++r)
@@ -70,6 +86,16 @@ TEST(GenerationMpi, TensorParallelSamplesTheOneRankTokensWithTheSameSeed) {
             << "rank " << r << " drew other tokens";
     }
   }
+}
+
+TEST(GenerationMpi, TensorParallelSamplesTheOneRankTokensWithTheSameSeed) {
+  TESSERA_SEED_TRACE();
+  expect_tensor_parallel_samples_the_one_rank_tokens(small_gpt());
+}
+
+TEST(GenerationMpi, TensorParallelLlamaSamplesTheOneRankTokensWithTheSameSeed) {
+  TESSERA_SEED_TRACE();
+  expect_tensor_parallel_samples_the_one_rank_tokens(small_llama());
 }
 
 }  // namespace

@@ -27,7 +27,8 @@
 #include "parallel/mpi_communicator.h"
 #include "parallel/pipeline.h"
 #include "parallel/process_grid.h"
-#include "parallel/stage_model.h"
+#include "models/gpt.h"
+#include "models/stage_model.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/train_step.h"
 #include "tests/mpi/mpi_test.h"
@@ -98,13 +99,13 @@ Stage build_stage(const nn::ModelConfig& m, const nn::ModelSpec& spec, parallel:
   Stage stage;
   if (m.kind == nn::ModelKind::gpt) {
     auto gpt =
-        std::make_unique<parallel::TensorParallelGpt>(m, spec, parallel::TensorParallelism{&grid.tp(), false}, layers);
+        std::make_unique<models::Gpt>(m, spec, parallel::TensorParallelism{&grid.tp(), false}, layers);
     stage.tied = gpt->embedding_table();
     stage.input_shape = gpt->hidden_shape(batch, m.seq_length);
     stage.loss = std::make_unique<parallel::VocabParallelCrossEntropy>(grid.tp(), 0, m.vocab_size);
     stage.model = std::move(gpt);
   } else {
-    stage.model = nn::build_model(m, spec, layers);
+    stage.model = models::model_row(m.kind).build(m, spec, parallel::TensorParallelism{}, layers);
     stage.loss = std::make_unique<nn::CrossEntropyLoss>();
     const int64_t width = layers.begin == 0 ? m.channels * m.height * m.width : m.hidden[size_t(layers.begin) - 1];
     stage.input_shape = Shape{batch, width};
@@ -170,12 +171,12 @@ TEST(PipelineParallel, StagesGiveTheWholeModelsLossAndGradientsForBothSchedules)
         const MicroBatches data = micro_batches(ctx, m, micro, batch, seed ^ 77);
 
         // The whole model, one process: every micro-batch, gradients accumulated.
-        auto whole = parallel::build_model(m, spec);
+        auto whole = models::build_model(m, spec);
         const double expected_loss = run_whole_model(*whole, data, micro, seed);
 
         // Four (or two) stages, layers balanced by the partitioner.
         const std::vector<int64_t> bounds =
-            parallel::partition_layers(std::vector<int64_t>(size_t(nn::pipeline_layers(m)), 1), 0, 0, p);
+            parallel::partition_layers(std::vector<int64_t>(size_t(models::pipeline_layers(m)), 1), 0, 0, p);
         Stage stage = build_stage(m, spec, grid, batch, bounds);
         parallel::PipelineOptions options;
         options.schedule = schedule;
@@ -195,7 +196,7 @@ TEST(PipelineParallel, StagesGiveTheWholeModelsLossAndGradientsForBothSchedules)
       }
 }
 
-// Interleaved 1F1B (V = 2 chunks per stage, built by parallel::build_stage_model
+// Interleaved 1F1B (V = 2 chunks per stage, built by models::build_stage_model
 // with the model cut into P·V chunks) on P = 2 and 4 stages: the loss and every
 // gradient equal the whole model's on one process, and each chunk holds the
 // layers of the model's chunk v·P + stage.
@@ -218,10 +219,10 @@ TEST(PipelineParallel, InterleavedChunksGiveTheWholeModelsLossAndGradients) {
       const nn::ModelSpec spec{&ctx, Device::cpu(), DType::f32, seed};
       const MicroBatches data = micro_batches(ctx, m, micro, batch, seed ^ 91);
 
-      auto whole = parallel::build_model(m, spec);
+      auto whole = models::build_model(m, spec);
       const double expected_loss = run_whole_model(*whole, data, micro, seed);
 
-      parallel::StageModel stage = parallel::build_stage_model(m, spec, grid, false, "", v);
+      models::StageModel stage = models::build_stage_model(m, spec, grid, false, "", v);
       ASSERT_EQ(stage.chunks.size(), size_t(v));
       ASSERT_EQ(stage.bounds.size(), size_t(p * v + 1));
       for (int c = 0; c < v; ++c) {

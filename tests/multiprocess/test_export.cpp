@@ -27,7 +27,7 @@
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "nn/models.h"
-#include "parallel/stage_model.h"
+#include "models/stage_model.h"
 #include "tests/support/process_job.h"
 #include "tests/support/resume_support.h"
 #include "tests/support/test_support.h"
@@ -91,7 +91,7 @@ Tensor tessera_logits(Context& ctx, const std::string& checkpoint, const nn::Mod
   nn::ModelSpec spec;
   spec.context = &ctx;
   spec.dtype = DType::f32;
-  auto model = parallel::build_model(config, spec);
+  auto model = models::build_model(config, spec);
   const io::CheckpointReader reader(checkpoint);
   for (nn::Parameter* p : model->parameters()) {
     io::TensorPiece piece;

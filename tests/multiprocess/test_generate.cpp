@@ -26,7 +26,7 @@
 #include "io/checkpoint.h"
 #include "io/model_weights.h"
 #include "io/tokenizer.h"
-#include "parallel/stage_model.h"
+#include "models/stage_model.h"
 #include "tests/io/io_test_files.h"
 #include "tests/support/process_job.h"
 #include "tests/support/resume_support.h"
@@ -69,7 +69,7 @@ std::vector<int32_t> argmax_without_cache(const std::string& checkpoint, std::ve
   Context ctx;
   const io::CheckpointReader reader(checkpoint);
   const io::CheckpointModel saved = io::checkpoint_model(reader);
-  auto model = parallel::build_model(saved.config, nn::ModelSpec{&ctx, Device::cpu(), saved.dtype, 0});
+  auto model = models::build_model(saved.config, nn::ModelSpec{&ctx, Device::cpu(), saved.dtype, 0});
   io::read_parameters(reader, model->parameters());
   model->train(false);
   const size_t prompt = sequence.size();

@@ -22,7 +22,7 @@
 #include "kernels/ops.h"
 #include "nn/loss.h"
 #include "nn/models.h"
-#include "parallel/stage_model.h"
+#include "models/stage_model.h"
 #include "tests/kernels/dtype_params.h"
 #include "tests/support/error_text.h"
 #include "tests/support/gradcheck.h"
@@ -147,7 +147,7 @@ TEST(Gpt, MatchesReferenceLossAndEveryGradient) {
   auto rng = make_rng();
   const nn::ModelConfig config = tiny_gpt();
   const int64_t batch = 2, tokens = 7;
-  auto model = parallel::build_model(config, spec_for(ctx, DType::f32, rng()));
+  auto model = models::build_model(config, spec_for(ctx, DType::f32, rng()));
   const auto randomized = randomize(ctx, *model, rng);
   const std::vector<std::string>& names = randomized.first;
   const Inputs& values = randomized.second;
@@ -178,13 +178,94 @@ TEST(Gpt, MatchesReferenceLossAndEveryGradient) {
         << params[k]->name;
 }
 
+// ---------------------------------------------------------------------------
+// Llama against the double reference written as Hugging Face computes it
+// ---------------------------------------------------------------------------
+// 4 query heads of width 4 in 2 key/value groups, SwiGLU 12 wide, untied.
+nn::ModelConfig tiny_llama(int64_t groups, bool untied) {
+  nn::ModelConfig config;
+  config.kind = nn::ModelKind::llama;
+  config.vocab_size = 11;
+  config.seq_length = 9;
+  config.num_layers = 2;
+  config.num_heads = 4;
+  config.num_query_groups = groups;
+  config.hidden_size = 16;
+  config.ffn_hidden_size = 12;
+  config.rotary_base = 500000.0f;
+  config.norm_epsilon = 1e-6f;
+  config.untie_embeddings = untied;
+  return config;
+}
+
+void expect_llama_matches_reference(const nn::ModelConfig& config) {
+  Context ctx;
+  auto rng = make_rng();
+  const int64_t batch = 2, tokens = 9;
+  auto model = models::build_model(config, spec_for(ctx, DType::f32, rng()));
+  const auto randomized = randomize(ctx, *model, rng);
+  const std::vector<std::string>& names = randomized.first;
+  const Inputs& values = randomized.second;
+  auto ids = random_indices(ctx, Shape{batch, tokens}, DType::i32, rng, 0, config.vocab_size);
+  auto targets = random_indices(ctx, Shape{batch, tokens}, DType::i64, rng, 0, config.vocab_size);
+  targets.values[2] = -100;  // an ignored position
+  targets.tensor = ctx.from_doubles(targets.tensor.shape(), DType::i64, targets.values);
+  ref::LlamaShape shape{config.vocab_size, config.num_layers, config.num_heads, config.query_groups(),
+                        config.hidden_size, config.ffn(), config.rotary_base, config.norm_epsilon,
+                        !config.untie_embeddings};
+  const ref::Ids id_values = as_ids(ids.values), target_values = as_ids(targets.values);
+  nn::zero_grads(model->parameters());
+  const StepResult step = train_step(*model, ids.tensor, targets.tensor, nn::Pass{});
+  EXPECT_TRUE(all_close(step.logits, ref::llama_logits(shape, as_params(names, values), id_values, batch, tokens),
+                        kModelForward));
+  expect_loss_near(step.loss.loss,
+                   ref::llama_loss(shape, as_params(names, values), id_values, target_values, batch, tokens));
+  const ReferenceFunction loss_of = [&](const Inputs& in) {
+    return std::vector<double>{ref::llama_loss(shape, as_params(names, in), id_values, target_values, batch, tokens)};
+  };
+  const auto params = model->parameters();
+  ASSERT_EQ(params.size(), names.size());
+  for (size_t k = 0; k < params.size(); ++k)
+    EXPECT_TRUE(all_close(params[k]->grad, numeric_gradient(loss_of, values, k, {1.0}), kModelBackward))
+        << params[k]->name;
+}
+
+TEST(Llama, GroupedQueryAttentionMatchesReferenceLossAndEveryGradient) {
+  TESSERA_SEED_TRACE();
+  expect_llama_matches_reference(tiny_llama(2, true));
+}
+
+TEST(Llama, MultiQueryAndMultiHeadTiedMatchReference) {
+  TESSERA_SEED_TRACE();
+  expect_llama_matches_reference(tiny_llama(1, true));
+  expect_llama_matches_reference(tiny_llama(4, false));
+}
+
+TEST(Llama, ParametersAreTheDocumentedNamesAndShapes) {
+  Context ctx;
+  const nn::ModelConfig config = tiny_llama(2, true);
+  auto model = models::build_model(config, spec_for(ctx, DType::f32, 3));
+  std::map<std::string, Shape> shapes;
+  for (const Parameter* p : model->parameters()) shapes[p->name] = p->shard.global_shape;
+  const int64_t c = 16, dh = 4, f = 12;
+  EXPECT_EQ(shapes.at("wte.weight"), (Shape{11, c}));
+  EXPECT_EQ(shapes.at("blocks.1.attn.qkv.weight"), (Shape{2 * (2 + 2) * dh, c}));
+  EXPECT_EQ(shapes.at("blocks.1.attn.proj.weight"), (Shape{c, 4 * dh}));
+  EXPECT_EQ(shapes.at("blocks.0.mlp.fc.weight"), (Shape{2 * f, c}));
+  EXPECT_EQ(shapes.at("blocks.0.mlp.proj.weight"), (Shape{c, f}));
+  EXPECT_EQ(shapes.at("blocks.0.ln1.weight"), (Shape{c}));
+  EXPECT_EQ(shapes.at("ln_f.weight"), (Shape{c}));
+  EXPECT_EQ(shapes.at("lm_head.weight"), (Shape{11, c}));
+  EXPECT_EQ(shapes.size(), size_t(1 + 2 * 6 + 2));  // no biases anywhere
+}
+
 // Micro-batches accumulate: two halves at scale 1/2 give the mean of their gradients.
 TEST(Gpt, MicroBatchGradientsAccumulate) {
   TESSERA_SEED_TRACE();
   Context ctx;
   auto rng = make_rng();
   const nn::ModelConfig config = tiny_gpt();
-  auto model = parallel::build_model(config, spec_for(ctx, DType::f32, rng()));
+  auto model = models::build_model(config, spec_for(ctx, DType::f32, rng()));
   randomize(ctx, *model, rng);
   RandomTensor ids[2], targets[2];
   for (int i = 0; i < 2; ++i) {
@@ -217,9 +298,9 @@ TEST(GptRecompute, BitIdenticalGradients) {
   nn::ModelConfig config = tiny_gpt();
   config.dropout = 0.1f;  // recomputation must re-draw the same masks
   const nn::ModelSpec spec = spec_for(ctx, DType::f32, rng());
-  auto plain = parallel::build_model(config, spec);
+  auto plain = models::build_model(config, spec);
   config.recompute = true;
-  auto recomputed = parallel::build_model(config, spec);  // same seed: the same initial values
+  auto recomputed = models::build_model(config, spec);  // same seed: the same initial values
   auto ids = random_indices(ctx, Shape{3, 7}, DType::i32, rng, 0, config.vocab_size);
   auto targets = random_indices(ctx, Shape{3, 7}, DType::i32, rng, 0, config.vocab_size);
   const nn::Pass pass{rng(), 5, 1};
@@ -248,7 +329,7 @@ size_t peak_activation_bytes(bool recompute, int64_t& parameter_bytes) {
   config.hidden_size = 64;
   config.dropout = 0.1f;
   config.recompute = recompute;
-  auto model = parallel::build_model(config, spec_for(ctx, DType::f32, 7));
+  auto model = models::build_model(config, spec_for(ctx, DType::f32, 7));
   std::mt19937_64 rng(11);
   auto ids = random_indices(ctx, Shape{4, 64}, DType::i32, rng, 0, config.vocab_size);
   auto targets = random_indices(ctx, Shape{4, 64}, DType::i32, rng, 0, config.vocab_size);
@@ -287,7 +368,7 @@ TEST(Mlp, MatchesReferenceLossAndEveryGradient) {
   config.width = 5;
   config.num_classes = 4;
   config.hidden = {6, 5};
-  auto model = parallel::build_model(config, spec_for(ctx, DType::f32, rng()));
+  auto model = models::build_model(config, spec_for(ctx, DType::f32, rng()));
   const auto randomized = randomize(ctx, *model, rng, 1.0);
   const std::vector<std::string>& names = randomized.first;
   const Inputs& values = randomized.second;
@@ -324,7 +405,7 @@ TEST(Cnn, MatchesReferenceLossAndSampledGradients) {
   config.height = 8;
   config.width = 9;  // pools floor 9 → 4 → 2
   config.num_classes = 3;
-  auto model = parallel::build_model(config, spec_for(ctx, DType::f32, rng()));
+  auto model = models::build_model(config, spec_for(ctx, DType::f32, rng()));
   // The model's own (PyTorch-style, uniform ±1/√fan_in) initial values, from a
   // fresh seed: they keep the logits of order one. Larger weights make the
   // logits large and the predictions confident, and then 1 − p, computed in
@@ -395,7 +476,7 @@ TEST(Init, GptValuesAreTheDocumentedFunctionOfSeedNameAndIndex) {
   const uint64_t seed = rng();
   nn::ModelConfig config = tiny_gpt();
   config.num_layers = 3;
-  auto model = parallel::build_model(config, spec_for(ctx, DType::f32, seed));
+  auto model = models::build_model(config, spec_for(ctx, DType::f32, seed));
   const float residual_std = 0.02f / std::sqrt(6.0f);
   for (Parameter* p : model->parameters()) {
     const std::string& name = p->name;
@@ -425,8 +506,8 @@ TEST(Init, DependsOnNameNotOnLayoutOrCreationOrder) {
   nn::ModelConfig small = tiny_gpt(), large = tiny_gpt();
   large.num_layers = 4;
   large.seq_length = 9;  // a longer wpe: its first rows are the same
-  auto a = parallel::build_model(small, spec_for(ctx, DType::f32, seed));
-  auto b = parallel::build_model(large, spec_for(ctx, DType::f32, seed));
+  auto a = models::build_model(small, spec_for(ctx, DType::f32, seed));
+  auto b = models::build_model(large, spec_for(ctx, DType::f32, seed));
   std::map<std::string, Parameter*> by_name;
   for (Parameter* p : b->parameters()) by_name[p->name] = p;
   for (Parameter* p : a->parameters()) {
@@ -443,14 +524,14 @@ TEST(Init, DependsOnNameNotOnLayoutOrCreationOrder) {
   nn::ModelConfig m1, m2;
   m1.hidden = {16, 8};
   m2.hidden = {16, 32, 4};
-  auto x = parallel::build_model(m1, spec_for(ctx, DType::f32, seed));
-  auto y = parallel::build_model(m2, spec_for(ctx, DType::f32, seed));
+  auto x = models::build_model(m1, spec_for(ctx, DType::f32, seed));
+  auto y = models::build_model(m2, spec_for(ctx, DType::f32, seed));
   for (size_t k = 0; k < 2; ++k) {
     EXPECT_EQ(x->parameters()[k]->name, y->parameters()[k]->name);
     EXPECT_EQ(x->parameters()[k]->value.to_vector<float>(), y->parameters()[k]->value.to_vector<float>());
   }
   // Another seed, other values.
-  auto c = parallel::build_model(small, spec_for(ctx, DType::f32, seed + 1));
+  auto c = models::build_model(small, spec_for(ctx, DType::f32, seed + 1));
   EXPECT_NE(a->parameters()[0]->value.to_vector<float>(), c->parameters()[0]->value.to_vector<float>());
 }
 
@@ -459,8 +540,8 @@ TEST(Init, Bf16ValuesAreTheF32ValuesRounded) {
   Context ctx;
   auto rng = make_rng();
   const uint64_t seed = rng();
-  auto f32 = parallel::build_model(tiny_gpt(), spec_for(ctx, DType::f32, seed));
-  auto bf16 = parallel::build_model(tiny_gpt(), spec_for(ctx, DType::bf16, seed));
+  auto f32 = models::build_model(tiny_gpt(), spec_for(ctx, DType::f32, seed));
+  auto bf16 = models::build_model(tiny_gpt(), spec_for(ctx, DType::bf16, seed));
   const auto pf = f32->parameters(), pb = bf16->parameters();
   for (size_t k = 0; k < pf.size(); ++k) {
     EXPECT_EQ(pb[k]->value.dtype(), DType::bf16);
@@ -473,7 +554,7 @@ TEST(Gpt, ParameterNamesAndCount) {
   Context ctx;
   nn::ModelConfig config = tiny_gpt();
   config.num_layers = 1;
-  auto model = parallel::build_model(config, spec_for(ctx, DType::f32, 1));
+  auto model = models::build_model(config, spec_for(ctx, DType::f32, 1));
   std::vector<std::string> names;
   for (Parameter* p : model->parameters()) names.push_back(p->name);
   EXPECT_EQ(names,
@@ -545,7 +626,7 @@ TEST(ModelConfig, ValidationNamesTheFlag) {
   expect_rejected(cnn, "at least 2");
   // build_model validates too.
   Context ctx;
-  EXPECT_THROW(parallel::build_model(c, spec_for(ctx, DType::f32, 1)), Error);
+  EXPECT_THROW(models::build_model(c, spec_for(ctx, DType::f32, 1)), Error);
 }
 
 // Sizes have upper bounds (a typo is refused at once, naming the flag), and
@@ -628,7 +709,7 @@ TEST(Bf16Model, TrainsAStepWithoutNaN) {
   mlp.width = 6;
   mlp.hidden = {32, 32};
   for (const nn::ModelConfig& config : {gpt, mlp}) {
-    auto model = parallel::build_model(config, spec_for(ctx, DType::bf16, rng()));
+    auto model = models::build_model(config, spec_for(ctx, DType::bf16, rng()));
     const bool is_gpt = config.kind == nn::ModelKind::gpt;
     // The MLP gets f32 images (InputCast converts them); the GPT token ids.
     const Tensor input = is_gpt ? random_indices(ctx, Shape{4, 7}, DType::i32, rng, 0, 11).tensor
@@ -814,7 +895,7 @@ TEST(CountCorrect, CountsArgmaxMatches) {
 namespace tessera::testing {
 namespace {
 
-// nn::layer_costs (what pipeline partitioning balances) counts what the
+// models::layer_costs (what pipeline partitioning balances) counts what the
 // built models hold: each GPT block's parameters, the embeddings on the first
 // stage, the final norm and the head's copy of the tied table on the last;
 // each MLP layer's weight and bias.
@@ -832,8 +913,8 @@ TEST(LayerCosts, CountTheParametersOfTheBuiltModels) {
   nn::ModelConfig gpt = tiny_gpt();
   gpt.num_layers = 3;
   gpt.ffn_hidden_size = 24;
-  auto model = parallel::build_model(gpt, spec_for(ctx, DType::f32, rng()));
-  const nn::LayerCosts costs = nn::layer_costs(gpt);
+  auto model = models::build_model(gpt, spec_for(ctx, DType::f32, rng()));
+  const nn::LayerCosts costs = models::layer_costs(gpt);
   ASSERT_EQ(costs.layers.size(), 3u);
   for (int i = 0; i < 3; ++i)
     EXPECT_EQ(costs.layers[size_t(i)], elements_named(*model, "blocks." + std::to_string(i) + ".")) << i;
@@ -846,8 +927,8 @@ TEST(LayerCosts, CountTheParametersOfTheBuiltModels) {
   mlp.height = 3;
   mlp.width = 4;
   mlp.num_classes = 6;
-  auto net = parallel::build_model(mlp, spec_for(ctx, DType::f32, rng()));
-  const nn::LayerCosts layers = nn::layer_costs(mlp);
+  auto net = models::build_model(mlp, spec_for(ctx, DType::f32, rng()));
+  const nn::LayerCosts layers = models::layer_costs(mlp);
   ASSERT_EQ(layers.layers.size(), 3u);
   int64_t total = 0;
   for (int64_t cost : layers.layers) total += cost;

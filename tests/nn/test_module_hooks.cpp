@@ -9,7 +9,7 @@
 #include "core/context.h"
 #include "nn/loss.h"
 #include "nn/models.h"
-#include "parallel/stage_model.h"
+#include "models/stage_model.h"
 #include "tests/support/test_support.h"
 
 namespace tessera::testing {
@@ -27,7 +27,7 @@ TEST(ModuleHooks, EveryParameterIsReportedOnceWithItsFinalGradient) {
   config.hidden_size = 8;
   nn::ModelSpec spec;
   spec.context = &ctx;
-  auto model = parallel::build_model(config, spec);
+  auto model = models::build_model(config, spec);
   const auto parameters = model->parameters();
   std::map<std::string, int> calls;
   std::map<std::string, std::vector<double>> at_hook;

@@ -1,4 +1,4 @@
-// Generation with a KV cache (nn/kv_cache.h, parallel/generation.h) on one
+// Generation with a KV cache (nn/kv_cache.h, models/generation.h) on one
 // process: the GPT fed a sequence in chunks through the cache (a prompt,
 // then single tokens and a few together) gives the logits of the whole
 // sequence run at once without it; greedy generation equals argmax decoding
@@ -15,7 +15,8 @@
 
 #include "core/context.h"
 #include "nn/kv_cache.h"
-#include "parallel/generation.h"
+#include "models/gpt.h"
+#include "models/generation.h"
 #include "parallel/tensor_parallel.h"
 #include "tests/support/error_text.h"
 #include "tests/support/test_support.h"
@@ -52,12 +53,26 @@ void spread_weights(nn::Module& model, std::mt19937_64& rng) {
   }
 }
 
-// The whole GPT (no tensor-parallel group) with spread weights.
-std::unique_ptr<parallel::TensorParallelGpt> spread_gpt(Context& ctx, const nn::ModelConfig& m, std::mt19937_64& rng) {
-  auto model = std::make_unique<parallel::TensorParallelGpt>(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, rng()},
-                                                             parallel::TensorParallelism{});
+// The Llama with 2 key/value groups of 2 query heads (its cache holds 2 heads).
+nn::ModelConfig small_llama() {
+  nn::ModelConfig m = small_gpt();
+  m.kind = nn::ModelKind::llama;
+  m.num_heads = 4;
+  m.num_query_groups = 2;
+  m.rotary_base = 500000.0f;
+  return m;
+}
+
+// The whole model (no tensor-parallel group) with spread weights.
+std::unique_ptr<models::CausalLm> spread_model(Context& ctx, const nn::ModelConfig& m, std::mt19937_64& rng) {
+  std::unique_ptr<nn::Module> built = models::model_row(m.kind).build(
+      m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, rng()}, parallel::TensorParallelism{}, nn::StageLayers{});
+  std::unique_ptr<models::CausalLm> model(dynamic_cast<models::CausalLm*>(built.release()));
   spread_weights(*model, rng);
   return model;
+}
+std::unique_ptr<models::CausalLm> spread_gpt(Context& ctx, const nn::ModelConfig& m, std::mt19937_64& rng) {
+  return spread_model(ctx, m, rng);
 }
 
 // Logits [T, V] of the whole sequence, no cache, evaluation mode.
@@ -68,13 +83,11 @@ std::vector<float> whole_sequence_logits(Context& ctx, nn::Module& model, const 
   return logits.to_vector<float>();
 }
 
-TEST(Generation, ChunksThroughTheCacheGiveTheWholeSequencesLogits) {
-  TESSERA_SEED_TRACE();
+void expect_cache_chunks_give_whole_sequence_logits(const nn::ModelConfig& m) {
   Context ctx;
   auto rng = make_rng();
-  const nn::ModelConfig m = small_gpt();
-  const auto owned = spread_gpt(ctx, m, rng);
-  parallel::TensorParallelGpt& model = *owned;
+  const auto owned = spread_model(ctx, m, rng);
+  models::CausalLm& model = *owned;
   const std::vector<int32_t> ids = random_ids(rng, size_t(m.seq_length), m.vocab_size);
   const std::vector<float> expected = whole_sequence_logits(ctx, model, ids);
 
@@ -93,24 +106,34 @@ TEST(Generation, ChunksThroughTheCacheGiveTheWholeSequencesLogits) {
   ASSERT_EQ(cache.position(), m.seq_length);
   std::vector<double> want(expected.begin(), expected.end());
   EXPECT_TRUE(all_close(std::vector<double>(got.begin(), got.end()), want, Tolerance{1e-4, 1e-5}));
-  EXPECT_GT(cache.bytes(), 0);
+  // Per layer: keys and values of the key/value heads (the GPT's heads, the Llama's groups) at every position.
+  const int64_t kv_heads = m.kind == nn::ModelKind::llama ? m.query_groups() : m.num_heads;
+  EXPECT_EQ(cache.bytes(), m.num_layers * 2 * kv_heads * m.seq_length * (m.hidden_size / m.num_heads) * 4);
 }
 
-TEST(Generation, GreedyEqualsArgmaxRecomputedWithoutTheCache) {
+TEST(Generation, ChunksThroughTheCacheGiveTheWholeSequencesLogits) {
   TESSERA_SEED_TRACE();
+  expect_cache_chunks_give_whole_sequence_logits(small_gpt());
+}
+
+TEST(Generation, LlamaChunksThroughTheCacheOfItsGroupsGiveTheWholeSequencesLogits) {
+  TESSERA_SEED_TRACE();
+  expect_cache_chunks_give_whole_sequence_logits(small_llama());
+}
+
+void expect_greedy_equals_argmax_without_cache(const nn::ModelConfig& m) {
   Context ctx;
   auto rng = make_rng();
-  const nn::ModelConfig m = small_gpt();
-  const auto owned = spread_gpt(ctx, m, rng);
-  parallel::TensorParallelGpt& model = *owned;
+  const auto owned = spread_model(ctx, m, rng);
+  models::CausalLm& model = *owned;
   const std::vector<int32_t> prompt = random_ids(rng, 5, m.vocab_size);
-  parallel::GenerationOptions options;
+  models::GenerationOptions options;
   options.max_new_tokens = m.seq_length - 5 + 1;  // the last position's logits choose the last token
   options.sampling.temperature = 0.0f;
   model.train(true);
   std::vector<int32_t> streamed;
-  const parallel::GenerationResult result =
-      parallel::generate(model, prompt, options, [&](int32_t token) { streamed.push_back(token); });
+  const models::GenerationResult result =
+      models::generate(model, prompt, options, [&](int32_t token) { streamed.push_back(token); });
   EXPECT_TRUE(model.training()) << "generate must leave the model in the mode it found";
   EXPECT_EQ(streamed, result.tokens);
 
@@ -123,7 +146,17 @@ TEST(Generation, GreedyEqualsArgmaxRecomputedWithoutTheCache) {
   }
   EXPECT_EQ(result.tokens, reference);
   options.use_cache = false;  // the library's own recomputing path agrees too
-  EXPECT_EQ(parallel::generate(model, prompt, options).tokens, reference);
+  EXPECT_EQ(models::generate(model, prompt, options).tokens, reference);
+}
+
+TEST(Generation, GreedyEqualsArgmaxRecomputedWithoutTheCache) {
+  TESSERA_SEED_TRACE();
+  expect_greedy_equals_argmax_without_cache(small_gpt());
+}
+
+TEST(Generation, LlamaGreedyEqualsArgmaxRecomputedWithoutTheCache) {
+  TESSERA_SEED_TRACE();
+  expect_greedy_equals_argmax_without_cache(small_llama());
 }
 
 TEST(Generation, TheSameSeedGivesTheSameSample) {
@@ -132,18 +165,18 @@ TEST(Generation, TheSameSeedGivesTheSameSample) {
   auto rng = make_rng();
   const nn::ModelConfig m = small_gpt();
   const auto owned = spread_gpt(ctx, m, rng);
-  parallel::TensorParallelGpt& model = *owned;
+  models::CausalLm& model = *owned;
   const std::vector<int32_t> prompt = random_ids(rng, 3, m.vocab_size);
-  parallel::GenerationOptions options;
+  models::GenerationOptions options;
   options.max_new_tokens = 16;
   options.sampling = nn::SamplingOptions{1.5f, 40, 0.95f, rng()};
-  const std::vector<int32_t> first = parallel::generate(model, prompt, options).tokens;
-  EXPECT_EQ(parallel::generate(model, prompt, options).tokens, first);
-  parallel::GenerationOptions stopping = options;
+  const std::vector<int32_t> first = models::generate(model, prompt, options).tokens;
+  EXPECT_EQ(models::generate(model, prompt, options).tokens, first);
+  models::GenerationOptions stopping = options;
   stopping.stop_token = first[3];
-  const std::vector<int32_t> stopped = parallel::generate(model, prompt, stopping).tokens;
+  const std::vector<int32_t> stopped = models::generate(model, prompt, stopping).tokens;
   options.sampling.seed += 1;
-  EXPECT_NE(parallel::generate(model, prompt, options).tokens, first);
+  EXPECT_NE(models::generate(model, prompt, options).tokens, first);
   const auto at = std::find(first.begin(), first.end(), first[3]);
   EXPECT_EQ(stopped, std::vector<int32_t>(first.begin(), at + 1)) << "generation ends after the stop token";
 }
@@ -151,32 +184,32 @@ TEST(Generation, TheSameSeedGivesTheSameSample) {
 TEST(Generation, WhatDoesNotFitIsRefusedWithTheNumbers) {
   Context ctx;
   const nn::ModelConfig m = small_gpt();
-  parallel::TensorParallelGpt model(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, 7}, {});
-  parallel::GenerationOptions options;
+  models::Gpt model(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, 7}, {});
+  models::GenerationOptions options;
   options.max_new_tokens = 20;
   const std::vector<int32_t> prompt(10, 1);
-  EXPECT_CONTAINS(error_of([&] { parallel::generate(model, prompt, options); }),
+  EXPECT_CONTAINS(error_of([&] { models::generate(model, prompt, options); }),
                   "need 29 positions, but the model was trained with --seq-length 24; ask for at most 15 new tokens");
   EXPECT_CONTAINS(error_of([&] {
-                    parallel::generate(model, std::vector<int32_t>{3, 97}, options);
+                    models::generate(model, std::vector<int32_t>{3, 97}, options);
                   }),
                   "prompt token 1 is 97, outside the model's vocabulary of 97");
-  EXPECT_CONTAINS(error_of([&] { parallel::generate(model, std::vector<int32_t>{}, options); }), "prompt is empty");
+  EXPECT_CONTAINS(error_of([&] { models::generate(model, std::vector<int32_t>{}, options); }), "prompt is empty");
   nn::StageLayers first_stage;
   first_stage.stages = 2;
   first_stage.end = 1;
-  parallel::TensorParallelGpt stage(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, 7}, {}, first_stage);
-  EXPECT_CONTAINS(error_of([&] { parallel::generate(stage, prompt, options); }), "--pipeline-parallel 1");
+  models::Gpt stage(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, 7}, {}, first_stage);
+  EXPECT_CONTAINS(error_of([&] { models::generate(stage, prompt, options); }), "--pipeline-parallel 1");
 }
 
 // Logits of the wrong rank are named as such before any of their sizes is
 // read (a [V] or [T, V] tensor has no size(2): that read would be the error).
 TEST(Generation, LogitsOfTheWrongRankAreNamedBeforeTheirSizesAreRead) {
   Context ctx;
-  parallel::TensorParallelGpt model(small_gpt(), nn::ModelSpec{&ctx, Device::cpu(), DType::f32, 7}, {});
+  models::Gpt model(small_gpt(), nn::ModelSpec{&ctx, Device::cpu(), DType::f32, 7}, {});
   for (const Shape& shape : {Shape{97}, Shape{5, 97}, Shape{2, 5, 97}, Shape{1, 5, 97, 1}}) {
     const Tensor logits = ctx.zeros(shape, DType::f32);
-    EXPECT_CONTAINS(error_of([&] { parallel::last_position_logits(model, logits); }),
+    EXPECT_CONTAINS(error_of([&] { models::last_position_logits(model, logits); }),
                     "expected logits [1, T, V], got " + shape.to_string());
   }
 }

@@ -17,7 +17,7 @@
 #include "nn/grad_scaler.h"
 #include "nn/loss.h"
 #include "nn/models.h"
-#include "parallel/stage_model.h"
+#include "models/stage_model.h"
 #include "nn/optimizer.h"
 #include "parallel/data_parallel.h"
 #include "parallel/local_communicator.h"
@@ -78,7 +78,7 @@ std::vector<std::vector<uint8_t>> parameter_bytes(nn::Module& model) {
 // The step as nn/optimizer.h's recipe writes it, on the whole model.
 struct ByHand {
   ByHand(const nn::ModelConfig& config, const nn::ModelSpec& spec, double max_norm)
-      : model(parallel::build_model(config, spec)), optimizer(model->parameters(), adamw()), clip(max_norm) {}
+      : model(models::build_model(config, spec)), optimizer(model->parameters(), adamw()), clip(max_norm) {}
   // Returns {the micro-batches' mean loss, the global norm}.
   std::pair<double, double> step(int64_t step, const Data& data, uint64_t seed, double lr) {
     for (nn::Parameter* p : model->parameters()) p->grad.fill_(0.0);
@@ -105,7 +105,7 @@ struct ByHand {
 // The driver on a group of one: the whole model, a one-stage pipeline.
 struct Driven {
   Driven(Context& ctx, const nn::ModelConfig& config, const nn::ModelSpec& spec, double max_norm, DType dtype)
-      : model(parallel::build_model(config, spec)),
+      : model(models::build_model(config, spec)),
         dp(parallel::make_local_communicator("dp")),
         pp(parallel::make_local_communicator("pp")),
         replica(model->parameters(), *dp, adamw()),

@@ -210,4 +210,99 @@ double gpt_loss(const GptShape& shape, const Params& p, const Ids& ids, const Id
   return cross_entropy(gpt_logits(shape, p, ids, b, t), targets, shape.vocab, ignore_index);
 }
 
+namespace {
+
+// Rows [first·width, (first + count)·width) of a row-major [*, c] matrix.
+Vec rows_of(const Vec& w, int64_t first, int64_t count, int64_t c) {
+  return Vec(w.begin() + first * c, w.begin() + (first + count) * c);
+}
+
+// q, k, v projections from the grouped qkv weight [G·(R+2)·Dh, c].
+struct Projections {
+  Vec q, k, v;  // [H·Dh, c], [G·Dh, c], [G·Dh, c]
+};
+Projections split_grouped_qkv(const Vec& w, int64_t heads, int64_t groups, int64_t dh, int64_t c) {
+  const int64_t r = heads / groups;
+  Projections out;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t base = g * (r + 2) * dh;
+    const Vec q = rows_of(w, base, r * dh, c), k = rows_of(w, base + r * dh, dh, c),
+              v = rows_of(w, base + (r + 1) * dh, dh, c);
+    out.q.insert(out.q.end(), q.begin(), q.end());
+    out.k.insert(out.k.end(), k.begin(), k.end());
+    out.v.insert(out.v.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+// Hugging Face's apply_rotary_pos_emb on x [b, t, n, dh]: x·cos + rotate_half(x)·sin,
+// the angle of feature i (and i + dh/2) at position p being p·base^(−2i/dh).
+void rotate(Vec& x, int64_t b, int64_t t, int64_t n, int64_t dh, double base) {
+  const int64_t half = dh / 2;
+  for (int64_t ib = 0; ib < b; ++ib)
+    for (int64_t it = 0; it < t; ++it)
+      for (int64_t ih = 0; ih < n; ++ih) {
+        double* row = x.data() + ((ib * t + it) * n + ih) * dh;
+        for (int64_t i = 0; i < half; ++i) {
+          const double angle = double(it) * std::pow(base, -2.0 * double(i) / double(dh));
+          const double x1 = row[i], x2 = row[i + half];
+          row[i] = x1 * std::cos(angle) - x2 * std::sin(angle);
+          row[i + half] = x2 * std::cos(angle) + x1 * std::sin(angle);
+        }
+      }
+}
+
+Vec llama_attention(const LlamaShape& s, const Params& p, const std::string& prefix, const Vec& x, int64_t b,
+                    int64_t t) {
+  const int64_t c = s.hidden, dh = c / s.heads, r = s.heads / s.groups;
+  const Projections w = split_grouped_qkv(get(p, prefix + ".qkv.weight"), s.heads, s.groups, dh, c);
+  Vec q = linear(x, w.q, {}, b * t, c, s.heads * dh);
+  Vec k = linear(x, w.k, {}, b * t, c, s.groups * dh);
+  const Vec v = linear(x, w.v, {}, b * t, c, s.groups * dh);
+  rotate(q, b, t, s.heads, dh, s.rotary_base);
+  rotate(k, b, t, s.groups, dh, s.rotary_base);
+  // repeat_kv, packed as attention() reads it: [b, t, 3, heads, dh].
+  Vec qkv(size_t(b * t * 3 * s.heads * dh));
+  for (int64_t row = 0; row < b * t; ++row)
+    for (int64_t h = 0; h < s.heads; ++h)
+      for (int64_t d = 0; d < dh; ++d) {
+        const size_t at = size_t((row * 3 * s.heads + h) * dh + d), step = size_t(s.heads * dh);
+        qkv[at] = q[size_t((row * s.heads + h) * dh + d)];
+        qkv[at + step] = k[size_t((row * s.groups + h / r) * dh + d)];
+        qkv[at + 2 * step] = v[size_t((row * s.groups + h / r) * dh + d)];
+      }
+  const Vec out = attention(qkv, b, t, s.heads, dh);
+  return linear(out, get(p, prefix + ".proj.weight"), {}, b * t, s.heads * dh, c);
+}
+
+Vec swiglu_mlp(const LlamaShape& s, const Params& p, const std::string& prefix, const Vec& x, int64_t rows) {
+  const Vec& fc = get(p, prefix + ".fc.weight");
+  const Vec gate = linear(x, rows_of(fc, 0, s.ffn, s.hidden), {}, rows, s.hidden, s.ffn);
+  const Vec up = linear(x, rows_of(fc, s.ffn, s.ffn, s.hidden), {}, rows, s.hidden, s.ffn);
+  Vec hidden(gate.size());
+  for (size_t i = 0; i < gate.size(); ++i) hidden[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
+  return linear(hidden, get(p, prefix + ".proj.weight"), {}, rows, s.ffn, s.hidden);
+}
+
+}  // namespace
+
+Vec llama_logits(const LlamaShape& shape, const Params& p, const Ids& ids, int64_t b, int64_t t) {
+  const int64_t c = shape.hidden;
+  Vec x = embedding(ids, get(p, "wte.weight"), c);
+  for (int64_t l = 0; l < shape.layers; ++l) {
+    const std::string prefix = "blocks." + std::to_string(l);
+    const Vec a = rmsnorm(x, get(p, prefix + ".ln1.weight"), c, shape.eps);
+    const Vec h = add(x, llama_attention(shape, p, prefix + ".attn", a, b, t));
+    const Vec m = rmsnorm(h, get(p, prefix + ".ln2.weight"), c, shape.eps);
+    x = add(h, swiglu_mlp(shape, p, prefix + ".mlp", m, b * t));
+  }
+  x = rmsnorm(x, get(p, "ln_f.weight"), c, shape.eps);
+  return linear(x, get(p, shape.tied ? "wte.weight" : "lm_head.weight"), {}, b * t, c, shape.vocab);
+}
+
+double llama_loss(const LlamaShape& shape, const Params& p, const Ids& ids, const Ids& targets, int64_t b, int64_t t,
+                  int64_t ignore_index) {
+  return cross_entropy(llama_logits(shape, p, ids, b, t), targets, shape.vocab, ignore_index);
+}
+
 }  // namespace tessera::testing::reference

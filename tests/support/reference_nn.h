@@ -60,4 +60,18 @@ Vec gpt_logits(const GptShape& shape, const Params& p, const Ids& ids, int64_t b
 double gpt_loss(const GptShape& shape, const Params& p, const Ids& ids, const Ids& targets, int64_t b, int64_t t,
                 int64_t ignore_index = -100);
 
+// The Llama (models/llama.h), written as Hugging Face's LlamaForCausalLM
+// computes it: q, k, v projections (cut from the grouped qkv weight's rows),
+// rotate_half rotary embeddings at positions 0..t-1, repeat_kv, causal
+// softmax attention, o_proj, SiLU(gate)·up, RMSNorm; no biases.
+struct LlamaShape {
+  int64_t vocab, layers, heads, groups, hidden, ffn;
+  double rotary_base = 10000.0, eps = 1e-5;
+  bool tied = false;
+};
+// ids [b, t] → logits [b, t, vocab].
+Vec llama_logits(const LlamaShape& shape, const Params& p, const Ids& ids, int64_t b, int64_t t);
+double llama_loss(const LlamaShape& shape, const Params& p, const Ids& ids, const Ids& targets, int64_t b, int64_t t,
+                  int64_t ignore_index = -100);
+
 }  // namespace tessera::testing::reference

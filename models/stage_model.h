@@ -1,12 +1,13 @@
-// build_stage_model: this rank's part of the model for a layout, built in one
-// place. Under pipeline parallelism the layers of this rank's stage (balanced
-// by parameter count, nn::layer_costs, or --pipeline-split); under tensor
-// parallelism split over its group (parallel/tensor_parallel.h: the same
-// parameter names and values as the whole model); with the loss that goes
-// with it (the vocabulary-parallel cross-entropy for a split GPT). For tp =
-// pp = 1, the plain model and loss of nn/models.h. With virtual pipeline
-// stages (interleaved 1F1B, GPT only) the layers are cut into pp·V chunks,
-// this rank holding chunks stage, stage + pp, ... (parallel/pipeline_schedule.h).
+// build_stage_model: this rank's part of any model for a layout, built in one
+// place from the model's registry row (models/registry.h). Under pipeline
+// parallelism the layers of this rank's stage (balanced by parameter count,
+// the row's layer_costs, or --pipeline-split); under tensor parallelism split
+// over its group (parallel/tensor_parallel.h: the same parameter names and
+// values as the whole model); with the loss that goes with it (the
+// vocabulary-parallel cross-entropy for a causal LM split over tp or pp).
+// With virtual pipeline stages (interleaved 1F1B, causal LMs only) the layers
+// are cut into pp·V chunks, this rank holding chunks stage, stage + pp, ...
+// (parallel/pipeline_schedule.h).
 #pragma once
 
 #include <functional>
@@ -17,9 +18,10 @@
 #include "nn/loss.h"
 #include "nn/models.h"
 #include "nn/module.h"
+#include "models/registry.h"
 #include "parallel/process_grid.h"
 
-namespace tessera::parallel {
+namespace tessera::models {
 
 struct StageModel {
   // This rank's stage (and shard) of the model; under interleaving a module
@@ -35,15 +37,12 @@ struct StageModel {
   // activation's shape); for the first stage, the shape of its own input rows.
   std::function<Shape(const Tensor& inputs)> input_shape;
   nn::StageLayers layers;  // which layers this stage holds
+  // A causal LM's first chunk here (generation, samples, export use it); null for classifiers.
+  class CausalLm* causal_lm = nullptr;
   // pp > 1: every chunk's first layer (chunk c of pp·V on stage c mod pp),
   // then the layer count; empty otherwise.
   std::vector<int64_t> bounds;
 };
-
-// The whole model on one process, parameters on spec.device in spec.dtype:
-// the GPT is parallel::TensorParallelGpt with no group (the one GPT there is:
-// the same names and values as every layout's), the MLP and CNN nn::build_model's.
-std::unique_ptr<nn::Module> build_model(const nn::ModelConfig& config, const nn::ModelSpec& spec);
 
 // This rank's stage of `config` on `grid` (its pp rank's layers, split over
 // its tp group), parameters on spec.device in spec.dtype. `pipeline_split`:
@@ -52,7 +51,7 @@ std::unique_ptr<nn::Module> build_model(const nn::ModelConfig& config, const nn:
 // naming the flag when the layout does not fit the model (heads or
 // vocabulary not divisible by tp, fewer layers than chunks, a model that
 // cannot be split or interleaved).
-StageModel build_stage_model(const nn::ModelConfig& config, const nn::ModelSpec& spec, ProcessGrid& grid,
+StageModel build_stage_model(const nn::ModelConfig& config, const nn::ModelSpec& spec, parallel::ProcessGrid& grid,
                              bool sequence_parallel, const std::string& pipeline_split, int virtual_stages = 1);
 
-}  // namespace tessera::parallel
+}  // namespace tessera::models

@@ -1,5 +1,6 @@
-// Generating text with a GPT: the prompt runs through the model once,
-// filling a KV cache (nn/kv_cache.h); then each new token runs alone against
+// Generating text with a causal LM (models/causal_lm.h: the GPT, the Llama):
+// the prompt runs through the model once, filling a KV cache
+// (nn/kv_cache.h); then each new token runs alone against
 // the cache, its logits (the last position's, gathered over the
 // tensor-parallel group: every rank holds V/K of them) go through
 // nn::sample_token, and the token chosen is fed back. Every rank of the
@@ -19,9 +20,9 @@
 
 #include "core/tensor.h"
 #include "nn/sampling.h"
-#include "parallel/tensor_parallel.h"
+#include "models/causal_lm.h"
 
-namespace tessera::parallel {
+namespace tessera::models {
 
 struct GenerationOptions {
   int64_t max_new_tokens = 64;
@@ -43,7 +44,7 @@ struct GenerationResult {
 
 // Why `model` cannot generate (empty: it can): a pipeline stage that is not
 // the whole model, or sequence parallelism.
-std::string generation_problem(const TensorParallelGpt& model);
+std::string generation_problem(const CausalLm& model);
 
 // Throws, naming the numbers and what fits, when `prompt` is empty, holds an
 // id outside the vocabulary, or with options.max_new_tokens does not fit the
@@ -57,11 +58,11 @@ void check_prompt(const nn::ModelConfig& config, std::span<const int32_t> prompt
 // run in evaluation mode (no dropout) and left in the mode it was in.
 // Throws as check_prompt does.
 // `on_token` sees each new token as it is chosen.
-GenerationResult generate(TensorParallelGpt& model, std::span<const int32_t> prompt, const GenerationOptions& options,
+GenerationResult generate(CausalLm& model, std::span<const int32_t> prompt, const GenerationOptions& options,
                           const std::function<void(int32_t)>& on_token = {});
 
 // The whole vocabulary's logits of the last position of `logits` [1, T, V/K]
 // (this rank's columns), f32 on the host: gathered over the model's group.
-std::vector<float> last_position_logits(TensorParallelGpt& model, const Tensor& logits);
+std::vector<float> last_position_logits(CausalLm& model, const Tensor& logits);
 
-}  // namespace tessera::parallel
+}  // namespace tessera::models

@@ -1,6 +1,6 @@
-// generate (parallel/generation.h): the prompt, then one token at a time
+// generate (models/generation.h): the prompt, then one token at a time
 // against the KV cache, each chosen from the gathered last-position logits.
-#include "parallel/generation.h"
+#include "models/generation.h"
 
 #include <chrono>
 #include <string>
@@ -10,7 +10,7 @@
 #include "kernels/ops.h"
 #include "nn/kv_cache.h"
 
-namespace tessera::parallel {
+namespace tessera::models {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -69,7 +69,7 @@ double GenerationResult::tokens_per_second() const {
   return tokens.size() > 1 && decode_seconds > 0.0 ? double(tokens.size() - 1) / decode_seconds : 0.0;
 }
 
-std::string generation_problem(const TensorParallelGpt& model) {
+std::string generation_problem(const CausalLm& model) {
   if (!model.stage().first() || !model.stage().last())
     return "generation needs the whole model on each tensor-parallel group (--pipeline-parallel 1)";
   if (model.parallelism().sequence_parallel && model.parallelism().size() > 1)
@@ -77,7 +77,7 @@ std::string generation_problem(const TensorParallelGpt& model) {
   return {};
 }
 
-std::vector<float> last_position_logits(TensorParallelGpt& model, const Tensor& logits) {
+std::vector<float> last_position_logits(CausalLm& model, const Tensor& logits) {
   TESSERA_CHECK(logits.ndim() == 3 && logits.size(0) == 1, "generate: expected logits [1, T, V], got ",
                 logits.shape().to_string());
   const int64_t tokens = logits.size(1), local_vocab = logits.size(2);
@@ -87,14 +87,14 @@ std::vector<float> last_position_logits(TensorParallelGpt& model, const Tensor& 
     local = model.context().empty(Shape{local_vocab}, DType::f32, last.device());
     ops::cast(last, local);
   }
-  Communicator* group = model.parallelism().group;
+  parallel::Communicator* group = model.parallelism().group;
   if (!group || group->size() == 1) return local.to(Device::cpu()).to_vector<float>();
   Tensor whole = model.context().empty(Shape{local_vocab * group->size()}, DType::f32, last.device());
   group->all_gather(local, whole)->wait();
   return whole.to(Device::cpu()).to_vector<float>();
 }
 
-GenerationResult generate(TensorParallelGpt& model, std::span<const int32_t> prompt, const GenerationOptions& options,
+GenerationResult generate(CausalLm& model, std::span<const int32_t> prompt, const GenerationOptions& options,
                           const std::function<void(int32_t)>& on_token) {
   const std::string problem = generation_problem(model);
   TESSERA_CHECK(problem.empty(), "generate: ", problem);
@@ -135,4 +135,4 @@ GenerationResult generate(TensorParallelGpt& model, std::span<const int32_t> pro
   return result;
 }
 
-}  // namespace tessera::parallel
+}  // namespace tessera::models

@@ -1,0 +1,117 @@
+// build_stage_model (see stage_model.h): any model's part on this rank, from its registry row.
+#include "models/stage_model.h"
+
+#include "core/error.h"
+#include "models/causal_lm.h"
+#include "models/registry.h"
+#include "parallel/pipeline.h"
+
+namespace tessera::models {
+namespace {
+
+using parallel::ProcessGrid;
+using parallel::TensorParallelism;
+
+// Pipeline stage boundaries: --pipeline-split, or balanced by parameter count.
+std::vector<int64_t> stage_bounds(const nn::ModelConfig& config, const std::string& pipeline_split, int stages) {
+  if (!pipeline_split.empty())
+    return parallel::parse_pipeline_split(pipeline_split, pipeline_layers(config), stages);
+  const nn::LayerCosts costs = layer_costs(config);
+  return parallel::partition_layers(costs.layers, costs.first, costs.last, stages);
+}
+
+// The chunks of an interleaved stage, owned; its parameters are theirs.
+class StageChunks : public nn::Module {
+ public:
+  explicit StageChunks(const nn::ModelSpec& spec) : Module(spec, "") {}
+  nn::Module& add(std::unique_ptr<nn::Module> chunk) { return adopt_child(std::move(chunk)); }
+  Tensor forward_impl(const Tensor&, nn::Saved&, const nn::Pass&) override {
+    TESSERA_THROW("an interleaved pipeline stage runs its chunks through the PipelineEngine, not as one module");
+  }
+
+ protected:
+  Tensor backward_impl(const Tensor&, nn::Saved&) override {
+    TESSERA_THROW("an interleaved pipeline stage runs its chunks through the PipelineEngine, not as one module");
+  }
+};
+
+// The layers of local chunk v: the model's chunk v·pp + stage of pp·V (all of them for pp = 1).
+nn::StageLayers chunk_layers(const StageModel& stage, int v, int p, int s, int chunks) {
+  nn::StageLayers layers;
+  if (p > 1) {
+    layers.stage = v * p + s;
+    layers.stages = chunks;
+    layers.begin = stage.bounds[size_t(layers.stage)];
+    layers.end = stage.bounds[size_t(layers.stage) + 1];
+  }
+  return layers;
+}
+
+// The loss of the last stage: a causal LM split over tp or pp takes the
+// vocabulary-parallel cross-entropy (over the tp group), anything else the plain one.
+std::unique_ptr<nn::Loss> stage_loss(const ModelRow& row, const nn::ModelConfig& config, ProcessGrid& grid) {
+  if (!row.causal_lm || (grid.tp_size() == 1 && grid.pp_size() == 1)) return std::make_unique<nn::CrossEntropyLoss>();
+  const int64_t local_vocab = config.vocab_size / grid.tp_size();
+  return std::make_unique<parallel::VocabParallelCrossEntropy>(grid.tp(), grid.tp_rank() * local_vocab,
+                                                               config.vocab_size);
+}
+
+void check_layout_fits(const nn::ModelConfig& config, const ModelRow& row, ProcessGrid& grid, bool sequence_parallel,
+                       int virtual_stages) {
+  const std::string tp_problem = parallel::tensor_parallel_problem(config, grid.tp_size(), sequence_parallel);
+  TESSERA_CHECK(tp_problem.empty(), tp_problem);
+  TESSERA_CHECK(grid.pp().rank() == grid.pp_rank(), "process grid: pipeline rank ", grid.pp().rank(), " is not stage ",
+                grid.pp_rank());
+  TESSERA_CHECK(virtual_stages >= 1, "--virtual-pipeline-stages must be at least 1, got ", virtual_stages);
+  TESSERA_CHECK(virtual_stages == 1 || grid.pp_size() > 1, "--virtual-pipeline-stages ", virtual_stages,
+                " splits each pipeline stage into chunks; it needs --pipeline-parallel > 1");
+  TESSERA_CHECK(virtual_stages == 1 || row.causal_lm, "--virtual-pipeline-stages ", virtual_stages,
+                " interleaves a language model's Transformer blocks; --model ", nn::model_name(config.kind),
+                " trains with --virtual-pipeline-stages 1");
+  const int chunks = grid.pp_size() * virtual_stages;
+  TESSERA_CHECK(virtual_stages == 1 || pipeline_layers(config) >= chunks, "--pipeline-parallel ", grid.pp_size(),
+                " x --virtual-pipeline-stages ", virtual_stages, " = ", chunks,
+                " chunks need at least one Transformer block each, the model has ", pipeline_layers(config),
+                " (--num-layers); use fewer virtual stages or more layers");
+}
+
+}  // namespace
+
+StageModel build_stage_model(const nn::ModelConfig& config, const nn::ModelSpec& spec, ProcessGrid& grid,
+                             bool sequence_parallel, const std::string& pipeline_split, int virtual_stages) {
+  const ModelRow& row = model_row(config.kind);
+  check_layout_fits(config, row, grid, sequence_parallel, virtual_stages);
+  const int p = grid.pp_size(), s = grid.pp_rank(), chunks = p * virtual_stages;
+  const TensorParallelism tp{&grid.tp(), sequence_parallel};
+  StageModel stage;
+  stage.layers.stage = s;
+  stage.layers.stages = p;
+  if (p > 1) stage.bounds = stage_bounds(config, pipeline_split, chunks);
+  std::unique_ptr<StageChunks> holder = virtual_stages > 1 ? std::make_unique<StageChunks>(spec) : nullptr;
+  for (int v = 0; v < virtual_stages; ++v) {
+    const nn::StageLayers layers = chunk_layers(stage, v, p, s, chunks);
+    std::unique_ptr<nn::Module> chunk = row.build(config, spec, tp, layers);
+    nn::Module* built = chunk.get();
+    auto* causal_lm = dynamic_cast<CausalLm*>(built);
+    if (p > 1 && causal_lm && (layers.first() || layers.last())) stage.tied_table = causal_lm->embedding_table();
+    if (v == 0) {
+      stage.causal_lm = causal_lm;
+      stage.input_shape = [built, &row, config, layers](const Tensor& inputs) {
+        return row.stage_input_shape(*built, config, layers, inputs);
+      };
+    }
+    if (holder) {
+      stage.chunks.push_back(&holder->add(std::move(chunk)));
+    } else {
+      stage.layers.begin = layers.begin;
+      stage.layers.end = layers.end;
+      stage.module = std::move(chunk);
+      stage.chunks = {stage.module.get()};
+    }
+  }
+  if (holder) stage.module = std::move(holder);
+  stage.loss = stage_loss(row, config, grid);
+  return stage;
+}
+
+}  // namespace tessera::models
