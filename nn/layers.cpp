@@ -478,18 +478,8 @@ Tensor InputCast::backward_impl(const Tensor& grad_output, Saved& saved) {
 }
 
 // ---------------------------------------------------------------------------
-// CausalSelfAttention, MlpBlock, TransformerBlock
+// The attention between its projections, and the pre-LN block
 // ---------------------------------------------------------------------------
-CausalSelfAttention::CausalSelfAttention(const ModelSpec& spec, std::string name, int64_t hidden, int64_t heads,
-                                         float dropout)
-    : Module(spec, std::move(name)), hidden_(hidden), heads_(heads) {
-  TESSERA_CHECK(heads_ >= 1 && hidden_ % heads_ == 0, this->name(), ": ", heads_, " heads do not divide hidden size ",
-                hidden_, "; check --num-heads and --hidden-size");
-  qkv_ = &add_child<Linear>(spec, child_name("qkv"), hidden_, 3 * hidden_);
-  proj_ = &add_child<Linear>(spec, child_name("proj"), hidden_, hidden_);
-  dropout_ = &add_child<Dropout>(spec, child_name("dropout"), dropout);
-}
-
 namespace {
 
 // Generation: the new tokens' keys and values join the cache, their queries
@@ -534,42 +524,6 @@ Tensor attention_from_qkv_backward(const Module& self, Module& proj, Module& dro
   Tensor grad_qkv = empty_like(qkv);
   ops::attention_backward(grad.view(out.shape()), qkv, out, logsumexp, grad_qkv);
   return grad_qkv.view(Shape{qkv.size(0), qkv.size(1), 3 * qkv.size(3) * qkv.size(4)});
-}
-
-Tensor CausalSelfAttention::forward_impl(const Tensor& input, Saved& saved, const Pass& pass) {
-  check_activation(*this, input);
-  TESSERA_CHECK(input.ndim() == 3 && input.size(2) == hidden_, name(), ": the input has shape ",
-                input.shape().to_string(), ", expected [B, T, ", hidden_, "]");
-  const Tensor packed = qkv_->forward(input, saved.child(0), pass);
-  return attention_from_qkv(*this, packed, heads_, hidden_ / heads_, *proj_, *dropout_, saved, pass);
-}
-
-Tensor CausalSelfAttention::backward_impl(const Tensor& grad_output, Saved& saved) {
-  const Tensor grad_packed = attention_from_qkv_backward(*this, *proj_, *dropout_, grad_output, saved);
-  Tensor dx = qkv_->backward(grad_packed, saved.child(0));
-  saved.clear();
-  return dx;
-}
-
-MlpBlock::MlpBlock(const ModelSpec& spec, std::string name, int64_t hidden, int64_t ffn_hidden, float dropout)
-    : Module(spec, std::move(name)) {
-  fc_ = &add_child<Linear>(spec, child_name("fc"), hidden, ffn_hidden, true, ops::Activation::gelu);
-  proj_ = &add_child<Linear>(spec, child_name("proj"), ffn_hidden, hidden);
-  dropout_ = &add_child<Dropout>(spec, child_name("dropout"), dropout);
-}
-
-Tensor MlpBlock::forward_impl(const Tensor& input, Saved& saved, const Pass& pass) {
-  Tensor y = fc_->forward(input, saved.child(0), pass);
-  y = proj_->forward(y, saved.child(1), pass);
-  return dropout_->forward(y, saved.child(2), pass);
-}
-
-Tensor MlpBlock::backward_impl(const Tensor& grad_output, Saved& saved) {
-  Tensor grad = dropout_->backward(grad_output, saved.child(2));
-  grad = proj_->backward(grad, saved.child(1));
-  grad = fc_->backward(grad, saved.child(0));
-  saved.clear();
-  return grad;
 }
 
 Tensor PreLnBlock::forward_all(const Tensor& input, Saved& saved, const Pass& pass) {
@@ -629,16 +583,6 @@ Tensor PreLnBlock::backward_impl(const Tensor& grad_output, Saved& saved) {
   // and (tensor-parallel) collectives in the same order on every rank.
   forward_all(input, fresh, pass);
   return backward_all(grad_output, fresh);
-}
-
-TransformerBlock::TransformerBlock(const ModelSpec& spec, std::string name, int64_t hidden, int64_t heads,
-                                   int64_t ffn_hidden, float dropout, bool recompute)
-    : PreLnBlock(spec, std::move(name), recompute) {
-  ln1_ = &add_child<LayerNorm>(spec, child_name("ln1"), hidden);
-  attn_ = &add_child<CausalSelfAttention>(spec, child_name("attn"), hidden, heads, dropout);
-  ln2_ = &add_child<LayerNorm>(spec, child_name("ln2"), hidden);
-  mlp_ = &add_child<MlpBlock>(spec, child_name("mlp"), hidden, ffn_hidden, dropout);
-  set_parts(*ln1_, *attn_, *ln2_, *mlp_);
 }
 
 // ---------------------------------------------------------------------------

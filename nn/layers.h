@@ -218,9 +218,9 @@ class InputCast : public Module {
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
 };
 
-// The causal self-attention between its input projection and its output,
-// shared by CausalSelfAttention and the tensor-parallel attention
-// (parallel/tensor_parallel.h): `packed` [B, T, 3·H·Dh] (what the QKV
+// The causal self-attention between its input projection and its output, of
+// the tensor-parallel attention (parallel/tensor_parallel.h; with a group of
+// one it is the whole layer): `packed` [B, T, 3·H·Dh] (what the QKV
 // projection returned: q, k, v of H heads of Dh) → the fused attention →
 // `proj` (child 1 of `saved`) → `dropout` (child 2). Keeps what backward
 // needs in saved.tensors.
@@ -230,47 +230,13 @@ Tensor attention_from_qkv(Module& self, const Tensor& packed, int64_t heads, int
 Tensor attention_from_qkv_backward(const Module& self, Module& proj, Module& dropout, const Tensor& grad_output,
                                    Saved& saved);
 
-// Causal multi-head self-attention: x [B, T, C] → qkv = Linear(C → 3C) viewed
-// as [B, T, 3, H, C/H] → ops::attention → proj Linear(C → C) → Dropout(p).
-// Children: "<name>.qkv", "<name>.proj", "<name>.dropout".
-class CausalSelfAttention : public Module {
- public:
-  CausalSelfAttention(const ModelSpec& spec, std::string name, int64_t hidden, int64_t heads, float dropout = 0.0f);
-  Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) override;
-  Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
-  Linear& qkv() { return *qkv_; }
-  Linear& proj() { return *proj_; }
-
- private:
-  int64_t hidden_, heads_;
-  Linear* qkv_;
-  Linear* proj_;
-  Dropout* dropout_;
-};
-
-// x [..., C] → fc Linear(C → F, fused GELU) → proj Linear(F → C) → Dropout(p).
-// Children: "<name>.fc", "<name>.proj", "<name>.dropout".
-class MlpBlock : public Module {
- public:
-  MlpBlock(const ModelSpec& spec, std::string name, int64_t hidden, int64_t ffn_hidden, float dropout = 0.0f);
-  Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) override;
-  Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
-  Linear& fc() { return *fc_; }
-  Linear& proj() { return *proj_; }
-
- private:
-  Linear* fc_;
-  Linear* proj_;
-  Dropout* dropout_;
-};
-
 // The pre-LN residual arithmetic on x [B, T, C], for any four parts:
 //   h = x + attn(ln1(x)),  y = h + mlp(ln2(h)).
 // With `recompute`, forward keeps only its input (and the pass); backward
 // re-runs the same forward into a fresh Saved, then the ordinary backward, so
 // its gradients are bit-identical to recompute off, at the cost of one more
-// forward. Subclasses make the parts (serial here, tensor-parallel in
-// parallel/tensor_parallel.h) as children 0..3 and hand them to set_parts().
+// forward. Subclasses make the parts (the tensor-parallel blocks of
+// parallel/, whole with a group of one) as children 0..3 and hand them to set_parts().
 class PreLnBlock : public Module {
  public:
   Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) override;
@@ -293,23 +259,6 @@ class PreLnBlock : public Module {
 
   bool recompute_;
   std::array<Module*, 4> parts_{};  // ln1, attn, ln2, mlp
-};
-
-// The GPT block: children "<name>.ln1", "<name>.attn", "<name>.ln2", "<name>.mlp".
-class TransformerBlock : public PreLnBlock {
- public:
-  TransformerBlock(const ModelSpec& spec, std::string name, int64_t hidden, int64_t heads, int64_t ffn_hidden,
-                   float dropout = 0.0f, bool recompute = false);
-  LayerNorm& ln1() { return *ln1_; }
-  LayerNorm& ln2() { return *ln2_; }
-  CausalSelfAttention& attn() { return *attn_; }
-  MlpBlock& mlp() { return *mlp_; }
-
- private:
-  LayerNorm* ln1_;
-  CausalSelfAttention* attn_;
-  LayerNorm* ln2_;
-  MlpBlock* mlp_;
 };
 
 // Children run in the order added; saved.child(i) holds child i's state. A

@@ -10,7 +10,7 @@
 //        fc1 1024 + fused ReLU → fc2 num_classes; PyTorch's default init.
 //   gpt  (models/gpt.h, over the tensor-parallel layers of parallel/)
 //        ids [B, T] (i32/i64) → wte [V, C] + wpe [T, C] → dropout → blocks.<i>
-//        (pre-LN TransformerBlock) → ln_f → logits [B, T, V] = x·wteᵀ (tied:
+//        (pre-LN blocks) → ln_f → logits [B, T, V] = x·wteᵀ (tied:
 //        wte gets gradients from both uses). GPT-2 init: normal(0, 0.02) for
 //        weights and embeddings, zero biases, unit norm weights, and the
 //        residual projections (attn.proj, mlp.proj) normal(0, 0.02/√(2·layers)).

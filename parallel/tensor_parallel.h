@@ -206,7 +206,8 @@ class SequenceParallelGradients {
 // Causal self-attention with heads split across the group: qkv
 // column-parallel (heads/K heads of each of q, k, v per rank), attention on
 // the local heads, proj row-parallel, dropout (replicated region).
-// Children and parameter names as nn::CausalSelfAttention.
+// Children "<name>.qkv", "<name>.proj", "<name>.dropout"; with a group of
+// one (TensorParallelism{}) it is the whole layer.
 class ParallelSelfAttention : public nn::Module {
  public:
   ParallelSelfAttention(const nn::ModelSpec& spec, std::string name, TensorParallelism tp, int64_t hidden,
@@ -223,7 +224,8 @@ class ParallelSelfAttention : public nn::Module {
   TensorParallelDropout* dropout_;
 };
 
-// fc column-parallel (fused GELU) → proj row-parallel → dropout; names as nn::MlpBlock.
+// fc column-parallel (fused GELU) → proj row-parallel → dropout; children
+// "<name>.fc", "<name>.proj", "<name>.dropout".
 class ParallelMlp : public nn::Module {
  public:
   ParallelMlp(const nn::ModelSpec& spec, std::string name, TensorParallelism tp, int64_t hidden, int64_t ffn_hidden,
@@ -239,13 +241,16 @@ class ParallelMlp : public nn::Module {
   TensorParallelDropout* dropout_;
 };
 
-// Pre-LN block (as nn::TransformerBlock, recomputation included) over the
-// parallel attention and MLP. Under sequence parallelism its input and
+// The GPT's pre-LN block (nn::PreLnBlock, recomputation included) over the
+// parallel attention and MLP: children "<name>.ln1", "<name>.attn",
+// "<name>.ln2", "<name>.mlp". Under sequence parallelism its input and
 // output are [B, T/K, C].
 class ParallelTransformerBlock : public nn::PreLnBlock {
  public:
   ParallelTransformerBlock(const nn::ModelSpec& spec, std::string name, TensorParallelism tp, int64_t hidden,
                            int64_t heads, int64_t ffn_hidden, float dropout, bool recompute);
+  ParallelSelfAttention& attn() { return *attn_; }
+  ParallelMlp& mlp() { return *mlp_; }
 
  private:
   void before_backward() override;

@@ -14,6 +14,7 @@
 #include "core/rng.h"
 #include "kernels/ops.h"
 #include "nn/layers.h"
+#include "parallel/tensor_parallel.h"
 #include "tests/kernels/dtype_params.h"
 #include "tests/support/gradcheck.h"
 #include "tests/support/reference_nn.h"
@@ -547,7 +548,7 @@ TEST(DropoutLayer, IdentityInEvalModeAndAtZero) {
 }
 
 // ---------------------------------------------------------------------------
-// CausalSelfAttention, MlpBlock, TransformerBlock, Sequential
+// The GPT's attention, MLP and block (the tensor-parallel layers with a group of one), Sequential
 // ---------------------------------------------------------------------------
 constexpr int64_t kBatch = 2, kTokens = 5, kHidden = 8, kHeads = 2, kFfn = 12;
 
@@ -555,7 +556,7 @@ TEST(CausalSelfAttention, ForwardBackward) {
   TESSERA_SEED_TRACE();
   Context ctx;
   auto rng = make_rng();
-  nn::CausalSelfAttention attn(spec_for(ctx, DType::f32, rng), "attn", kHidden, kHeads);
+  parallel::ParallelSelfAttention attn(spec_for(ctx, DType::f32, rng), "attn", parallel::TensorParallelism{}, kHidden, kHeads, 0.0f);
   const auto names = names_of(attn);
   const LayerReference reference = [&](const Inputs& in) {
     return ref::causal_self_attention(params_from(names, in), "attn", in[0], kBatch, kTokens, kHidden, kHeads);
@@ -569,7 +570,7 @@ TEST(CausalSelfAttention, Bf16Forward) {
   TESSERA_SEED_TRACE();
   Context ctx;
   auto rng = make_rng();
-  nn::CausalSelfAttention attn(spec_for(ctx, DType::bf16, rng), "attn", kHidden, kHeads);
+  parallel::ParallelSelfAttention attn(spec_for(ctx, DType::bf16, rng), "attn", parallel::TensorParallelism{}, kHidden, kHeads, 0.0f);
   const auto names = names_of(attn);
   auto x = random_tensor(ctx, Shape{kBatch, kTokens, kHidden}, DType::bf16, rng);
   check_forward(
@@ -583,14 +584,14 @@ TEST(CausalSelfAttention, Bf16Forward) {
 TEST(CausalSelfAttention, RejectsHeadsThatDoNotDivide) {
   Context ctx;
   auto rng = make_rng();
-  EXPECT_THROW(nn::CausalSelfAttention(spec_for(ctx, DType::f32, rng), "attn", 10, 3), Error);
+  EXPECT_THROW(parallel::ParallelSelfAttention(spec_for(ctx, DType::f32, rng), "attn", {}, 10, 3, 0.0f), Error);
 }
 
 TEST(MlpBlock, ForwardBackward) {
   TESSERA_SEED_TRACE();
   Context ctx;
   auto rng = make_rng();
-  nn::MlpBlock mlp(spec_for(ctx, DType::f32, rng), "mlp", kHidden, kFfn);
+  parallel::ParallelMlp mlp(spec_for(ctx, DType::f32, rng), "mlp", parallel::TensorParallelism{}, kHidden, kFfn, 0.0f);
   const auto names = names_of(mlp);
   const LayerReference reference = [&](const Inputs& in) {
     return ref::mlp_block(params_from(names, in), "mlp", in[0], kBatch * kTokens, kHidden, kFfn);
@@ -606,7 +607,8 @@ TEST_P(TransformerBlock, Forward) {
   TESSERA_SEED_TRACE();
   Context ctx;
   auto rng = make_rng();
-  nn::TransformerBlock block(spec_for(ctx, DType::f32, rng), "blocks.0", kHidden, kHeads, kFfn, 0.0f, GetParam());
+  parallel::ParallelTransformerBlock block(spec_for(ctx, DType::f32, rng), "blocks.0", {}, kHidden, kHeads, kFfn, 0.0f,
+                                          GetParam());
   const auto names = names_of(block);
   auto x = random_tensor(ctx, Shape{kBatch, kTokens, kHidden}, DType::f32, rng);
   check_forward(
@@ -622,7 +624,8 @@ TEST_P(TransformerBlock, Backward) {
   TESSERA_SEED_TRACE();
   Context ctx;
   auto rng = make_rng();
-  nn::TransformerBlock block(spec_for(ctx, DType::f32, rng), "blocks.0", kHidden, kHeads, kFfn, 0.0f, GetParam());
+  parallel::ParallelTransformerBlock block(spec_for(ctx, DType::f32, rng), "blocks.0", {}, kHidden, kHeads, kFfn, 0.0f,
+                                          GetParam());
   const auto names = names_of(block);
   auto x = random_tensor(ctx, Shape{kBatch, kTokens, kHidden}, DType::f32, rng);
   check_backward(
@@ -647,8 +650,8 @@ TEST(TransformerBlockRecompute, BitIdenticalGradients) {
   auto rng = make_rng();
   for (const DType dtype : {DType::f32, DType::bf16}) {
     const nn::ModelSpec spec = spec_for(ctx, dtype, rng);
-    nn::TransformerBlock plain(spec, "blocks.3", kHidden, kHeads, kFfn, 0.2f, false);
-    nn::TransformerBlock recomputed(spec, "blocks.3", kHidden, kHeads, kFfn, 0.2f, true);
+    parallel::ParallelTransformerBlock plain(spec, "blocks.3", {}, kHidden, kHeads, kFfn, 0.2f, false);
+    parallel::ParallelTransformerBlock recomputed(spec, "blocks.3", {}, kHidden, kHeads, kFfn, 0.2f, true);
     randomize(ctx, plain, rng);
     const auto params = recomputed.parameters();
     for (size_t k = 0; k < params.size(); ++k) params[k]->value.copy_(plain.parameters()[k]->value);
@@ -658,7 +661,7 @@ TEST(TransformerBlockRecompute, BitIdenticalGradients) {
     std::vector<std::vector<float>> grads[2];
     std::vector<double> outputs[2], input_grads[2];
     int i = 0;
-    for (nn::TransformerBlock* block : {&plain, &recomputed}) {
+    for (parallel::ParallelTransformerBlock* block : {&plain, &recomputed}) {
       Saved saved;
       outputs[i] = block->forward(x.tensor, saved, pass).to_doubles();
       if (block->recompute()) {
@@ -699,7 +702,7 @@ TEST(SequentialLayer, ForwardBackward) {
 TEST(Module, TrainEvalReachesChildren) {
   Context ctx;
   auto rng = make_rng();
-  nn::TransformerBlock block(spec_for(ctx, DType::f32, rng), "b", kHidden, kHeads, kFfn, 0.1f);
+  parallel::ParallelTransformerBlock block(spec_for(ctx, DType::f32, rng), "b", {}, kHidden, kHeads, kFfn, 0.1f, false);
   EXPECT_TRUE(block.training());
   block.eval();
   EXPECT_FALSE(block.training());

@@ -592,11 +592,11 @@ TEST(ModelConfig, ValidationNamesTheFlag) {
     nn::parse_model_kind("rnn");
     ADD_FAILURE() << "--model rnn was accepted";
   } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("--model 'rnn' is not a model this build knows; use mlp, cnn or gpt"),
+    EXPECT_NE(std::string(error.what()).find("--model 'rnn' is not a model this build knows; use mlp, cnn, gpt or llama"),
               std::string::npos)
         << error.what();
   }
-  for (const nn::ModelKind kind : {nn::ModelKind::mlp, nn::ModelKind::cnn, nn::ModelKind::gpt})
+  for (const nn::ModelKind kind : {nn::ModelKind::mlp, nn::ModelKind::cnn, nn::ModelKind::gpt, nn::ModelKind::llama})
     EXPECT_EQ(nn::parse_model_kind(nn::model_name(kind)), kind);
   c = gpt;
   c.vocab_size = 0;
