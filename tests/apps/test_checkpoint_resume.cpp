@@ -146,16 +146,18 @@ TEST_P(ResumeMlp, StraightAndResumedRunsAreBitIdentical) {
 
 INSTANTIATE_TEST_SUITE_P(Precisions, ResumeMlp, ::testing::Values("fp32", "bf16", "fp16"));
 
-// Each logged step's learning rate is the schedule's at the number of
-// successful updates before it; returns how many steps were skipped.
-int64_t expect_schedule_read_at_updates(const std::string& metrics, const app::TrainConfig& c, int64_t total) {
-  nn::LrScheduleConfig schedule_config;
-  schedule_config.style = nn::parse_lr_style(c.lr_decay_style);
-  schedule_config.lr = c.lr;
-  schedule_config.min_lr = c.min_lr;
-  schedule_config.warmup_steps = c.warmup_steps;
-  schedule_config.total_steps = total;
-  const nn::LrSchedule schedule(schedule_config);
+// Each logged step's learning rate is that of the schedule the run recorded
+// in `checkpoint` (schedule.*) at the number of successful updates before
+// it; returns how many steps were skipped.
+int64_t expect_schedule_read_at_updates(const std::string& metrics, const std::string& checkpoint, int64_t total) {
+  const io::CheckpointMetadata meta = io::CheckpointReader(checkpoint).metadata();
+  const auto real = [&](const char* key) { return std::stod(meta.at(key)); };
+  const auto integer = [&](const char* key) { return std::stoll(meta.at(key)); };
+  const nn::LrSchedule schedule({.style = nn::parse_lr_style(meta.at("schedule.style")),
+                                 .lr = real("schedule.lr"),
+                                 .min_lr = real("schedule.min_lr"),
+                                 .warmup_steps = integer("schedule.warmup_steps"),
+                                 .total_steps = integer("schedule.total_steps")});
   const std::vector<io::StepRecord> steps = io::read_metrics(metrics).steps;
   EXPECT_EQ(int64_t(steps.size()), total) << metrics;
   int64_t updates = 0, skipped = 0;
@@ -201,7 +203,7 @@ TEST(ResumeSkippedStep, ScheduleAdvancesOnlyOnSuccessfulUpdates) {
   const app::TrainResult reference = app::train(straight);
   ASSERT_EQ(reference.final_step, 10);
   EXPECT_GE(reference.skipped_steps, 1);
-  EXPECT_EQ(expect_schedule_read_at_updates(straight.metrics, c, 10), reference.skipped_steps);
+  EXPECT_EQ(expect_schedule_read_at_updates(straight.metrics, reference.checkpoint, 10), reference.skipped_steps);
   const std::vector<io::StepRecord> steps = io::read_metrics(straight.metrics).steps;
   ASSERT_EQ(steps.size(), 10u);
   EXPECT_TRUE(steps[2].skipped);
@@ -220,7 +222,7 @@ TEST(ResumeSkippedStep, ScheduleAdvancesOnlyOnSuccessfulUpdates) {
   const app::TrainResult resumed = app::train(second);
   EXPECT_EQ(resumed.start_step, 5);
   EXPECT_TRUE(checkpoints_identical(reference.checkpoint, resumed.checkpoint));
-  expect_schedule_read_at_updates(first.metrics, c, 10);  // the resumed run appended its steps
+  expect_schedule_read_at_updates(first.metrics, resumed.checkpoint, 10);  // the resumed run appended its steps
   EXPECT_EQ(io::CheckpointReader(stopped.checkpoint).metadata().at("schedule.num_steps"),
             std::to_string(5 - reference.skipped_steps));
 
