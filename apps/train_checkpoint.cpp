@@ -109,6 +109,19 @@ class Metadata {
   std::string path_;
 };
 
+// Where the learning-rate schedule stands: the successful updates before
+// `counters.step`. Checkpoints written before schedule.num_steps was saved
+// have none; every step was then an update or a skip counted in
+// train.skipped_steps, so it is step − skipped_steps.
+int64_t schedule_position(const Metadata& meta, const Counters& counters, const std::string& path) {
+  const int64_t updates =
+      meta.find("schedule.num_steps") ? meta.integer("schedule.num_steps") : counters.step - counters.skipped_steps;
+  TESSERA_CHECK(updates >= 0 && updates <= counters.step, "--resume: checkpoint ", path, " is for step ", counters.step,
+                " but records ", updates, " successful updates (schedule.num_steps, or step minus ",
+                "train.skipped_steps); it is damaged");
+  return updates;
+}
+
 // Reads `piece` from the checkpoint into `destination` (the live tensor: a
 // parameter's value, possibly a view into a flat buffer, or optimizer state).
 void read_into(const io::CheckpointReader& reader, io::TensorPiece piece, Tensor& destination) {
@@ -169,6 +182,7 @@ io::CheckpointMetadata training_metadata(const TrainState& s, const Counters& k)
   meta["optimizer.kind"] = nn::optimizer_kind_name(s.replica->optimizer().config().kind);
   meta["optimizer.step_count"] = std::to_string(s.replica->optimizer().step_count());
   meta["schedule.iteration"] = std::to_string(k.step);
+  meta["schedule.num_steps"] = std::to_string(k.updates);
   meta["schedule.style"] = nn::lr_style_name(s.schedule->style);
   meta["schedule.lr"] = shortest_text(s.schedule->lr);
   meta["schedule.min_lr"] = shortest_text(s.schedule->min_lr);
@@ -356,6 +370,7 @@ Resumed load_training_checkpoint(const TrainState& s, const std::string& path) {
   out.counters.sampler.samples = meta.integer("sampler.samples");
   out.counters.skipped_steps = meta.integer("train.skipped_steps");
   out.counters.consecutive_skips = meta.integer("train.consecutive_skips");
+  out.counters.updates = schedule_position(meta, out.counters, path);
   const int64_t saved_dp = meta.integer("layout.dp"), saved_zero = meta.integer("layout.zero");
   // Checkpoints from before interleaving have no layout.virtual_stages: one chunk per stage.
   const int64_t saved_chunks = meta.find("layout.virtual_stages") ? meta.integer("layout.virtual_stages") : 1;

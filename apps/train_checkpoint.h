@@ -11,7 +11,8 @@
 //     model.<field>       the model as built (flags and the data's shapes), checked on resume
 //     layout.world/dp/tp/pp/zero
 //     optimizer.kind, optimizer.step_count
-//     schedule.iteration/style/lr/min_lr/warmup_steps/total_steps
+//     schedule.iteration/num_steps/style/lr/min_lr/warmup_steps/total_steps
+//                         (num_steps: successful updates, the schedule's position)
 //     scaler.enabled/scale/growth_tracker
 //     sampler.epoch, sampler.samples  (the next global batch starts at this
 //                                      sample of the epoch's order)
@@ -80,6 +81,10 @@ struct Counters {
   int64_t step = 0;  // optimizer steps done (skipped ones included)
   SamplerPosition sampler;
   int64_t skipped_steps = 0, consecutive_skips = 0;
+  // Successful updates: where the learning-rate schedule stands. A skipped
+  // step advances `step` and the data but not this, as Megatron's scheduler
+  // steps only when the update succeeded (its num_steps, counted in steps).
+  int64_t updates = 0;
 };
 
 // The run's checkpoints (--save): each save synchronous or, with

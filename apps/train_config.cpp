@@ -146,7 +146,10 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
       ->group(schedule);
   command.add_option("--lr", c.lr, "Peak learning rate")->group(schedule);
   command.add_option("--min-lr", c.min_lr, "Learning rate at the end of the decay")->group(schedule);
-  command.add_option("--warmup-steps", c.warmup_steps, "Steps of linear warm-up from 0 to --lr")->group(schedule);
+  command
+      .add_option("--warmup-steps", c.warmup_steps,
+                  "Steps of linear warm-up from 0 to --lr (Megatron's: update n gets lr*n/W)")
+      ->group(schedule);
   command.add_option("--lr-decay-style", c.lr_decay_style, "cosine or constant")
       ->check(CLI::IsMember({"cosine", "constant"}))
       ->group(schedule);
@@ -869,7 +872,7 @@ void refuse_unused_settings(const CLI::App& command, const TrainConfig& c, const
 }
 
 void validate(const TrainConfig& c) {
-  // A number too large for a float (lr = 1e39) reads as inf; set in code, anything may be.
+  // A number too large for its type (a float 1e39, a double 1e400) reads as inf; set in code, anything may be.
   for (const auto& [flag, value] :
        std::initializer_list<std::pair<const char*, double>>{{"--lr", c.lr},
                                                              {"--min-lr", c.min_lr},

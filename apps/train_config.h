@@ -54,12 +54,13 @@ struct TrainConfig {
 
   // Optimizer and schedule.
   std::string optimizer = "adamw";  // adamw | sgd
-  float lr = 1e-3f;
-  float min_lr = 0.0f;
+  // Doubles, as Megatron-LM's arguments and PyTorch's optimizers hold them.
+  double lr = 1e-3;
+  double min_lr = 0.0;
   int64_t warmup_steps = 0;
   std::string lr_decay_style = "cosine";  // cosine | constant
-  float weight_decay = 0.0f;
-  float adam_beta1 = 0.9f, adam_beta2 = 0.999f, adam_eps = 1e-8f;
+  double weight_decay = 0.0;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
   float sgd_momentum = 0.9f;
   bool nesterov = false;
   float clip_grad = 1.0f;          // 0 disables clipping

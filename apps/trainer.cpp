@@ -615,6 +615,9 @@ std::string describe_resume(const TrainConfig& c, const std::optional<Resumed>& 
   }
   out << "resumed from " << resumed->path << ": step " << counters.step << " of " << total_steps;
   if (!c.synthetic) out << ", data at sample " << counters.sampler.samples << " of epoch " << counters.sampler.epoch;
+  if (counters.skipped_steps > 0)
+    out << ", " << counters.skipped_steps << " step(s) skipped so far: the learning-rate schedule at update "
+        << counters.updates;
   out << "\n";
   if (resumed->resharded)
     out << "resharding: the checkpoint was saved under " << resumed->saved_layout << ", this run is dp=" << state.dp
@@ -1094,14 +1097,14 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
     parallel::StepBatches batches = next_batches(source, accumulation, stage_input_shape, trace, counters, epoch);
     const double data_wait = std::chrono::duration<double>(Clock::now() - data_start).count();
     batches.activation_dtype = dtype;
-    const double lr = schedule.lr(step);
+    const double lr = schedule.lr(counters.updates);  // Megatron: skipped steps do not advance the schedule
     // TESSERA_FAULT=nan_grad: this rank's gradients of the step are NaN (through the loss's gradient).
     const parallel::StepResult outcome =
         train_step.run(step, batches, lr, fault_due("nan_grad", step + 1, world->rank()));
     const parallel::ReductionStats& sync = outcome.reduction;
     if (trace.enabled()) trace.counter("buckets_launched_in_backward", double(sync.launched_in_backward));
     const bool skipped = outcome.skipped;
-    if (skipped) ++counters.skipped_steps;
+    ++(skipped ? counters.skipped_steps : counters.updates);
     if (skipped && !scaler.enabled()) {
       ++result.skipped_steps;
       // Every rank stops here together (the skip is agreed): a background save is published first.

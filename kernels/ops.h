@@ -249,11 +249,14 @@ void max_backward(const Tensor& x, const Tensor& grad_out, Tensor& grad_x);
 // ---------------------------------------------------------------------------
 // Fused optimizer steps, one call per parameter buffer
 // ---------------------------------------------------------------------------
+// The hyper-parameters in double, as torch.optim.AdamW holds them (Python
+// floats): the step's scalars (bias corrections 1 − β^step, step size) are
+// computed from them in double, the per-element update in f32.
 struct AdamWParams {
-  float lr = 1e-3f;
-  float beta1 = 0.9f, beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;  // decoupled: param −= lr·weight_decay·param
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;  // decoupled: param ·= 1 − lr·weight_decay, before the Adam update
   int64_t step = 1;           // 1-based, for bias correction
   float grad_scale = 1.0f;    // gradients are multiplied by this first (loss-scale unscaling, clipping)
 };

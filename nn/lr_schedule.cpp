@@ -1,4 +1,5 @@
-// LrSchedule: linear warm-up, then constant or cosine decay to min_lr (Megatron-LM's rules).
+// LrSchedule: linear warm-up from 0, then constant or cosine decay to min_lr,
+// Megatron-LM's OptimizerParamScheduler.get_lr() step for step.
 #include "nn/lr_schedule.h"
 
 #include <cmath>
@@ -34,14 +35,15 @@ LrSchedule::LrSchedule(const LrScheduleConfig& config) : config_(config) {
   validate(config_);
 }
 
-double LrSchedule::lr(int64_t step) const {
-  TESSERA_CHECK(step >= 0, "lr schedule: the step must be >= 0, got ", step);
+double LrSchedule::lr(int64_t updates) const {
+  TESSERA_CHECK(updates >= 0, "lr schedule: the number of updates must be >= 0, got ", updates);
   const LrScheduleConfig& c = config_;
-  if (step < c.warmup_steps) return c.lr * double(step + 1) / double(c.warmup_steps);
+  if (c.warmup_steps > 0 && updates <= c.warmup_steps) return c.lr * double(updates) / double(c.warmup_steps);
   if (c.style == LrStyle::constant) return c.lr;
-  if (step >= c.total_steps) return c.min_lr;
-  const double progress = double(step - c.warmup_steps) / double(c.total_steps - c.warmup_steps);
-  return c.min_lr + (c.lr - c.min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+  if (updates > c.total_steps) return c.min_lr;
+  const double decay_ratio = double(updates - c.warmup_steps) / double(c.total_steps - c.warmup_steps);
+  const double coeff = 0.5 * (std::cos(std::numbers::pi * decay_ratio) + 1.0);
+  return c.min_lr + coeff * (c.lr - c.min_lr);
 }
 
 }  // namespace tessera::nn

@@ -32,14 +32,14 @@ const char* optimizer_kind_name(OptimizerKind kind) {
 }
 
 void validate(const OptimizerConfig& c) {
-  TESSERA_CHECK(finite(c.lr) && c.lr > 0.0f, "--lr must be a finite number > 0, got ", c.lr);
-  TESSERA_CHECK(finite(c.weight_decay) && c.weight_decay >= 0.0f, "--weight-decay must be a finite number >= 0, got ",
+  TESSERA_CHECK(finite(c.lr) && c.lr > 0.0, "--lr must be a finite number > 0, got ", c.lr);
+  TESSERA_CHECK(finite(c.weight_decay) && c.weight_decay >= 0.0, "--weight-decay must be a finite number >= 0, got ",
                 c.weight_decay);
   if (c.kind == OptimizerKind::adamw) {
-    TESSERA_CHECK(c.beta1 >= 0.0f && c.beta1 < 1.0f, "--adam-beta1 must be in [0, 1), got ", c.beta1);
-    TESSERA_CHECK(c.beta2 >= 0.0f && c.beta2 < 1.0f, "--adam-beta2 must be in [0, 1), got ", c.beta2);
-    TESSERA_CHECK(finite(c.eps) && c.eps > 0.0f, "--adam-eps must be a finite number > 0, got ", c.eps);
-    TESSERA_CHECK(double(c.lr) * double(c.weight_decay) < 1.0, "--lr × --weight-decay must be < 1 (AdamW multiplies ",
+    TESSERA_CHECK(c.beta1 >= 0.0 && c.beta1 < 1.0, "--adam-beta1 must be in [0, 1), got ", c.beta1);
+    TESSERA_CHECK(c.beta2 >= 0.0 && c.beta2 < 1.0, "--adam-beta2 must be in [0, 1), got ", c.beta2);
+    TESSERA_CHECK(finite(c.eps) && c.eps > 0.0, "--adam-eps must be a finite number > 0, got ", c.eps);
+    TESSERA_CHECK(c.lr * c.weight_decay < 1.0, "--lr × --weight-decay must be < 1 (AdamW multiplies ",
                   "weights by 1 − lr·weight_decay each step), got ", c.lr, " × ", c.weight_decay);
   } else {
     TESSERA_CHECK(finite(c.momentum) && c.momentum >= 0.0f && c.momentum < 1.0f,
@@ -95,8 +95,8 @@ void Optimizer::set_step_count(int64_t step) {
   step_ = step;
 }
 
-void Optimizer::step(float lr, float grad_scale) {
-  TESSERA_CHECK(finite(lr) && lr >= 0.0f, "optimizer: the learning rate for step ", step_ + 1,
+void Optimizer::step(double lr, float grad_scale) {
+  TESSERA_CHECK(finite(lr) && lr >= 0.0, "optimizer: the learning rate for step ", step_ + 1,
                 " must be finite and >= 0, got ", lr, "; check --lr, --min-lr and the schedule");
   TESSERA_CHECK(finite(grad_scale), "optimizer: grad_scale must be finite, got ", grad_scale,
                 "; skip the step when gradients overflow (GradScaler::update)");
@@ -104,7 +104,7 @@ void Optimizer::step(float lr, float grad_scale) {
   for (size_t i = 0; i < parameters_.size(); ++i) {
     Parameter& p = *parameters_[i];
     State& s = states_[i];
-    const float decay = p.weight_decay ? config_.weight_decay : 0.0f;
+    const double decay = p.weight_decay ? config_.weight_decay : 0.0;
     const bool has_master = s.master.defined();
     Tensor& target = has_master ? s.master : p.value;
     Tensor* copy = has_master ? &p.value : nullptr;
@@ -120,10 +120,10 @@ void Optimizer::step(float lr, float grad_scale) {
       ops::adamw_step(target, p.grad, s.exp_avg, s.exp_avg_sq, params, copy);
     } else {
       ops::SgdParams params;
-      params.lr = lr;
+      params.lr = float(lr);
       params.momentum = config_.momentum;
       params.dampening = config_.dampening;
-      params.weight_decay = decay;
+      params.weight_decay = float(decay);
       params.nesterov = config_.nesterov;
       params.first_step = step_ == 1;
       params.grad_scale = grad_scale;

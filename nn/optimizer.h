@@ -30,20 +30,23 @@ enum class OptimizerKind { sgd, adamw };
 OptimizerKind parse_optimizer_kind(const std::string& name);
 const char* optimizer_kind_name(OptimizerKind kind);
 
+// The learning rate, AdamW's betas and ε and the weight decay are doubles,
+// as PyTorch's optimizers (and Megatron-LM's arguments) hold them: AdamW
+// computes each step's bias corrections 1 − β^step from them in double.
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::adamw;
-  float lr = 1e-3f;  // the peak learning rate; step() takes the scheduled one
+  double lr = 1e-3;  // the peak learning rate; step() takes the scheduled one
   // SGD (PyTorch's torch.optim.SGD rules)
   float momentum = 0.0f;
   float dampening = 0.0f;
   bool nesterov = false;
   // AdamW (torch.optim.AdamW rules)
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
   // AdamW: decoupled (param ·= 1 − lr·wd); SGD: L2 added to the gradient.
   // Applied only to parameters with Parameter::weight_decay set.
-  float weight_decay = 0.0f;
+  double weight_decay = 0.0;
 };
 
 // Throws tessera::Error naming the flag (--lr, --sgd-momentum, --dampening,
@@ -67,7 +70,7 @@ class Optimizer {
   // schedule's value) and gradients multiplied by `grad_scale` first (1 /
   // loss scale × clip coefficient). Increments step() before the update, so
   // AdamW's bias correction uses 1 on the first call. Does not zero grads.
-  void step(float lr, float grad_scale = 1.0f);
+  void step(double lr, float grad_scale = 1.0f);
 
   // Steps taken so far (0 before the first). set_step restores it from a checkpoint.
   int64_t step_count() const { return step_; }

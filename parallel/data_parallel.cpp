@@ -388,7 +388,7 @@ nn::GradNorm DataParallel::grad_norm() {
   return {std::sqrt(double(global[0])), global[1] == 0.0f && std::isfinite(global[0])};
 }
 
-void DataParallel::step(float lr, float grad_scale) {
+void DataParallel::step(double lr, float grad_scale) {
   TESSERA_CHECK(reduced_, "data parallel: step() before finish_backward() of the step's last micro-batch");
   TESSERA_CHECK(!unsharded_, "data parallel: step() after unshard_values(); the sharded values are no longer used");
   optimizer_->step(lr, grad_scale);

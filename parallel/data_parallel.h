@@ -186,7 +186,7 @@ class DataParallel : private nn::ParameterHooks {
   // The optimizer update with the scheduled `lr` and gradients multiplied by
   // `grad_scale` (see nn::Optimizer::step); ZeRO-1 then all-gathers the
   // updated values into every rank's parameters.
-  void step(float lr, float grad_scale = 1.0f);
+  void step(double lr, float grad_scale = 1.0f);
 
   nn::Optimizer& optimizer() { return *optimizer_; }
   Communicator& communicator() { return comm_; }

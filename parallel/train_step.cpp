@@ -121,7 +121,7 @@ StepResult TrainStep::run(int64_t step, const StepBatches& batches, double lr, b
   result.grad_norm = norm.norm / result.loss_scale;
   result.skipped = parts_.scaler->update(!norm.finite) || !norm.finite;
   if (!result.skipped)
-    replica.step(float(lr), nn::clip_coefficient(norm.norm / result.loss_scale, parts_.clip_grad) / result.loss_scale);
+    replica.step(lr, nn::clip_coefficient(norm.norm / result.loss_scale, parts_.clip_grad) / result.loss_scale);
   return result;
 }
 

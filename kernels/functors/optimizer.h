@@ -1,7 +1,8 @@
 // Fused optimizer steps as index functors, shared by the CPU and CUDA
 // backends: one pass reads the gradient once and updates the f32 master
 // parameter, the optimizer state and (optionally) a low-precision copy of the
-// parameter. The rules are PyTorch's (torch.optim.AdamW and torch.optim.SGD).
+// parameter. The rules are PyTorch's (torch.optim.AdamW and torch.optim.SGD),
+// AdamW's scalars computed in double as its Python code does.
 #pragma once
 
 #include <cmath>
@@ -15,32 +16,42 @@
 
 namespace tessera {
 
-// Per-step constants, computed once on the host (in double) from the parameters.
+// Per-step constants, as torch.optim.AdamW (its single-tensor and foreach
+// paths) computes them in Python: in double, from the double
+// hyper-parameters and the step, so beta^step carries no f32 rounding of beta
+// (bias_correction = 1 − beta**step); each is rounded to f32 once, where
+// torch's f32 tensor operation takes it as a scalar (named after the operation).
 struct AdamWConstants {
-  float lr, beta1, beta2, eps;
-  float decay;           // 1 − lr·weight_decay (decoupled weight decay)
-  float step_size;       // lr / (1 − beta1^step)
-  float inv_sqrt_bias2;  // 1 / √(1 − beta2^step)
+  float decay;  // 1 − lr·weight_decay        param.mul_(1 - lr * weight_decay)
+  // exp_avg.lerp_(grad, w = 1 − β1): fma(w, g − m, m), ATen's CPU kernel for
+  // w < ½ (β1 > ½; for β1 ≤ ½ ATen starts from g, the same up to rounding).
+  float lerp_weight;
+  float beta2;            // β2                         exp_avg_sq.mul_(beta2)
+  float one_minus_beta2;  // 1 − β2                     .addcmul_(grad, grad, value=1 - beta2)
+  float bias2_sqrt;       // (1 − β2^step)^½            exp_avg_sq.sqrt() / bias_correction2_sqrt
+  float eps;              // ε                          .add_(eps)
+  float neg_step_size;    // −lr / (1 − β1^step)        param.addcdiv_(exp_avg, denom, value=-step_size)
   float grad_scale;
 };
 
 inline AdamWConstants adamw_constants(const ops::AdamWParams& p) {
-  const double bias1 = 1.0 - std::pow(double(p.beta1), double(p.step));
-  const double bias2 = 1.0 - std::pow(double(p.beta2), double(p.step));
-  return {p.lr,
-          p.beta1,
-          p.beta2,
-          p.eps,
-          float(1.0 - double(p.lr) * double(p.weight_decay)),
-          float(double(p.lr) / bias1),
-          float(1.0 / std::sqrt(bias2)),
-          p.grad_scale};
+  const double step = double(p.step);
+  const double bias_correction1 = 1.0 - std::pow(p.beta1, step);
+  const double bias_correction2 = 1.0 - std::pow(p.beta2, step);
+  const double step_size = p.lr / bias_correction1;
+  const double bias_correction2_sqrt = std::pow(bias_correction2, 0.5);  // Python's bias_correction2**0.5
+  return {float(1.0 - p.lr * p.weight_decay), float(1.0 - p.beta1), float(p.beta2),    float(1.0 - p.beta2),
+          float(bias_correction2_sqrt),       float(p.eps),         float(-step_size), p.grad_scale};
 }
 
 // G: the gradient's storage type; C: param_copy's, or void for no copy (decided
-// at compile time, so the CPU loop has no branch and vectorises).
-//   g = grad·grad_scale;  param ·= 1 − lr·wd;  m = β1·m + (1−β1)·g;  v = β2·v + (1−β2)·g²;
-//   param −= step_size · m / (√v / √(1−β2^t) + eps);  copy = round(param).
+// at compile time, so the CPU loop has no branch and vectorises). In f32, in
+// torch.optim.AdamW's order (decoupled weight decay first), each operation
+// rounded as torch's CPU tensor operations round it: the fma written here
+// where ATen's kernel has one (lerp_, addcmul_), and no other (the CPU file
+// is compiled with -ffp-contract=off; nvcc fuses more, the last bits differ):
+//   g = grad·grad_scale;  param ·= 1 − lr·wd;  m = lerp(m, g, 1 − β1);  v = v·β2 + (1 − β2)·g·g;
+//   param += −step_size · m / (√v / √(1 − β2^t) + eps);  copy = round(param).
 template <typename G, typename C>
 struct AdamWStep {
   float* param;
@@ -51,10 +62,11 @@ struct AdamWStep {
   AdamWConstants k;
   TESSERA_HD void operator()(int64_t i) const {
     const float g = to_float(grad[i]) * k.grad_scale;
-    const float m_new = k.beta1 * m[i] + (1.0f - k.beta1) * g;
-    const float v_new = k.beta2 * v[i] + (1.0f - k.beta2) * g * g;
-    const float denom = sqrtf(v_new) * k.inv_sqrt_bias2 + k.eps;
-    const float p = param[i] * k.decay - k.step_size * m_new / denom;
+    const float decayed = param[i] * k.decay;
+    const float m_new = fmaf(k.lerp_weight, g - m[i], m[i]);
+    const float v_new = fmaf(k.one_minus_beta2 * g, g, v[i] * k.beta2);
+    const float denom = sqrtf(v_new) / k.bias2_sqrt + k.eps;
+    const float p = decayed + k.neg_step_size * m_new / denom;
     m[i] = m_new;
     v[i] = v_new;
     param[i] = p;
@@ -62,7 +74,8 @@ struct AdamWStep {
   }
 };
 
-// G, C as above; buffer is null when momentum == 0.
+// G, C as above; buffer is null when momentum == 0. Each `a + α·b` one fma,
+// as torch.optim.SGD's add_(b, alpha=α) is on the CPU:
 //   g = grad·grad_scale + wd·param;
 //   buf = first_step ? g : momentum·buf + (1 − dampening)·g;   (momentum ≠ 0)
 //   g = nesterov ? g + momentum·buf : buf;                     (momentum ≠ 0)
@@ -77,13 +90,13 @@ struct SgdStep {
   bool nesterov, first_step;
   TESSERA_HD void operator()(int64_t i) const {
     const float p = param[i];
-    float g = to_float(grad[i]) * grad_scale + weight_decay * p;
+    float g = fmaf(weight_decay, p, to_float(grad[i]) * grad_scale);
     if (buffer != nullptr) {
-      const float b = first_step ? g : momentum * buffer[i] + (1.0f - dampening) * g;
+      const float b = first_step ? g : fmaf(1.0f - dampening, g, momentum * buffer[i]);
       buffer[i] = b;
-      g = nesterov ? g + momentum * b : b;
+      g = nesterov ? fmaf(momentum, b, g) : b;
     }
-    const float p_new = p - lr * g;
+    const float p_new = fmaf(-lr, g, p);
     param[i] = p_new;
     if constexpr (!std::is_void_v<C>) copy[i] = from_float<C>(p_new);
   }

@@ -24,7 +24,7 @@ void check_grad_and_copy(std::string_view op, const Tensor& param, const Tensor&
   }
 }
 
-bool finite(float value) {
+bool finite(double value) {
   return std::isfinite(value);
 }
 
@@ -40,9 +40,9 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
   const Tensor copy = param_copy != nullptr ? *param_copy : Tensor();
   detail::check_same_device(op, {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}, {"param_copy", copy}});
   TESSERA_CHECK(params.step >= 1, op, ": 'step' is 1-based (the first step is 1), got ", params.step);
-  TESSERA_CHECK(params.beta1 >= 0.0f && params.beta1 < 1.0f && params.beta2 >= 0.0f && params.beta2 < 1.0f, op,
+  TESSERA_CHECK(params.beta1 >= 0.0 && params.beta1 < 1.0 && params.beta2 >= 0.0 && params.beta2 < 1.0, op,
                 ": betas must be in [0, 1), got beta1 = ", params.beta1, ", beta2 = ", params.beta2);
-  TESSERA_CHECK(finite(params.lr) && finite(params.eps) && params.eps >= 0.0f && finite(params.weight_decay) &&
+  TESSERA_CHECK(finite(params.lr) && finite(params.eps) && params.eps >= 0.0 && finite(params.weight_decay) &&
                     finite(params.grad_scale),
                 op, ": lr, eps (≥ 0), weight_decay and grad_scale must be finite, got lr = ", params.lr,
                 ", eps = ", params.eps, ", weight_decay = ", params.weight_decay, ", grad_scale = ", params.grad_scale);

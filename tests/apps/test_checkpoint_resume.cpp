@@ -3,9 +3,12 @@
 // bit for bit (parameters, optimizer state, counters) for the MLP in every
 // precision, the GPT with dropout and gradient accumulation, and across
 // --zero settings; refusal of another model or precision; --resume auto on an
-// empty directory; a missing --resume path; flag validation; and a
+// empty directory; a missing --resume path; flag validation; a step skipped
+// for non-finite fp16 gradients, which leaves the learning-rate schedule where
+// it was (Megatron's rule), in a straight run and across a resume; and a
 // preemption signal stopping the run at a step boundary with a checkpoint.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -24,6 +27,9 @@
 #include "apps/trainer.h"
 #include "core/error.h"
 #include "io/checkpoint.h"
+#include "io/metrics.h"
+#include "nn/lr_schedule.h"
+#include "tests/support/process_job.h"
 #include "tests/support/resume_support.h"
 #include "tests/support/test_support.h"
 
@@ -139,6 +145,99 @@ TEST_P(ResumeMlp, StraightAndResumedRunsAreBitIdentical) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, ResumeMlp, ::testing::Values("fp32", "bf16", "fp16"));
+
+// Each logged step's learning rate is that of the schedule the run recorded
+// in `checkpoint` (schedule.*) at the number of successful updates before
+// it; returns how many steps were skipped.
+int64_t expect_schedule_read_at_updates(const std::string& metrics, const std::string& checkpoint, int64_t total) {
+  const io::CheckpointMetadata meta = io::CheckpointReader(checkpoint).metadata();
+  const auto real = [&](const char* key) { return std::stod(meta.at(key)); };
+  const auto integer = [&](const char* key) { return std::stoll(meta.at(key)); };
+  const nn::LrSchedule schedule({.style = nn::parse_lr_style(meta.at("schedule.style")),
+                                 .lr = real("schedule.lr"),
+                                 .min_lr = real("schedule.min_lr"),
+                                 .warmup_steps = integer("schedule.warmup_steps"),
+                                 .total_steps = integer("schedule.total_steps")});
+  const std::vector<io::StepRecord> steps = io::read_metrics(metrics).steps;
+  EXPECT_EQ(int64_t(steps.size()), total) << metrics;
+  int64_t updates = 0, skipped = 0;
+  for (const io::StepRecord& record : steps) {
+    EXPECT_EQ(record.lr, schedule.lr(updates)) << "step " << record.step << " after " << updates << " updates";
+    ++(record.skipped ? skipped : updates);
+  }
+  return skipped;
+}
+
+// Removes a metadata entry from a checkpoint's index, as one written before
+// that entry existed lacks it.
+void remove_metadata_entry(const fs::path& checkpoint, const char* key) {
+  const std::string index = (checkpoint / "checkpoint.h5").string();
+  const hid_t file = H5Fopen(index.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(file, 0) << index;
+  const hid_t group = H5Gopen2(file, "metadata", H5P_DEFAULT);
+  EXPECT_GE(group, 0) << index;
+  EXPECT_GE(H5Adelete(group, key), 0) << key << " in " << index;
+  H5Gclose(group);
+  H5Fclose(file);
+}
+
+// fp16 with step 3's gradients NaN (TESSERA_FAULT=nan_grad@3): the step is
+// skipped and the loss scale backs off, but the learning-rate schedule stays
+// where it was (Megatron's scheduler steps only after a successful update),
+// so step 4 gets the learning rate step 3 would have had. Stopped after step
+// 5 and resumed, the run is bit-identical to the straight one and its
+// learning rates keep the rule; so is a resume from that checkpoint without
+// schedule.num_steps (one written before it was saved: step − skipped steps).
+TEST(ResumeSkippedStep, ScheduleAdvancesOnlyOnSuccessfulUpdates) {
+  TESSERA_SEED_TRACE();
+  ScratchDirectory dir("tessera_resume_");
+  std::mt19937_64 rng = make_rng();
+  app::TrainConfig c = mlp_config(write_image_dataset(dir.path, 240, 6, 5, 4, rng), rng);
+  c.precision = "fp16";
+  c.train_steps = 10;
+  const FaultEnvironment fault("nan_grad@3");
+
+  app::TrainConfig straight = c;
+  straight.save = (dir.path / "straight").string();
+  straight.metrics = (dir.path / "straight.jsonl").string();
+  const app::TrainResult reference = app::train(straight);
+  ASSERT_EQ(reference.final_step, 10);
+  EXPECT_GE(reference.skipped_steps, 1);
+  EXPECT_EQ(expect_schedule_read_at_updates(straight.metrics, reference.checkpoint, 10), reference.skipped_steps);
+  const std::vector<io::StepRecord> steps = io::read_metrics(straight.metrics).steps;
+  ASSERT_EQ(steps.size(), 10u);
+  EXPECT_TRUE(steps[2].skipped);
+  EXPECT_EQ(steps[3].lr, steps[2].lr);  // the skipped step's learning rate again
+  EXPECT_EQ(steps[0].lr, 0.0);          // warm-up: the first update at 0, as Megatron's
+
+  app::TrainConfig first = straight;
+  first.save = (dir.path / "split").string();
+  first.metrics = (dir.path / "split.jsonl").string();
+  first.resume = "auto";
+  first.exit_interval = 5;
+  const app::TrainResult stopped = app::train(first);
+  ASSERT_EQ(stopped.final_step, 5);
+  app::TrainConfig second = first;
+  second.exit_interval = 0;
+  const app::TrainResult resumed = app::train(second);
+  EXPECT_EQ(resumed.start_step, 5);
+  EXPECT_TRUE(checkpoints_identical(reference.checkpoint, resumed.checkpoint));
+  expect_schedule_read_at_updates(first.metrics, resumed.checkpoint, 10);  // the resumed run appended its steps
+  EXPECT_EQ(io::CheckpointReader(stopped.checkpoint).metadata().at("schedule.num_steps"),
+            std::to_string(5 - reference.skipped_steps));
+
+  const fs::path old_style = dir.path / "old_style";
+  fs::copy(stopped.checkpoint, old_style, fs::copy_options::recursive);
+  remove_metadata_entry(old_style, "schedule.num_steps");
+  ASSERT_FALSE(io::CheckpointReader(old_style.string()).metadata().contains("schedule.num_steps"));
+  app::TrainConfig from_old = straight;
+  from_old.save = (dir.path / "from_old").string();
+  from_old.metrics = "";
+  from_old.resume = old_style.string();
+  const app::TrainResult resumed_old = app::train(from_old);
+  EXPECT_EQ(resumed_old.start_step, 5);
+  EXPECT_TRUE(checkpoints_identical(reference.checkpoint, resumed_old.checkpoint));
+}
 
 TEST(Resume, GptWithDropoutAndAccumulationIsBitIdentical) {
   TESSERA_SEED_TRACE();

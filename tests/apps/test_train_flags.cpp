@@ -476,6 +476,35 @@ TEST(NumericFlags, RangeMessagesAreWords) {
   EXPECT_EQ(fine.config().tensor_parallel, 2);
 }
 
+// The learning rates, AdamW's betas and ε and the weight decay are read as
+// doubles, as Megatron's arguments and torch.optim.AdamW hold them (AdamW's
+// bias corrections 1 − β^step are computed from them): --adam-beta2 0.95 is
+// 0.95, not the f32 0.949999988, from the command line and from --config.
+TEST(NumericFlags, OptimizerSettingsAreDoubles) {
+  const std::vector<std::pair<std::string, std::string>> flags = {{"--lr", "3e-4"},          {"--min-lr", "3e-5"},
+                                                                  {"--weight-decay", "0.1"}, {"--adam-beta1", "0.9"},
+                                                                  {"--adam-beta2", "0.95"},  {"--adam-eps", "1e-8"}};
+  const auto read_values = [](const app::TrainConfig& c) {
+    return std::vector<double>{c.lr, c.min_lr, c.weight_decay, c.adam_beta1, c.adam_beta2, c.adam_eps};
+  };
+  std::vector<std::string> args;
+  for (const auto& [flag, value] : flags) args.insert(args.end(), {flag, value});
+  TrainCommand command;
+  command.parse(args);
+  const std::vector<double> values = read_values(command.config());
+  for (size_t i = 0; i < flags.size(); ++i)
+    EXPECT_EQ(values[i], std::strtod(flags[i].second.c_str(), nullptr)) << flags[i].first;
+
+  ScratchDir dir;
+  const fs::path toml = dir.path / "optimizer.toml";
+  std::string text;
+  for (const auto& [flag, value] : flags) text += flag.substr(2) + " = " + value + "\n";
+  write(toml, text);
+  TrainCommand from_file;
+  from_file.parse({"--config", toml.string()});
+  EXPECT_EQ(read_values(from_file.config()), values);
+}
+
 // Issue 21, case 9: environments as Slurm and the launchers set them (the
 // batch step's taken from a real sbatch --ntasks=2 script: SLURM_PROCID=0
 // but no SLURM_STEP_ID).

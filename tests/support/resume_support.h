@@ -143,8 +143,8 @@ inline ::testing::AssertionResult checkpoints_identical(const std::string& a, co
       ++different;
     }
   }
-  for (const char* key : {"optimizer.step_count", "schedule.iteration", "sampler.epoch", "sampler.samples",
-                          "scaler.scale", "scaler.growth_tracker"}) {
+  for (const char* key : {"optimizer.step_count", "schedule.iteration", "schedule.num_steps", "sampler.epoch",
+                          "sampler.samples", "scaler.scale", "scaler.growth_tracker", "train.skipped_steps"}) {
     const auto x = first.metadata().find(key), y = second.metadata().find(key);
     if (x == first.metadata().end() || y == second.metadata().end() || x->second != y->second) {
       differences << "\n  metadata " << key << ": "
