@@ -70,17 +70,6 @@ const std::string& metadata_value(const CheckpointReader& reader, const std::str
   return found->second;
 }
 
-const char* torch_dtype(DType dtype) {
-  switch (dtype) {
-    case DType::bf16:
-      return "bfloat16";
-    case DType::f16:
-      return "float16";
-    default:
-      return "float32";
-  }
-}
-
 struct Prepared {
   std::vector<std::string> names;
   std::vector<DType> dtypes;
@@ -121,7 +110,7 @@ nlohmann::json hf_gpt2_config(const CheckpointReader& reader, DType dtype) {
           {"attn_pdrop", 0.0},
           {"initializer_range", 0.02},
           {"tie_word_embeddings", true},
-          {"torch_dtype", torch_dtype(dtype)}};
+          {"torch_dtype", torch_dtype_name(dtype)}};
 }
 
 // The tokenizer to write beside hf-gpt2 weights, found before anything is

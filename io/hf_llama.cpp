@@ -55,17 +55,6 @@ void check_all_placed(const std::vector<SafetensorsInput>& logical, const std::v
   }
 }
 
-const char* torch_dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::bf16:
-      return "bfloat16";
-    case DType::f16:
-      return "float16";
-    default:
-      return "float32";
-  }
-}
-
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::trunc);
   out << text;

@@ -79,6 +79,17 @@ std::string weights_found_instead(const std::string& directory) {
 
 }  // namespace
 
+const char* torch_dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::bf16:
+      return "bfloat16";
+    case DType::f16:
+      return "float16";
+    default:
+      return "float32";
+  }
+}
+
 int64_t parse_shard_size(const std::string& text, const std::string& flag) {
   size_t digits = 0;
   while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.'))

@@ -31,6 +31,9 @@ inline constexpr const char* kSafetensorsIndexName = "model.safetensors.index.js
 // transformers' default max_shard_size, "5GB".
 inline constexpr int64_t kDefaultMaxShardBytes = int64_t(5) * 1000 * 1000 * 1000;
 
+// config.json's "torch_dtype" of tensors of `dtype`: "bfloat16", "float16", else "float32".
+const char* torch_dtype_name(DType dtype);
+
 // Bytes of a size as transformers' max_shard_size spells it: "5GB", "500MB",
 // "10KB", "1TB" (powers of 1000, a decimal number allowed: "1.5GB"), "2GiB",
 // "512MiB", "64KiB" (powers of 1024), or a plain number of bytes. Throws

@@ -50,6 +50,20 @@ inline io::HfLlamaConfig tiny_llama(int64_t vocab, int64_t hidden, int64_t heads
   return c;
 }
 
+// The sizes and the rotary/norm constants of `c` are those of `expected`.
+inline void expect_same_llama(const io::HfLlamaConfig& c, const io::HfLlamaConfig& expected) {
+  EXPECT_EQ(c.vocab_size, expected.vocab_size);
+  EXPECT_EQ(c.hidden_size, expected.hidden_size);
+  EXPECT_EQ(c.intermediate_size, expected.intermediate_size);
+  EXPECT_EQ(c.num_hidden_layers, expected.num_hidden_layers);
+  EXPECT_EQ(c.num_attention_heads, expected.num_attention_heads);
+  EXPECT_EQ(c.num_key_value_heads, expected.num_key_value_heads);
+  EXPECT_EQ(c.max_position_embeddings, expected.max_position_embeddings);
+  EXPECT_EQ(c.rms_norm_eps, expected.rms_norm_eps);
+  EXPECT_EQ(c.rope_theta, expected.rope_theta);
+  EXPECT_EQ(c.tie_word_embeddings, expected.tie_word_embeddings);
+}
+
 // Hugging Face's tensors and shapes, in LlamaForCausalLM's state_dict order.
 inline std::vector<std::pair<std::string, Shape>> hf_llama_tensor_shapes(const io::HfLlamaConfig& c) {
   const int64_t V = c.vocab_size, C = c.hidden_size, F = c.intermediate_size, Dh = C / c.num_attention_heads;

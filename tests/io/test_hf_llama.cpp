@@ -467,16 +467,7 @@ Json llama_config_json() {
 
 TEST(HfLlamaConfig, ParsesWritesAndParsesBack) {
   const io::HfLlamaConfig c = io::parse_hf_llama_config(llama_config_json().dump(), "config.json");
-  EXPECT_EQ(c.vocab_size, 96);
-  EXPECT_EQ(c.hidden_size, 64);
-  EXPECT_EQ(c.intermediate_size, 160);
-  EXPECT_EQ(c.num_hidden_layers, 2);
-  EXPECT_EQ(c.num_attention_heads, 4);
-  EXPECT_EQ(c.num_key_value_heads, 2);
-  EXPECT_EQ(c.rms_norm_eps, 1e-5);
-  EXPECT_EQ(c.rope_theta, 500000.0);
-  EXPECT_EQ(c.max_position_embeddings, 64);
-  EXPECT_FALSE(c.tie_word_embeddings);
+  expect_same_llama(c, tiny_llama(96, 64, 4, 2, 160, 2));  // llama_config_json()'s values
   EXPECT_EQ(c.torch_dtype, "bfloat16");
   EXPECT_EQ(c.bos_token_id, 1);
   EXPECT_EQ(c.eos_token_id, 2);
@@ -639,11 +630,7 @@ TEST(HfLlamaExport, ALlamaCheckpointBecomesADirectoryShardedAboveTheLimit) {
     EXPECT_EQ(result.tensors, int64_t(hf.size()));
     EXPECT_CONTAINS(result.tokenizer_note, "no tokenizer written");
     const io::HfLlamaConfig written = io::read_hf_llama_config(out.string());
-    EXPECT_EQ(written.num_key_value_heads, c.num_key_value_heads);  // from the qkv rows
-    EXPECT_EQ(written.rope_theta, 500000.0);
-    EXPECT_EQ(written.rms_norm_eps, 1e-5);
-    EXPECT_EQ(written.max_position_embeddings, c.max_position_embeddings);
-    EXPECT_FALSE(written.tie_word_embeddings);
+    expect_same_llama(written, c);  // G from the qkv rows, rope_theta and rms_norm_eps from the flags
     EXPECT_EQ(written.torch_dtype, "bfloat16");
     // Every Hugging Face tensor, read here from whichever file holds it.
     std::map<std::string, HostTensor> found;

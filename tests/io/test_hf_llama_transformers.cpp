@@ -105,15 +105,7 @@ TEST(HfLlamaTransformers, LoadsWhatTransformersSavedAsOneFileAsShardsAndInBf16) 
     expect_logits_shape(made, 5, 96);
 
     const io::HfLlamaConfig c = io::read_hf_llama_config(where.string());
-    EXPECT_EQ(c.vocab_size, 96);
-    EXPECT_EQ(c.hidden_size, 64);
-    EXPECT_EQ(c.num_attention_heads, 4);
-    EXPECT_EQ(c.num_key_value_heads, 2);
-    EXPECT_EQ(c.intermediate_size, 160);
-    EXPECT_EQ(c.num_hidden_layers, 2);
-    EXPECT_EQ(c.rope_theta, 500000.0);
-    EXPECT_EQ(c.rms_norm_eps, 1e-5);
-    EXPECT_FALSE(c.tie_word_embeddings);
+    expect_same_llama(c, tiny_llama(96, 64, 4, 2, 160, 2));  // hf_llama.py's defaults
     EXPECT_EQ(c.torch_dtype, save.name == "bf16" ? "bfloat16" : "float32");
     EXPECT_EQ(fs::exists(where / "model.safetensors.index.json"), save.name == "sharded");
 
