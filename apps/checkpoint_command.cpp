@@ -16,6 +16,7 @@
 #include "core/units.h"
 #include "io/checkpoint.h"
 #include "io/export.h"
+#include "io/safetensors_directory.h"
 
 namespace tessera::app {
 namespace {
@@ -159,39 +160,49 @@ void register_checkpoint_command(CLI::App& app, int& exit_code) {
 
 void register_export_command(CLI::App& app, int& exit_code) {
   struct Arguments {
-    std::string checkpoint, output;
+    std::string checkpoint, output, max_shard_size = "5GB";
     io::ExportOptions options;
   };
   auto args = std::make_shared<Arguments>();
-  auto* command =
-      app.add_subcommand("export",
-                         "Write a checkpoint's weights as safetensors (Tessera's names, or Hugging Face GPT-2's with a "
-                         "config.json beside them)");
+  auto* command = app.add_subcommand("export",
+                                     "Write a checkpoint's weights as safetensors (Tessera's names, or Hugging Face "
+                                     "GPT-2's or Llama's with a config.json and the tokenizer beside them)");
   command
       ->add_option("checkpoint", args->checkpoint,
                    "A step directory, its checkpoint.h5, or a save directory (its latest)")
       ->required();
   command
       ->add_option("-o,--output", args->output,
-                   "tessera: the safetensors file to write; hf-gpt2: the directory to write model.safetensors, "
-                   "config.json, vocab.json and merges.txt into, as save_pretrained(DIR) (or DIR/NAME.safetensors)")
+                   "tessera: the safetensors file to write; hf-gpt2, hf-llama: the directory to write "
+                   "model.safetensors (or shards and their index), config.json and the tokenizer into, as "
+                   "save_pretrained(DIR) (hf-gpt2 also DIR/NAME.safetensors: one file)")
       ->required();
   command
       ->add_option("--format", args->options.format,
                    "tessera: the parameters under Tessera's names; hf-gpt2: Hugging Face GPT-2's names and layouts "
-                   "and config.json, for GPT2LMHeadModel.from_pretrained(DIR)")
-      ->check(CLI::IsMember({"tessera", "hf-gpt2"}))
+                   "and config.json, for GPT2LMHeadModel.from_pretrained(DIR); hf-llama: a --model llama checkpoint "
+                   "for LlamaForCausalLM and AutoTokenizer.from_pretrained(DIR)")
+      ->check(CLI::IsMember({"tessera", "hf-gpt2", "hf-llama"}))
       ->capture_default_str();
   command->add_option("--tokenizer", args->options.tokenizer_data,
-                      "hf-gpt2: the dataset whose tokenizer to write as vocab.json and merges.txt (default: the data "
-                      "the checkpoint was trained on)");
+                      "hf-gpt2, hf-llama: the dataset whose tokenizer to write as vocab.json and merges.txt "
+                      "(default: the data the checkpoint was trained on)");
+  command
+      ->add_option("--max-shard-size", args->max_shard_size,
+                   "hf-gpt2, hf-llama with -o DIR: above this size the weights go into shards "
+                   "model-0000i-of-0000N.safetensors with model.safetensors.index.json, as transformers' "
+                   "save_pretrained(max_shard_size=...): 5GB, 500MB, 10KB (powers of 1000), 2GiB, or bytes")
+      ->capture_default_str();
   command->add_flag("--force", args->options.force,
-                    "hf-gpt2: write into an existing non-empty directory, replacing the files of the export there");
+                    "hf-gpt2, hf-llama: write into an existing non-empty directory, replacing the files of the "
+                    "export there (and removing weights of an earlier save there)");
   command->callback([args, &exit_code] {
+    args->options.max_shard_bytes = io::parse_shard_size(args->max_shard_size, "export: --max-shard-size");
     const io::ExportResult result = io::export_checkpoint(resolve(args->checkpoint), args->output, args->options);
     std::printf("wrote %s: %lld tensors, %s\n", result.weights.c_str(), static_cast<long long>(result.tensors),
                 human_bytes(double(result.bytes)).c_str());
-    for (const std::string* written : {&result.config, &result.vocab, &result.merges})
+    if (!result.shards.empty()) std::printf("  and the %zu shards it names\n", result.shards.size());
+    for (const std::string* written : {&result.config, &result.vocab, &result.merges, &result.tokenizer_config})
       if (!written->empty()) std::printf("wrote %s\n", written->c_str());
     if (!result.tokenizer_note.empty()) std::printf("%s\n", result.tokenizer_note.c_str());
     exit_code = 0;

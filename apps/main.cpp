@@ -3,7 +3,7 @@
 //   tessera prepare     turn IDX images or text files into Tessera's HDF5 datasets
 //   tessera plot        draw loss and throughput curves from a metrics file
 //   tessera checkpoint  inspect and verify checkpoints (inspect PATH, list DIR)
-//   tessera export      a checkpoint's weights as safetensors (Tessera's or Hugging Face GPT-2's names)
+//   tessera export      a checkpoint's weights as safetensors (Tessera's names, or Hugging Face GPT-2's or Llama's)
 //   tessera generate    text from a trained GPT (KV cache; tensor-parallel under mpirun)
 //   tessera topo        this node's GPUs, RDMA ports, NUMA nodes and each local rank's NCCL/UCX/MPI settings
 //   tessera info        this build's backends, devices and libraries

@@ -1,7 +1,8 @@
 // export_checkpoint (io/export.h): whole parameters read from a checkpoint,
 // renamed and transposed for Hugging Face GPT-2 where asked, written as
-// safetensors, and GPT-2's config.json (through nlohmann::json) and tokenizer
-// files. Where it writes is planned and checked first (not into the
+// safetensors (a directory sharded above --max-shard-size), and GPT-2's
+// config.json (through nlohmann::json) and tokenizer files; Llama's through
+// io/hf_llama.h. Where it writes is planned and checked first (not into the
 // checkpoint, nothing replaced unasked, a place that can be written), and
 // what it made is removed again when a write fails.
 #include "io/export.h"
@@ -22,8 +23,10 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "io/checkpoint.h"
+#include "io/hf_llama.h"
 #include "io/model_weights.h"
 #include "io/safetensors.h"
+#include "io/safetensors_directory.h"
 #include "io/tokenizer.h"
 
 namespace tessera::io {
@@ -67,17 +70,6 @@ const std::string& metadata_value(const CheckpointReader& reader, const std::str
   return found->second;
 }
 
-const char* torch_dtype(DType dtype) {
-  switch (dtype) {
-    case DType::bf16:
-      return "bfloat16";
-    case DType::f16:
-      return "float16";
-    default:
-      return "float32";
-  }
-}
-
 struct Prepared {
   std::vector<std::string> names;
   std::vector<DType> dtypes;
@@ -90,17 +82,10 @@ struct Prepared {
     shapes.push_back(std::move(shape));
     data.push_back(std::move(bytes));
   }
-  ExportResult write(const fs::path& out, const std::map<std::string, std::string>& metadata) const {
-    std::vector<SafetensorsInput> inputs;
-    ExportResult result;
-    for (size_t i = 0; i < names.size(); ++i) {
-      inputs.push_back({names[i], dtypes[i], shapes[i], data[i].data()});
-      result.bytes += int64_t(data[i].size());
-    }
-    write_safetensors(out.string(), inputs, metadata);
-    result.weights = out.string();
-    result.tensors = int64_t(names.size());
-    return result;
+  std::vector<SafetensorsInput> inputs() const {
+    std::vector<SafetensorsInput> out;
+    for (size_t i = 0; i < names.size(); ++i) out.push_back({names[i], dtypes[i], shapes[i], data[i].data()});
+    return out;
   }
 };
 
@@ -125,7 +110,7 @@ nlohmann::json hf_gpt2_config(const CheckpointReader& reader, DType dtype) {
           {"attn_pdrop", 0.0},
           {"initializer_range", 0.02},
           {"tie_word_embeddings", true},
-          {"torch_dtype", torch_dtype(dtype)}};
+          {"torch_dtype", torch_dtype_name(dtype)}};
 }
 
 // The tokenizer to write beside hf-gpt2 weights, found before anything is
@@ -137,7 +122,7 @@ struct TokenizerToWrite {
   std::string note;
 };
 TokenizerToWrite tokenizer_to_write(const CheckpointReader& reader, const std::string& tokenizer_data) {
-  const int64_t vocab_size = checkpoint_model(reader).config.vocab_size;
+  const int64_t vocab_size = checkpoint_integer(reader, "model.vocab_size");
   if (!tokenizer_data.empty()) return {Tokenizer::of_dataset(tokenizer_data, vocab_size, "export: --tokenizer"), ""};
   const auto trained_on = reader.metadata().find("config.data");
   const std::string data = trained_on == reader.metadata().end() ? "" : trained_on->second;
@@ -186,25 +171,70 @@ fs::path checkpoint_extent(const CheckpointReader& reader, const std::string& gi
 // config.json (and the tokenizer's files) in `directory` beside them.
 struct OutputPlan {
   fs::path directory;            // the output's directory (created if missing)
-  fs::path weights;              // the safetensors file
-  std::vector<fs::path> files;   // every file written, the weights first
+  fs::path weights;              // the safetensors file (-o DIR: the first of `weight_files`)
+  std::vector<fs::path> files;   // every file written, the weights first (shards, then their index)
   bool whole_directory = false;  // hf, -o DIR: the directory is the output
 };
 
-OutputPlan plan_output(const std::string& out, bool hugging_face, bool tokenizer) {
+// What an export of `format` writes: `weight_files` (the names plan_shards
+// gives, and the index when sharded) for -o DIR, else the one file -o names.
+OutputPlan plan_output(const std::string& out, const std::string& format, bool tokenizer,
+                       const std::vector<std::string>& weight_files) {
   OutputPlan plan;
   const fs::path path(out);
+  const bool hugging_face = format != "tessera";
   plan.whole_directory = hugging_face && path.extension() != ".safetensors";
-  plan.weights = plan.whole_directory ? path / "model.safetensors" : path;
+  TESSERA_CHECK(plan.whole_directory || format != "hf-llama", "export --format hf-llama: -o ", out,
+                " names a file; hf-llama writes a directory (model.safetensors, or shards above --max-shard-size, "
+                "with config.json and the tokenizer): name the directory");
+  plan.weights = plan.whole_directory ? path / weight_files.front() : path;
   plan.directory = plan.weights.parent_path().empty() ? fs::path(".") : plan.weights.parent_path();
   plan.files = {plan.weights};
+  if (plan.whole_directory)
+    for (size_t i = 1; i < weight_files.size(); ++i) plan.files.push_back(plan.directory / weight_files[i]);
   if (!hugging_face) return plan;
   plan.files.push_back(plan.directory / "config.json");
   if (tokenizer) {
     plan.files.push_back(plan.directory / "vocab.json");
     plan.files.push_back(plan.directory / "merges.txt");
+    if (format == "hf-llama") plan.files.push_back(plan.directory / "tokenizer_config.json");
   }
   return plan;
+}
+
+// The stored tensor `name`; throws naming the checkpoint and the format when it is missing.
+const StoredTensor& stored_tensor(const CheckpointReader& reader, const std::string& name, const std::string& format) {
+  const auto stored = std::find_if(reader.tensors().begin(), reader.tensors().end(),
+                                   [&](const StoredTensor& t) { return t.name == name; });
+  TESSERA_CHECK(stored != reader.tensors().end(), "export --format ", format, ": checkpoint ", reader.path(),
+                " has no tensor ", name, "; it is not a ", format == "hf-llama" ? "Llama" : "GPT", " of this version");
+  return *stored;
+}
+
+// The byte sizes of the Hugging Face tensors an export writes, in the order it writes them.
+std::vector<int64_t> hf_tensor_bytes(const CheckpointReader& reader, const std::string& format) {
+  std::vector<int64_t> bytes;
+  if (format == "hf-gpt2")
+    for (const HfGpt2Name& name : hf_gpt2_names(checkpoint_model(reader).config.num_layers)) {
+      const StoredTensor& stored = stored_tensor(reader, name.tessera, format);
+      bytes.push_back(stored.shape.numel() * int64_t(dtype_size(stored.dtype)));
+    }
+  else
+    for (const ParameterInFile& layout : hf_llama_layouts(hf_llama_config_of(reader))) {
+      const DType dtype = stored_tensor(reader, layout.parameter, format).dtype;
+      for (const auto& [name, shape] : layout.tensors) bytes.push_back(shape.numel() * int64_t(dtype_size(dtype)));
+    }
+  return bytes;
+}
+
+// The weight files of an export: save_pretrained's for the Hugging Face formats (shards and index above the limit).
+std::vector<std::string> weight_files(const CheckpointReader& reader, const std::string& format,
+                                      int64_t max_shard_bytes) {
+  if (format == "tessera") return {kSafetensorsWeightsName};
+  const ShardPlan shards = plan_shards(hf_tensor_bytes(reader, format), max_shard_bytes);
+  std::vector<std::string> files = shards.files;
+  if (shards.sharded()) files.push_back(kSafetensorsIndexName);
+  return files;
 }
 
 // The nearest of `path` and its parents that exists.
@@ -297,6 +327,27 @@ class MadeByExport {
   bool kept_ = false;
 };
 
+// With --force into a directory that holds an earlier save: its weight files
+// this export does not write (model.safetensors, model-*-of-*.safetensors,
+// the index) removed, so that from_pretrained cannot read them instead.
+void remove_earlier_weights(const OutputPlan& plan) {
+  std::error_code error;
+  std::vector<fs::path> earlier;
+  for (fs::directory_iterator it(plan.directory, error), end; !error && it != end; it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    const bool weights = name == kSafetensorsWeightsName || name == kSafetensorsIndexName ||
+                         (name.rfind("model-", 0) == 0 && name.find("-of-") != std::string::npos &&
+                          it->path().extension() == ".safetensors");
+    if (weights && std::find(plan.files.begin(), plan.files.end(), plan.directory / name) == plan.files.end())
+      earlier.push_back(it->path());
+  }
+  for (const fs::path& file : earlier) {
+    fs::remove(file, error);
+    TESSERA_CHECK(!error, "export: cannot remove ", file.string(), " (weights of an earlier save that ",
+                  "from_pretrained would read instead): ", error.message());
+  }
+}
+
 void write_text(const fs::path& path, const std::string& text) {
   std::ofstream out(path, std::ios::trunc);
   out << text;
@@ -319,18 +370,26 @@ Prepared prepare_hf_gpt2(const CheckpointReader& reader, DType& dtype) {
   Context ctx;
   Prepared prepared;
   for (const HfGpt2Name& name : hf_gpt2_names(checkpoint_model(reader).config.num_layers)) {
-    const auto stored = std::find_if(reader.tensors().begin(), reader.tensors().end(),
-                                     [&](const StoredTensor& t) { return t.name == name.tessera; });
-    TESSERA_CHECK(stored != reader.tensors().end(), "export --format hf-gpt2: checkpoint ", reader.path(),
-                  " has no tensor ", name.tessera, "; it is not a GPT of this version");
-    std::vector<std::byte> bytes = read_whole(ctx, reader, *stored);
-    Shape shape = stored->shape;
+    const StoredTensor& stored = stored_tensor(reader, name.tessera, "hf-gpt2");
+    std::vector<std::byte> bytes = read_whole(ctx, reader, stored);
+    Shape shape = stored.shape;
     if (name.transposed) {
-      bytes = transposed(bytes, shape[0], shape[1], dtype_size(stored->dtype));
+      bytes = transposed(bytes, shape[0], shape[1], dtype_size(stored.dtype));
       shape = Shape{shape[1], shape[0]};
     }
-    dtype = stored->dtype;
-    prepared.add(name.hf, stored->dtype, shape, std::move(bytes));
+    dtype = stored.dtype;
+    prepared.add(name.hf, stored.dtype, shape, std::move(bytes));
+  }
+  return prepared;
+}
+
+// The Llama's parameters whole, under Tessera's names and logical shapes (io/hf_llama.h renames and splits them).
+Prepared prepare_llama(const CheckpointReader& reader, const HfLlamaConfig& config) {
+  Context ctx;
+  Prepared prepared;
+  for (const ParameterInFile& layout : hf_llama_layouts(config)) {
+    const StoredTensor& stored = stored_tensor(reader, layout.parameter, "hf-llama");
+    prepared.add(stored.name, stored.dtype, stored.shape, read_whole(ctx, reader, stored));
   }
   return prepared;
 }
@@ -357,6 +416,48 @@ void write_beside_weights(const CheckpointReader& reader, DType dtype, const Tok
   tokenizer.tokenizer->write_gpt2_files(result.vocab, result.merges);
 }
 
+// The weights (and for hf-gpt2 config.json and the tokenizer's files) written as `plan` says.
+ExportResult write_export(const CheckpointReader& reader, const ExportOptions& options, const OutputPlan& plan,
+                          const TokenizerToWrite& tokenizer) {
+  ExportResult result;
+  if (options.format == "hf-llama") {
+    const HfLlamaConfig config = hf_llama_config_of(reader);
+    const Prepared prepared = prepare_llama(reader, config);
+    const HfLlamaWritten written =
+        write_hf_llama(plan.directory.string(), prepared.inputs(), config,
+                       tokenizer.tokenizer ? &*tokenizer.tokenizer : nullptr, options.max_shard_bytes);
+    result.weights = written.weights.files.back();
+    result.shards = written.weights.files.size() > 1
+                        ? std::vector<std::string>(written.weights.files.begin(), written.weights.files.end() - 1)
+                        : std::vector<std::string>{};
+    result.tensors = written.weights.tensors;
+    result.bytes = written.weights.bytes;
+    result.config = written.config;
+    result.vocab = written.vocab;
+    result.merges = written.merges;
+    result.tokenizer_config = written.tokenizer_config;
+    result.tokenizer_note = tokenizer.note;
+    return result;
+  }
+  const bool hugging_face = options.format == "hf-gpt2";
+  DType dtype = DType::f32;
+  const Prepared prepared = hugging_face ? prepare_hf_gpt2(reader, dtype) : prepare_tessera(reader);
+  const std::map<std::string, std::string> metadata = safetensors_metadata(reader, hugging_face);
+  if (plan.whole_directory) {
+    const SafetensorsWritten written =
+        write_safetensors_directory(plan.directory.string(), prepared.inputs(), options.max_shard_bytes, metadata);
+    result.weights = written.files.back();
+    if (written.files.size() > 1) result.shards.assign(written.files.begin(), written.files.end() - 1);
+  } else {
+    write_safetensors(plan.weights.string(), prepared.inputs(), metadata);
+    result.weights = plan.weights.string();
+  }
+  result.tensors = int64_t(prepared.names.size());
+  for (const std::vector<std::byte>& bytes : prepared.data) result.bytes += int64_t(bytes.size());
+  if (hugging_face) write_beside_weights(reader, dtype, tokenizer, plan.directory, result);
+  return result;
+}
+
 }  // namespace
 
 std::vector<HfGpt2Name> hf_gpt2_names(int64_t num_layers) {
@@ -378,28 +479,33 @@ std::vector<HfGpt2Name> hf_gpt2_names(int64_t num_layers) {
 }
 
 ExportResult export_checkpoint(const std::string& checkpoint, const std::string& out, const ExportOptions& options) {
-  TESSERA_CHECK(options.format == "tessera" || options.format == "hf-gpt2", "export: --format ", options.format,
-                " is not one of tessera, hf-gpt2");
+  const std::map<std::string, std::string> kinds = {{"tessera", ""}, {"hf-gpt2", "gpt"}, {"hf-llama", "llama"}};
+  TESSERA_CHECK(kinds.count(options.format), "export: --format ", options.format,
+                " is not one of tessera, hf-gpt2, hf-llama");
   const bool hugging_face = options.format != "tessera";
   const CheckpointReader reader(checkpoint);
   const std::string& kind = metadata_value(reader, "model.kind");
-  TESSERA_CHECK(!hugging_face || kind == "gpt", "export --format ", options.format, ": checkpoint ", reader.path(),
-                " holds a ", kind, " (--model ", kind, "), not a GPT; export it with --format tessera");
+  const std::string& wanted = kinds.at(options.format);
+  TESSERA_CHECK(!hugging_face || kind == wanted, "export --format ", options.format, ": checkpoint ", reader.path(),
+                " holds a ", kind, " (--model ", kind, "), not a ", wanted == "gpt" ? "GPT" : "Llama",
+                "; export it with --format ",
+                kind == "gpt"     ? "hf-gpt2"
+                : kind == "llama" ? "hf-llama"
+                                  : "tessera");
   // Everything that can refuse comes before the first byte is written.
   const TokenizerToWrite tokenizer =
       hugging_face ? tokenizer_to_write(reader, options.tokenizer_data) : TokenizerToWrite{};
-  const OutputPlan plan = plan_output(out, hugging_face, tokenizer.tokenizer.has_value());
+  const OutputPlan plan = plan_output(out, options.format, tokenizer.tokenizer.has_value(),
+                                      weight_files(reader, options.format, options.max_shard_bytes));
   check_not_the_checkpoint(plan, out, checkpoint_extent(reader, checkpoint));
   if (hugging_face) check_nothing_replaced(plan, out, options.force);
   check_writable(plan, out);
-  DType dtype = DType::f32;
-  const Prepared prepared = hugging_face ? prepare_hf_gpt2(reader, dtype) : prepare_tessera(reader);
 
   MadeByExport made;
   made.create_directories(plan.directory);
+  if (plan.whole_directory && options.force) remove_earlier_weights(plan);
   for (const fs::path& file : plan.files) made.about_to_write(file);
-  ExportResult result = prepared.write(plan.weights, safetensors_metadata(reader, hugging_face));
-  if (hugging_face) write_beside_weights(reader, dtype, tokenizer, plan.directory, result);
+  ExportResult result = write_export(reader, options, plan, tokenizer);
   made.keep();
   return result;
 }

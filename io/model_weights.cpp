@@ -1,7 +1,8 @@
 // Weights into parameters (io/model_weights.h): from a checkpoint through
-// CheckpointReader's slices; from safetensors by cutting each rank's shard
-// out of the whole tensor on the host (nn::shard_runs) after renaming,
-// transposing and converting what the file holds.
+// CheckpointReader's slices; from safetensors by intersecting each rank's
+// shard (nn::shard_runs) with the runs of the file's tensors that make up the
+// parameter and reading just those elements, converted through f32 to the
+// parameter's dtype (a transposed GPT-2 matrix is read whole and transposed).
 #include "io/model_weights.h"
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "core/units.h"
 #include "io/export.h"
 #include "io/safetensors.h"
+#include "io/safetensors_directory.h"
 #include "kernels/ops.h"
 
 namespace tessera::io {
@@ -23,81 +25,90 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string metadata_entry(const CheckpointReader& reader, const std::string& key) {
-  const auto found = reader.metadata().find(key);
-  TESSERA_CHECK(found != reader.metadata().end(), "checkpoint ", reader.path(), " has no '", key,
-                "' entry; it was not written by `tessera train` of this version");
-  return found->second;
-}
+// A file tensor's elements [tensor_offset, tensor_offset + count) at local
+// elements [local_offset, ...) of a parameter's shard: a read, and for
+// messages where each local element came from.
+struct PlacedRun {
+  const SafetensorsDirectory::Located* source = nullptr;
+  int64_t tensor_offset = 0, local_offset = 0, count = 0;
+};
 
-int64_t metadata_integer(const CheckpointReader& reader, const std::string& key) {
-  const std::string text = metadata_entry(reader, key);
-  try {
-    size_t used = 0;
-    const int64_t value = std::stoll(text, &used);
-    if (used == text.size()) return value;
-  } catch (const std::exception&) {
+// The logical elements [first, first + count) of `layout` as runs of its file
+// tensors, placed from local element `local_offset` on.
+void place_runs(const ParameterInFile& layout, const std::map<std::string, SafetensorsDirectory::Located>& located,
+                int64_t first, int64_t count, int64_t local_offset, std::vector<PlacedRun>& placed) {
+  int64_t start = 0;
+  for (const TensorRun& run : layout.runs) {
+    const int64_t begin = std::max(first, start), end = std::min(first + count, start + run.count);
+    if (begin < end)
+      placed.push_back(
+          {&located.at(run.tensor), run.tensor_offset + (begin - start), local_offset + (begin - first), end - begin});
+    start += run.count;
   }
-  TESSERA_THROW("checkpoint ", reader.path(), ": entry '", key, "' is '", text, "', not an integer; it is damaged");
 }
 
-// A host tensor of `dtype` and `shape` holding `bytes`.
-Tensor host_tensor(Context& ctx, DType dtype, const Shape& shape, const std::vector<std::byte>& bytes) {
-  Tensor t = ctx.empty(shape, dtype, Device::cpu());
-  TESSERA_CHECK(size_t(t.nbytes()) == bytes.size(), "host_tensor: ", bytes.size(), " bytes for ", shape.to_string());
-  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-  return t;
+// Every tensor `layout` needs, found in `weights` and checked: present,
+// floating-point, the shape the model needs.
+std::map<std::string, SafetensorsDirectory::Located> locate_tensors(const SafetensorsDirectory& weights,
+                                                                    const ParameterInFile& layout) {
+  std::map<std::string, SafetensorsDirectory::Located> located;
+  for (const auto& [name, shape] : layout.tensors) {
+    const SafetensorsDirectory::Located found = weights.find(name);
+    TESSERA_CHECK(found.entry != nullptr, "--init-from ", weights.describe(), " has no tensor '", name,
+                  "' for the model's parameter ", layout.parameter,
+                  "; was it saved from a model with these settings (`tessera export`, or save_pretrained of the same "
+                  "architecture and config.json)?");
+    const SafetensorsEntry& entry = *found.entry;
+    TESSERA_CHECK(entry.float64 || is_floating(entry.dtype), "--init-from ", found.file->path(), ": tensor '", name,
+                  "' holds ", dtype_name(entry.dtype),
+                  ", not floating-point weights; save it as float32, bfloat16 or "
+                  "float16");
+    TESSERA_CHECK(entry.shape == shape, "--init-from ", found.file->path(), ": tensor '", name, "' is ",
+                  entry.shape.to_string(), " but the model's ", layout.parameter, " needs ", shape.to_string(),
+                  "; train with the model settings the file was made with (its metadata, or config.json beside it)");
+    located[name] = found;
+  }
+  return located;
 }
 
-// [rows, columns] → [columns, rows] on the host.
-Tensor transposed(const Tensor& matrix) {
-  const int64_t rows = matrix.size(0), columns = matrix.size(1);
-  const size_t size = dtype_size(matrix.dtype());
-  Tensor out = matrix.context().empty(Shape{columns, rows}, matrix.dtype(), Device::cpu());
-  const auto* from = static_cast<const std::byte*>(matrix.data_ptr());
-  auto* to = static_cast<std::byte*>(out.data_ptr());
+// The whole logical tensor of a transposed layout (a file matrix [in, out] for a parameter [out, in]) as floats.
+std::vector<float> transposed_logical(const SafetensorsDirectory::Located& source, const Shape& logical) {
+  const int64_t rows = logical[0], columns = logical[1];  // the parameter's; the file holds [columns, rows]
+  std::vector<float> stored(size_t(rows * columns)), out(stored.size());
+  source.file->read_floats(*source.entry, 0, rows * columns, stored.data());
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < columns; ++c)
-      std::memcpy(to + (c * rows + r) * size, from + (r * columns + c) * size, size);
+    for (int64_t c = 0; c < columns; ++c) out[size_t(r * columns + c)] = stored[size_t(c * rows + r)];
   return out;
 }
 
-// This rank's shard of the whole host tensor `whole` (already the parameter's dtype), copied into the parameter.
-void copy_shard(const Tensor& whole, nn::Parameter& parameter) {
-  const nn::ParameterShard& shard = parameter.shard;
-  if (!shard.split) {
-    parameter.value.copy_(whole.view(parameter.value.shape()));
-    return;
+// This rank's elements of the parameter as floats, read from `located`'s
+// files; `placed` says where each came from.
+std::vector<float> read_shard_floats(const ParameterInFile& layout,
+                                     const std::map<std::string, SafetensorsDirectory::Located>& located,
+                                     const nn::Parameter& parameter, std::vector<PlacedRun>& placed) {
+  std::vector<float> local(size_t(parameter.value.numel()));
+  const std::vector<nn::ShardRun> shard = nn::shard_runs(parameter.shard);
+  if (layout.transposed) {
+    const SafetensorsDirectory::Located& source = located.at(layout.tensors.front().first);
+    const std::vector<float> whole = transposed_logical(source, layout.logical_shape);
+    for (const nn::ShardRun& run : shard) {
+      std::copy_n(whole.begin() + run.global_offset, run.count, local.begin() + run.local_offset);
+      placed.push_back({&source, run.global_offset, run.local_offset, run.count});  // logical element numbers
+    }
+    return local;
   }
-  Tensor local = whole.context().empty(parameter.value.shape(), whole.dtype(), Device::cpu());
-  const size_t size = dtype_size(whole.dtype());
-  const auto* from = static_cast<const std::byte*>(whole.data_ptr());
-  auto* to = static_cast<std::byte*>(local.data_ptr());
-  for (const nn::ShardRun& run : nn::shard_runs(shard))
-    std::memcpy(to + run.local_offset * size, from + run.global_offset * size, size_t(run.count) * size);
-  parameter.value.copy_(local);
+  for (const nn::ShardRun& run : shard)
+    place_runs(layout, located, run.global_offset, run.count, run.local_offset, placed);
+  for (const PlacedRun& read : placed)
+    read.source->file->read_floats(*read.source->entry, read.tensor_offset, read.count,
+                                   local.data() + read.local_offset);
+  return local;
 }
 
-// The names the file uses for each of the model's parameters.
-struct FileNames {
-  std::string naming;
-  std::map<std::string, HfGpt2Name> by_parameter;  // parameter name → file name and orientation
-};
-
-FileNames file_names(const SafetensorsFile& file, const std::vector<nn::Parameter*>& parameters, int64_t num_layers) {
-  FileNames names;
-  const bool hf = file.find("transformer.wte.weight") != nullptr && file.find("wte.weight") == nullptr;
-  names.naming = hf ? "hf-gpt2" : "tessera";
-  if (hf)
-    for (const HfGpt2Name& name : hf_gpt2_names(num_layers)) names.by_parameter[name.tessera] = name;
-  for (const nn::Parameter* p : parameters)
-    if (!names.by_parameter.count(p->name)) names.by_parameter[p->name] = HfGpt2Name{p->name, p->name, false};
-  return names;
-}
-
-// Throws naming the tensor when `values` (a host tensor of the parameter's
-// dtype) holds a NaN or an infinity: found here, not as a NaN loss later.
-void check_finite(const SafetensorsFile& file, const std::string& name, const Tensor& values) {
+// Throws naming the file tensor and its element when `values` (the shard, as
+// the parameter's dtype) holds a NaN or an infinity: found here, not as a NaN
+// loss later.
+void check_finite(const Tensor& values, const std::vector<PlacedRun>& placed) {
   Tensor single = values;
   if (values.dtype() != DType::f32) {
     single = values.context().empty(values.shape(), DType::f32, Device::cpu());
@@ -106,52 +117,88 @@ void check_finite(const SafetensorsFile& file, const std::string& name, const Te
   const std::vector<float> elements = single.to_vector<float>();
   const auto first = std::find_if(elements.begin(), elements.end(), [](float x) { return !std::isfinite(x); });
   if (first == elements.end()) return;
-  const auto count = std::count_if(first, elements.end(), [](float x) { return !std::isfinite(x); });
-  TESSERA_THROW("--init-from ", file.path(), ": tensor '", name, "' holds ", count, " value", count == 1 ? "" : "s",
-                " that ", count == 1 ? "is" : "are", " not finite as ", dtype_name(values.dtype()), " (element ",
-                first - elements.begin(), " is ", *first,
+  const int64_t local = first - elements.begin();
+  const auto from = std::find_if(placed.begin(), placed.end(), [&](const PlacedRun& run) {
+    return local >= run.local_offset && local < run.local_offset + run.count;
+  });
+  TESSERA_CHECK(from != placed.end(), "check_finite: local element ", local, " was not read");
+  const SafetensorsDirectory::Located& source = *from->source;
+  int64_t count = 0;  // of this file tensor's elements in the shard
+  for (const PlacedRun& run : placed)
+    if (run.source->entry == source.entry)
+      count += std::count_if(elements.begin() + run.local_offset, elements.begin() + run.local_offset + run.count,
+                             [](float x) { return !std::isfinite(x); });
+  TESSERA_THROW("--init-from ", source.file->path(), ": tensor '", source.entry->name, "' holds ", count, " value",
+                count == 1 ? "" : "s", " that ", count == 1 ? "is" : "are", " not finite as ",
+                dtype_name(values.dtype()), " (element ", from->tensor_offset + (local - from->local_offset), " is ",
+                *first,
                 "); the weights are damaged (or too large for this --precision); export them again from a good "
                 "checkpoint");
 }
 
-// The file's tensor for `parameter`, as the parameter's global shape and dtype, on the host.
-Tensor whole_tensor(const SafetensorsFile& file, const HfGpt2Name& name, const nn::Parameter& parameter) {
-  const SafetensorsEntry* entry = file.find(name.hf);
-  TESSERA_CHECK(entry != nullptr, "--init-from ", file.path(), " has no tensor '", name.hf, "' for the parameter ",
-                parameter.name, "; was it exported from a model with these settings (`tessera export`)?");
-  TESSERA_CHECK(is_floating(entry->dtype), "--init-from ", file.path(), ": tensor '", name.hf, "' holds ",
-                dtype_name(entry->dtype), ", not floating-point weights");
-  const Shape& want = parameter.shard.global_shape;
-  const Shape stored = name.transposed ? Shape{want[1], want[0]} : want;
-  TESSERA_CHECK(entry->shape == stored, "--init-from ", file.path(), ": tensor '", name.hf, "' is ",
-                entry->shape.to_string(), " but the model's ", parameter.name, " needs ", stored.to_string(),
-                "; train with the model settings the file was made with (its metadata, or config.json beside it)");
+// This rank's shard of `parameter` from `weights` as `layout` places it.
+void read_parameter(const std::map<std::string, SafetensorsDirectory::Located>& located, const ParameterInFile& layout,
+                    nn::Parameter& parameter) {
+  std::vector<PlacedRun> placed;
+  const std::vector<float> floats = read_shard_floats(layout, located, parameter, placed);
   Context& ctx = parameter.value.context();
-  Tensor t = host_tensor(ctx, entry->dtype, entry->shape, file.read_values(*entry));
-  if (name.transposed) t = transposed(t);
-  if (t.dtype() != parameter.value.dtype()) {
-    Tensor converted = ctx.empty(t.shape(), parameter.value.dtype(), Device::cpu());
-    ops::cast(t, converted);
-    t = converted;
+  Tensor local = ctx.empty(parameter.value.shape(), DType::f32, Device::cpu());
+  std::memcpy(local.data_ptr(), floats.data(), floats.size() * sizeof(float));
+  if (parameter.value.dtype() != DType::f32) {
+    Tensor converted = ctx.empty(local.shape(), parameter.value.dtype(), Device::cpu());
+    ops::cast(local, converted);
+    local = converted;
   }
-  check_finite(file, name.hf, t);
-  return t;
+  check_finite(local, placed);
+  parameter.value.copy_(local);
 }
 
-// `path`, or the model.safetensors of a directory (as Hugging Face's from_pretrained(DIR) reads).
-std::string weights_file(const std::string& path) {
-  std::error_code error;
-  if (!fs::is_directory(path, error)) return path;
-  const fs::path inside = fs::path(path) / "model.safetensors";
-  if (fs::exists(inside, error)) return inside.string();
-  std::vector<std::string> found;
-  for (fs::directory_iterator it(path, error), end; !error && it != end; it.increment(error))
-    if (it->path().extension() == ".safetensors") found.push_back(it->path().string());
-  TESSERA_THROW("--init-from ", path, " is a directory without a model.safetensors; name the safetensors file",
-                found.empty() ? std::string(" (tessera export -o FILE writes one)") : ": " + human_list(found, "or"));
+// Each parameter's layout in a file of Tessera's names, or Hugging Face GPT-2's.
+std::map<std::string, ParameterInFile> gpt_layouts(const SafetensorsDirectory& weights,
+                                                   const std::vector<nn::Parameter*>& parameters, int64_t num_layers,
+                                                   std::string& naming) {
+  const bool hf =
+      weights.find("transformer.wte.weight").entry != nullptr && weights.find("wte.weight").entry == nullptr;
+  naming = hf ? "hf-gpt2" : "tessera";
+  std::map<std::string, ParameterInFile> layouts;
+  std::map<std::string, HfGpt2Name> hf_names;
+  if (hf)
+    for (const HfGpt2Name& name : hf_gpt2_names(num_layers)) hf_names[name.tessera] = name;
+  for (const nn::Parameter* p : parameters) {
+    const Shape& shape = p->shard.global_shape;
+    const auto renamed = hf_names.find(p->name);
+    if (renamed == hf_names.end()) {
+      layouts[p->name] = whole_tensor_layout(p->name, shape, p->name);
+      continue;
+    }
+    layouts[p->name] = whole_tensor_layout(p->name, shape, renamed->second.hf);
+    if (renamed->second.transposed) {
+      layouts[p->name].tensors.front().second = Shape{shape[1], shape[0]};
+      layouts[p->name].transposed = true;
+    }
+  }
+  return layouts;
 }
 
 }  // namespace
+
+std::string checkpoint_metadata(const CheckpointReader& reader, const std::string& key) {
+  const auto found = reader.metadata().find(key);
+  TESSERA_CHECK(found != reader.metadata().end(), "checkpoint ", reader.path(), " has no '", key,
+                "' entry; it was not written by `tessera train` of this version");
+  return found->second;
+}
+
+int64_t checkpoint_integer(const CheckpointReader& reader, const std::string& key) {
+  const std::string text = checkpoint_metadata(reader, key);
+  try {
+    size_t used = 0;
+    const int64_t value = std::stoll(text, &used);
+    if (used == text.size()) return value;
+  } catch (const std::exception&) {
+  }
+  TESSERA_THROW("checkpoint ", reader.path(), ": entry '", key, "' is '", text, "', not an integer; it is damaged");
+}
 
 TensorPiece parameter_piece(const nn::Parameter& parameter) {
   TensorPiece piece;
@@ -165,20 +212,20 @@ TensorPiece parameter_piece(const nn::Parameter& parameter) {
 CheckpointModel checkpoint_model(const CheckpointReader& reader) {
   CheckpointModel model;
   nn::ModelConfig& c = model.config;
-  c.kind = nn::parse_model_kind(metadata_entry(reader, "model.kind"));
-  model.dtype = parse_dtype(metadata_entry(reader, "model.dtype"));
+  c.kind = nn::parse_model_kind(checkpoint_metadata(reader, "model.kind"));
+  model.dtype = parse_dtype(checkpoint_metadata(reader, "model.dtype"));
   if (!nn::model_traits(c.kind).reads_tokens) return model;
-  c.vocab_size = metadata_integer(reader, "model.vocab_size");
-  c.seq_length = metadata_integer(reader, "model.seq_length");
-  c.num_layers = metadata_integer(reader, "model.num_layers");
-  c.num_heads = metadata_integer(reader, "model.num_heads");
-  c.hidden_size = metadata_integer(reader, "model.hidden_size");
-  c.ffn_hidden_size = metadata_integer(reader, "model.ffn_hidden_size");
+  c.vocab_size = checkpoint_integer(reader, "model.vocab_size");
+  c.seq_length = checkpoint_integer(reader, "model.seq_length");
+  c.num_layers = checkpoint_integer(reader, "model.num_layers");
+  c.num_heads = checkpoint_integer(reader, "model.num_heads");
+  c.hidden_size = checkpoint_integer(reader, "model.hidden_size");
+  c.ffn_hidden_size = checkpoint_integer(reader, "model.ffn_hidden_size");
   if (c.kind == nn::ModelKind::llama) {
-    c.num_query_groups = metadata_integer(reader, "model.num_query_groups");
-    c.rotary_base = std::stof(metadata_entry(reader, "model.rotary_base"));
-    c.norm_epsilon = std::stof(metadata_entry(reader, "model.norm_epsilon"));
-    c.untie_embeddings = metadata_integer(reader, "model.untie_embeddings") != 0;
+    c.num_query_groups = checkpoint_integer(reader, "model.num_query_groups");
+    c.rotary_base = std::stof(checkpoint_metadata(reader, "model.rotary_base"));
+    c.norm_epsilon = std::stof(checkpoint_metadata(reader, "model.norm_epsilon"));
+    c.untie_embeddings = checkpoint_integer(reader, "model.untie_embeddings") != 0;
   }
   c.validate();
   return model;
@@ -195,21 +242,71 @@ void read_parameters(const CheckpointReader& reader, const std::vector<nn::Param
   }
 }
 
-WeightsLoaded load_safetensors_weights(const std::string& path, const std::vector<nn::Parameter*>& parameters,
-                                       int64_t num_layers) {
-  const SafetensorsFile file(weights_file(path));
-  const FileNames names = file_names(file, parameters, num_layers);
-  WeightsLoaded loaded{names.naming, 0, 0};
+ParameterInFile whole_tensor_layout(const std::string& name, const Shape& shape, const std::string& tensor) {
+  return ParameterInFile{name, shape, {{tensor, shape}}, {TensorRun{tensor, 0, shape.numel()}}, false};
+}
+
+std::vector<std::vector<std::byte>> split_into_file_tensors(const ParameterInFile& layout, const std::byte* logical,
+                                                            size_t element_bytes) {
+  TESSERA_CHECK(!layout.transposed, "split_into_file_tensors: ", layout.parameter, " is transposed");
+  std::map<std::string, size_t> index;
+  std::vector<std::vector<std::byte>> tensors;
+  std::vector<int64_t> filled;
+  for (const auto& [name, shape] : layout.tensors) {
+    index[name] = tensors.size();
+    tensors.emplace_back(size_t(shape.numel()) * element_bytes);
+    filled.push_back(0);
+  }
+  int64_t start = 0;
+  for (const TensorRun& run : layout.runs) {
+    const size_t t = index.at(run.tensor);
+    TESSERA_CHECK(run.tensor_offset >= 0 &&
+                      (run.tensor_offset + run.count) * int64_t(element_bytes) <= int64_t(tensors[t].size()),
+                  "split_into_file_tensors: a run of ", layout.parameter, " lies outside ", run.tensor);
+    std::memcpy(tensors[t].data() + size_t(run.tensor_offset) * element_bytes, logical + size_t(start) * element_bytes,
+                size_t(run.count) * element_bytes);
+    filled[t] += run.count;
+    start += run.count;
+  }
+  TESSERA_CHECK(start == layout.logical_shape.numel(), "split_into_file_tensors: the runs of ", layout.parameter,
+                " cover ", start, " of its ", layout.logical_shape.numel(), " elements");
+  for (size_t t = 0; t < tensors.size(); ++t)
+    TESSERA_CHECK(filled[t] == layout.tensors[t].second.numel(), "split_into_file_tensors: ", layout.tensors[t].first,
+                  " gets ", filled[t], " of its ", layout.tensors[t].second.numel(), " elements");
+  return tensors;
+}
+
+WeightsLoaded load_weights(const SafetensorsDirectory& weights, const std::vector<nn::Parameter*>& parameters,
+                           const std::map<std::string, ParameterInFile>& layouts, const std::string& naming) {
+  WeightsLoaded loaded{naming, 0, 0};
+  std::map<std::string, std::map<std::string, SafetensorsDirectory::Located>> located;  // by parameter, checked first
   std::map<std::string, bool> used;
+  for (const nn::Parameter* p : parameters) {
+    const auto layout = layouts.find(p->name);
+    TESSERA_CHECK(layout != layouts.end(), "--init-from ", weights.describe(), ": the model's parameter ", p->name,
+                  " has no counterpart in ", naming, " weights; is the model the one the weights were saved from?");
+    TESSERA_CHECK(layout->second.logical_shape == p->shard.global_shape, "--init-from ", weights.describe(),
+                  ": the model's ", p->name, " is ", p->shard.global_shape.to_string(), " but the ", naming,
+                  " weights make it ", layout->second.logical_shape.to_string(),
+                  "; give the model the dimensions of the weights' config.json");
+    located[p->name] = locate_tensors(weights, layout->second);
+    for (const auto& [name, shape] : layout->second.tensors) used[name] = true;
+  }
   for (nn::Parameter* p : parameters) {
-    const HfGpt2Name& name = names.by_parameter.at(p->name);
-    copy_shard(whole_tensor(file, name, *p), *p);
-    used[name.hf] = true;
+    read_parameter(located.at(p->name), layouts.at(p->name), *p);
     ++loaded.tensors;
   }
-  for (const SafetensorsEntry& entry : file.tensors())
-    if (!used.count(entry.name)) ++loaded.ignored;
+  for (const std::string& name : weights.names())
+    if (!used.count(name)) ++loaded.ignored;
   return loaded;
+}
+
+WeightsLoaded load_safetensors_weights(const std::string& path, const std::vector<nn::Parameter*>& parameters,
+                                       int64_t num_layers) {
+  const SafetensorsDirectory weights(path, "--init-from");
+  std::string naming;
+  const std::map<std::string, ParameterInFile> layouts = gpt_layouts(weights, parameters, num_layers, naming);
+  return load_weights(weights, parameters, layouts, naming);
 }
 
 }  // namespace tessera::io

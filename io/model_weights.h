@@ -4,14 +4,21 @@
 //   a checkpoint (io/checkpoint.h, either format, saved under any layout):
 //     `tessera generate`, and the model description it needs
 //     (checkpoint_model: the model.* metadata `tessera train` stores);
-//   a safetensors file (`train --init-from`): what `tessera export` writes,
-//     under Tessera's names or Hugging Face GPT-2's (Conv1D matrices
-//     transposed back), in any float dtype (F64, F32, BF16, F16; converted
-//     to the model's), every value finite.
+//   safetensors (`train --init-from`): a file or a Hugging Face model
+//     directory (io/safetensors_directory.h, sharded or not): what `tessera
+//     export` writes, under Tessera's names or Hugging Face GPT-2's (Conv1D
+//     matrices transposed back) or Llama's (io/hf_llama.h), in any float
+//     dtype (F64, F32, BF16, F16; converted to the model's), every value
+//     finite. A parameter may be made of several of the file's tensors
+//     (ParameterInFile); each rank reads only the elements of its shard, at
+//     their offsets in the files.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -21,10 +28,46 @@
 
 namespace tessera::io {
 
+class SafetensorsDirectory;
+
+// Where a parameter's logical tensor (its global shape, row-major) lies in a
+// file: consecutive runs of the file's tensors, in logical order, covering it
+// exactly. A tensor taken whole is one run; Llama's qkv.weight is 3·G runs
+// (q heads of a group from q_proj, its k head from k_proj, its v head from
+// v_proj; io/hf_llama.h).
+struct TensorRun {
+  std::string tensor;         // the file's tensor
+  int64_t tensor_offset = 0;  // the run's first element in that tensor (row-major)
+  int64_t count = 0;          // elements
+};
+struct ParameterInFile {
+  std::string parameter;  // Tessera's name
+  Shape logical_shape;    // the parameter's global shape
+  // The file's tensors it is made of, in the file's order, and the shape each must have.
+  std::vector<std::pair<std::string, Shape>> tensors;
+  std::vector<TensorRun> runs;  // in logical order
+  // One 2-D tensor holding the logical matrix transposed (GPT-2's Conv1D): `runs` unused.
+  bool transposed = false;
+};
+// The parameter as one file tensor of the same name and shape (Tessera's naming).
+ParameterInFile whole_tensor_layout(const std::string& name, const Shape& shape, const std::string& tensor);
+
+// The file's tensors of `layout` from the logical tensor's bytes (`element_bytes`
+// each, row-major): the inverse of reading, what an export writes. Throws when
+// the runs do not cover the tensors exactly.
+std::vector<std::vector<std::byte>> split_into_file_tensors(const ParameterInFile& layout, const std::byte* logical,
+                                                            size_t element_bytes);
+
 // Where a parameter's values sit in its logical tensor: whole, or this
 // rank's tensor-parallel shard of it (name, global shape, dtype and slice;
 // `local` left for the caller).
 TensorPiece parameter_piece(const nn::Parameter& parameter);
+
+// A checkpoint's metadata entry `key`, and the same as an integer; throws
+// naming the checkpoint and the entry when it is missing (not written by
+// `tessera train` of this version) or not an integer.
+std::string checkpoint_metadata(const CheckpointReader& reader, const std::string& key);
+int64_t checkpoint_integer(const CheckpointReader& reader, const std::string& key);
 
 // The model a checkpoint holds (from its model.* metadata) and its dtype.
 struct CheckpointModel {
@@ -39,17 +82,25 @@ CheckpointModel checkpoint_model(const CheckpointReader& reader);
 void read_parameters(const CheckpointReader& reader, const std::vector<nn::Parameter*>& parameters);
 
 struct WeightsLoaded {
-  std::string naming;  // "tessera" or "hf-gpt2"
+  std::string naming;  // "tessera", "hf-gpt2" or "hf-llama"
   int64_t tensors = 0;
   int64_t ignored = 0;  // tensors of the file the model has no parameter for (e.g. Hugging Face's attn.bias masks)
 };
-// Every parameter from the safetensors file at `path` (a directory: its
-// model.safetensors), by Tessera's names or, when the file holds Hugging
-// Face GPT-2's (transformer.wte.weight ...), by those (`num_layers`: the
-// model's blocks). Throws naming the file and the tensor when one is
-// missing, has another shape, a dtype that is not a float, or a NaN or an
-// infinity (after conversion to the parameter's dtype).
+// Every parameter from the safetensors file or model directory at `path`
+// (its model.safetensors, or its shards and index), by Tessera's names or,
+// when the file holds Hugging Face GPT-2's (transformer.wte.weight ...), by
+// those (`num_layers`: the model's blocks). Throws naming the file and the
+// tensor when one is missing, has another shape, a dtype that is not a
+// float, or a NaN or an infinity (after conversion to the parameter's dtype).
 WeightsLoaded load_safetensors_weights(const std::string& path, const std::vector<nn::Parameter*>& parameters,
                                        int64_t num_layers);
+
+// Every parameter from `weights` as `layouts` (by parameter name) place it:
+// first every tensor each needs is checked (present, floating-point, the
+// shape it must have), then each parameter's shard is read (only its
+// elements), converted to the parameter's dtype and checked finite. A tied
+// copy reads what its name reads. `naming` is reported back.
+WeightsLoaded load_weights(const SafetensorsDirectory& weights, const std::vector<nn::Parameter*>& parameters,
+                           const std::map<std::string, ParameterInFile>& layouts, const std::string& naming);
 
 }  // namespace tessera::io

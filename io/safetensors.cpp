@@ -1,6 +1,10 @@
 // safetensors reading and writing (io/safetensors.h): the header as JSON
-// through nlohmann::json, every field checked against the file on reading.
+// through nlohmann::json, every field checked against the file on reading;
+// tensor data read with pread at its offsets.
 #include "io/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -10,8 +14,10 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 
 #include "core/error.h"
+#include "core/half.h"
 
 namespace tessera::io {
 namespace {
@@ -52,7 +58,28 @@ void parse_safetensors_dtype(const std::string& path, const std::string& text, S
       return;
     }
   TESSERA_THROW(path, ": tensor ", entry.name, " has dtype \"", text,
-                "\", which Tessera does not read (F64, F32, BF16, F16, I32, I64, U8); convert it first");
+                "\", which Tessera does not read (F64, F32, BF16, F16, I32, I64, U8); convert it first (e.g. "
+                "load it in Python and save it again as float32 or bfloat16)");
+}
+
+// f32 of a double; beyond f32's range ±Inf (a cast would be undefined), which loading weights refuses.
+float narrowed(double value) {
+  return std::fabs(value) > double(std::numeric_limits<float>::max()) && std::isfinite(value)
+             ? static_cast<float>(std::copysign(std::numeric_limits<double>::infinity(), value))
+             : static_cast<float>(value);
+}
+
+// `count` stored elements of `entry`'s dtype in `stored` as floats in `out`.
+template <typename Stored>
+void widen(const std::byte* stored, int64_t count, float* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    Stored value;
+    std::memcpy(&value, stored + i * int64_t(sizeof value), sizeof value);
+    if constexpr (std::is_same_v<Stored, double>)
+      out[i] = narrowed(value);
+    else
+      out[i] = static_cast<float>(value);
+  }
 }
 
 // Bytes of one element as the file stores it.
@@ -74,6 +101,33 @@ uint64_t described_data_bytes(const json& header) {
 }
 
 }  // namespace
+
+// The file opened once for reading, closed with the last copy of its SafetensorsFile.
+class SafetensorsFile::Descriptor {
+ public:
+  explicit Descriptor(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+    TESSERA_CHECK(fd_ >= 0, "cannot open ", path, ": ", std::strerror(errno));
+  }
+  ~Descriptor() { ::close(fd_); }
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+
+  // `bytes` bytes at `offset` into `out`; false when the file ends first.
+  bool read_at(int64_t offset, int64_t bytes, std::byte* out) const {
+    while (bytes > 0) {
+      const ssize_t got = ::pread(fd_, out, size_t(bytes), off_t(offset));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) return false;
+      out += got;
+      offset += got;
+      bytes -= got;
+    }
+    return true;
+  }
+
+ private:
+  int fd_;
+};
 
 void write_safetensors(const std::string& path, const std::vector<SafetensorsInput>& tensors,
                        const std::map<std::string, std::string>& metadata) {
@@ -192,6 +246,7 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   }
   TESSERA_CHECK(covered == data_size, p, ": the tensors hold ", covered, " bytes of data but the file has ", data_size,
                 " after the header");
+  descriptor_ = std::make_shared<const Descriptor>(p);
 }
 
 const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
@@ -204,30 +259,41 @@ std::vector<std::byte> SafetensorsFile::read(const std::string& name) const {
   const SafetensorsEntry* tensor = find(name);
   TESSERA_CHECK(tensor != nullptr, path_, " has no tensor ", name);
   std::vector<std::byte> bytes(size_t(tensor->end - tensor->begin));
-  std::ifstream in(path_, std::ios::binary);
-  TESSERA_CHECK(in, "cannot open ", path_, ": ", std::strerror(errno));
-  in.seekg(data_start_ + tensor->begin);
-  in.read(reinterpret_cast<char*>(bytes.data()), std::streamsize(bytes.size()));
-  TESSERA_CHECK(in.gcount() == std::streamsize(bytes.size()), path_, " ended inside tensor ", name,
-                "; did it change while being read?");
+  read_elements(*tensor, 0, (tensor->end - tensor->begin) / stored_element_bytes(*tensor), bytes.data());
   return bytes;
 }
 
 std::vector<std::byte> SafetensorsFile::read_values(const SafetensorsEntry& entry) const {
   std::vector<std::byte> stored = read(entry.name);
   if (!entry.float64) return stored;
-  const size_t count = stored.size() / sizeof(double);
-  std::vector<std::byte> narrowed(count * sizeof(float));
-  for (size_t i = 0; i < count; ++i) {
-    double value = 0;
-    std::memcpy(&value, stored.data() + i * sizeof value, sizeof value);
-    // Beyond f32's range: ±Inf (a cast would be undefined), which loading weights refuses.
-    const float single = std::fabs(value) > double(std::numeric_limits<float>::max()) && std::isfinite(value)
-                             ? static_cast<float>(std::copysign(std::numeric_limits<double>::infinity(), value))
-                             : static_cast<float>(value);
-    std::memcpy(narrowed.data() + i * sizeof single, &single, sizeof single);
+  const int64_t count = int64_t(stored.size() / sizeof(double));
+  std::vector<std::byte> values(size_t(count) * sizeof(float));  // operator new's alignment suits floats
+  widen<double>(stored.data(), count, reinterpret_cast<float*>(values.data()));
+  return values;
+}
+
+void SafetensorsFile::read_elements(const SafetensorsEntry& entry, int64_t first, int64_t count, std::byte* out) const {
+  const int64_t size = stored_element_bytes(entry);
+  TESSERA_CHECK(first >= 0 && count >= 0 && first + count <= (entry.end - entry.begin) / size, path_, ": elements [",
+                first, ", ", first + count, ") are outside tensor ", entry.name, " ", entry.shape.to_string());
+  TESSERA_CHECK(descriptor_->read_at(data_start_ + entry.begin + first * size, count * size, out), path_,
+                " ended inside tensor ", entry.name, "; did it change while being read?");
+}
+
+void SafetensorsFile::read_floats(const SafetensorsEntry& entry, int64_t first, int64_t count, float* out) const {
+  TESSERA_CHECK(entry.float64 || is_floating(entry.dtype), path_, ": tensor ", entry.name, " holds ",
+                dtype_name(entry.dtype), ", not floating-point values");
+  std::vector<std::byte> stored(size_t(count * stored_element_bytes(entry)));
+  read_elements(entry, first, count, stored.data());
+  if (entry.float64) return widen<double>(stored.data(), count, out);
+  switch (entry.dtype) {
+    case DType::bf16:
+      return widen<bf16>(stored.data(), count, out);
+    case DType::f16:
+      return widen<f16>(stored.data(), count, out);
+    default:
+      std::memcpy(out, stored.data(), stored.size());
   }
-  return narrowed;
 }
 
 }  // namespace tessera::io

@@ -11,11 +11,14 @@
 // nlohmann::json. Tessera's dtypes map to F32, BF16, F16, I32, I64, U8; F64
 // (which PyTorch users save) is read too, as f32 (SafetensorsEntry::float64);
 // a file with others (I8, BOOL, F8_*, ...) is refused naming the tensor.
+// Reading takes a tensor whole or any run of its elements (pread at their
+// offsets: a rank reads its slices without the rest of the file).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -64,9 +67,18 @@ class SafetensorsFile {
   std::vector<std::byte> read(const std::string& name) const;
   // The same values as `entry.dtype` (F64 narrowed to f32), elements of shape.numel().
   std::vector<std::byte> read_values(const SafetensorsEntry& entry) const;
+  // Elements [first, first + count) of the tensor (row-major), as stored, into
+  // `out` (count × the stored element size), read at their offset in the file.
+  void read_elements(const SafetensorsEntry& entry, int64_t first, int64_t count, std::byte* out) const;
+  // The same converted to f32 (a floating dtype: F64, F32, BF16, F16; F64
+  // beyond f32's range becomes ±Inf), `out` holding `count` floats.
+  void read_floats(const SafetensorsEntry& entry, int64_t first, int64_t count, float* out) const;
 
  private:
+  class Descriptor;  // the open file, shared by copies
+
   std::string path_;
+  std::shared_ptr<const Descriptor> descriptor_;
   int64_t data_start_ = 0;
   std::vector<SafetensorsEntry> tensors_;
   std::map<std::string, std::string> metadata_;

@@ -5,8 +5,8 @@
 # the build is CPU-only (TESSERA_CUDA=AUTO).
 #
 #   scripts/install-deps.sh                     build and test dependencies
-#   scripts/install-deps.sh --with-benchmarks   also PyTorch, for side-by-side benchmarks (Debian's python3-torch,
-#                                               and PyPI's current one in /opt/tessera-tools/torch: install-torch.sh)
+#   scripts/install-deps.sh --with-benchmarks   also a current PyTorch for side-by-side benchmarks (PyPI's, in
+#                                               /opt/tessera-tools/torch: install-torch.sh; Debian's is a default)
 set -euo pipefail
 
 packages=(
@@ -29,12 +29,13 @@ packages=(
   dataset-fashion-mnist               # real-data test and demo (IDX files in /usr/share/datasets/fashion-mnist)
   fortunes                            # a text corpus for byte-level token preparation (/usr/share/games/fortunes)
   python3-yaml python3-jsonschema python3-venv  # the `k8s` tests: manifest validation; venv for k8s/install-tools.sh
+  python3-torch                       # the Hugging Face tests: torch 1.13 under transformers (scripts/install-hf.sh; ~540 MB)
   patchelf xz-utils                   # the GPU bundle (scripts/gpu-bundle.sh): $ORIGIN RUNPATHs, compression
 )
 with_benchmarks=0
 for arg in "$@"; do
   case "$arg" in
-    --with-benchmarks) packages+=(python3 python3-torch python3-numpy); with_benchmarks=1 ;;
+    --with-benchmarks) packages+=(python3 python3-numpy); with_benchmarks=1 ;;
     *) echo "install-deps.sh: unknown option '$arg' (use --with-benchmarks)" >&2; exit 2 ;;
   esac
 done
@@ -47,10 +48,12 @@ done
 # Steps after the Debian packages, run also when none was missing:
 # kubectl (kustomize), hadolint and an unpacked sshd into /opt/tessera-tools (k8s/install-tools.sh);
 # an MLflow tracking server for the tracking tests into /opt/tessera-tools/mlflow (scripts/install-mlflow.sh);
+# transformers over python3-torch for the Hugging Face tests into /opt/tessera-tools/hf (scripts/install-hf.sh);
 # with --with-benchmarks, PyPI's PyTorch into /opt/tessera-tools/torch (scripts/install-torch.sh).
 after_packages() {
   "$(dirname "$0")/../k8s/install-tools.sh"
   "$(dirname "$0")/install-mlflow.sh"
+  "$(dirname "$0")/install-hf.sh"
   if ((with_benchmarks)); then "$(dirname "$0")/install-torch.sh"; fi
 }
 ((${#missing[@]} == 0)) && { after_packages; exit 0; }

@@ -4,18 +4,23 @@
 # pin pins nothing else. Idempotent: quiet and quick when the stamp file says
 # the same pins are in place and CHECK (a path inside the venv) exists; with
 # root, sudo or a writable TESSERA_TOOLS_DIR. Shared by scripts/install-mlflow.sh
-# (the MLflow server of the tracking tests) and scripts/install-torch.sh
-# (PyTorch for the side-by-side benchmarks).
+# (the MLflow server of the tracking tests), scripts/install-torch.sh
+# (PyTorch for the side-by-side benchmarks) and scripts/install-hf.sh
+# (transformers over Debian's python3-torch for the Hugging Face tests).
+# --system-site-packages: the venv also sees Debian's Python packages.
 #
-#   scripts/install-pypi-venv.sh NAME CHECK WHEEL...    e.g. mlflow bin/mlflow mlflow==3.17.2
+#   scripts/install-pypi-venv.sh [--system-site-packages] NAME CHECK WHEEL...    e.g. mlflow bin/mlflow mlflow==3.17.2
 set -euo pipefail
-(($# >= 3)) || { echo "usage: install-pypi-venv.sh NAME CHECK WHEEL..." >&2; exit 2; }
+venv_options=()
+if [[ ${1:-} == --system-site-packages ]]; then venv_options=(--system-site-packages); shift; fi
+(($# >= 3)) || { echo "usage: install-pypi-venv.sh [--system-site-packages] NAME CHECK WHEEL..." >&2; exit 2; }
 name=$1 check=$2
 shift 2
 wheels=("$@")
 dir=${TESSERA_TOOLS_DIR:-/opt/tessera-tools}/$name
 stamp="$dir/.tessera-$name"
-[[ -e $dir/$check && "$(cat "$stamp" 2>/dev/null)" == "${wheels[*]}" ]] && exit 0
+pins="${venv_options[*]}${venv_options[*]:+ }${wheels[*]}"  # what the stamp records
+[[ -e $dir/$check && "$(cat "$stamp" 2>/dev/null)" == "$pins" ]] && exit 0
 
 sudo=()
 parent=$(dirname "$dir")
@@ -26,9 +31,9 @@ fi
 echo "install-$name: installing ${wheels[*]} into $dir"
 log=$(mktemp)
 if ! { "${sudo[@]}" mkdir -p "$parent" &&
-       "${sudo[@]}" /usr/bin/python3 -m venv "$dir" &&
+       "${sudo[@]}" /usr/bin/python3 -m venv "${venv_options[@]}" "$dir" &&
        "${sudo[@]}" "$dir/bin/pip" install --quiet --disable-pip-version-check "${wheels[@]}" &&
-       echo "${wheels[*]}" | "${sudo[@]}" tee "$stamp" >/dev/null; } >"$log" 2>&1; then
+       echo "$pins" | "${sudo[@]}" tee "$stamp" >/dev/null; } >"$log" 2>&1; then
   cat "$log" >&2
   echo "install-$name: failed; see the output above" >&2
   rm -f "$log"

@@ -74,6 +74,22 @@ def tokenizer_gpt2(flags, tokens, merges, text):
             + text)
 
 
+def safetensors(tensors):
+    # (name, dtype, shape, bytes) in order, with {"format": "pt"} as save_pretrained writes it.
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, dtype, shape, data in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + b"".join(t[3] for t in tensors)
+
+
+def hf_llama(flags, config, index, first, second):
+    # A flags byte (bit 0: one model.safetensors), then config.json, the index and two files, each length-prefixed.
+    return bytes([flags]) + b"".join(struct.pack("<I", len(part)) + part for part in (config, index, first, second))
+
+
 def main():
     labels, images = idx_labels([1, 0]), idx_images(2, 4, 4)
     write("fuzz_prepare_idx", "plain", prepare_idx(0, 0, labels, images))
@@ -119,6 +135,24 @@ def main():
           b"\x12" + b'{"kind":"train","step":3,"loss":1.5,"lr":1e-4,"tokens_per_s":1e5,"skipped":true}\n'
           b'{"kind":"eval","step":3,"eval_loss":null,"eval_bits_per_byte":2.1}\n'
           b'{"kind":"train","step":3,"loss":1.25,"lr":-0.0,"tokens_per_s":1e300}\n')
+
+    # A Hugging Face Llama directory: config.json, then shards and their index (or one model.safetensors).
+    config = json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 96,
+                         "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
+                         "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+                         "rope_theta": 500000.0, "tie_word_embeddings": False, "rope_scaling": None,
+                         "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}, indent=2).encode()
+    first = safetensors([("model.embed_tokens.weight", "BF16", [2, 3], bytes(range(12))),
+                         ("model.norm.weight", "F32", [2], struct.pack("<2f", 1.0, -0.5))])
+    second = safetensors([("lm_head.weight", "F16", [3], struct.pack("<3e", 0.25, 2.0, -1.0)),
+                          ("model.layers.0.mlp.up_proj.weight", "F64", [1, 2], struct.pack("<2d", 1e-3, 7.0))])
+    index = json.dumps({"metadata": {"total_size": 42}, "weight_map": {
+        "model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+        "model.norm.weight": "model-00001-of-00002.safetensors",
+        "lm_head.weight": "model-00002-of-00002.safetensors",
+        "model.layers.0.mlp.up_proj.weight": "model-00002-of-00002.safetensors"}}, indent=2).encode()
+    write("fuzz_hf_llama", "sharded", hf_llama(0, config, index, first, second))
+    write("fuzz_hf_llama", "single", hf_llama(1, config, b"", first, b""))
 
 
 if __name__ == "__main__":

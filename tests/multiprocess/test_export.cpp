@@ -14,10 +14,12 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <utility>
@@ -251,6 +253,74 @@ TEST(Export, HfGpt2WritesTheDirectoryItIsGivenAndNothingElse) {
   EXPECT_NE(beside.status, 0) << beside.output;
   EXPECT_TRUE(contains(beside.output, "would replace " + (dir / "mine/config.json"))) << beside.output;
   EXPECT_EQ(listing(dir / "mine"), mine);
+}
+
+// The tensors of a safetensors file, read here field by field: name → (header entry, bytes).
+std::map<std::string, std::pair<nlohmann::json, std::string>> tensors_in(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t length = 0;
+  std::memcpy(&length, all.data(), sizeof length);
+  const nlohmann::json header = nlohmann::json::parse(all.substr(8, length));
+  std::map<std::string, std::pair<nlohmann::json, std::string>> out;
+  for (const auto& [name, entry] : header.items())
+    if (name != "__metadata__") {
+      const uint64_t begin = entry["data_offsets"][0], end = entry["data_offsets"][1];
+      out[name] = {entry, all.substr(8 + length + begin, end - begin)};
+    }
+  return out;
+}
+
+TEST(Export, HfGpt2AboveMaxShardSizeWritesShardsAndAnIndexAsSavePretrained) {
+  ScratchDirectory dir("tessera_export_shards_");
+  const std::string checkpoint = small_checkpoint(dir);
+  const std::string work = dir / "work";
+  fs::create_directories(work);
+  ASSERT_EQ(export_in(dir, work, {checkpoint, "-o", "whole", "--format", "hf-gpt2"}).status, 0);
+  const Outcome sharded =
+      export_in(dir, work, {checkpoint, "-o", "sharded", "--format", "hf-gpt2", "--max-shard-size", "20KB"});
+  ASSERT_EQ(sharded.status, 0) << sharded.output;
+  const fs::path out = fs::path(work) / "sharded";
+  EXPECT_TRUE(contains(sharded.output, "wrote " + std::string("sharded/model.safetensors.index.json")))
+      << sharded.output;
+
+  // The index, read here: every tensor of the one-file export, in files named as transformers names them,
+  // none above the limit unless alone; the bytes equal the one-file export's.
+  const auto whole = tensors_in(fs::path(work) / "whole/model.safetensors");
+  const nlohmann::json index = nlohmann::json::parse(std::ifstream(out / "model.safetensors.index.json"));
+  ASSERT_EQ(index["weight_map"].size(), whole.size());
+  std::map<std::string, int64_t> shard_bytes;
+  int64_t total = 0;
+  for (const auto& [name, file] : index["weight_map"].items()) {
+    const auto in_shard = tensors_in(out / file.get<std::string>());
+    ASSERT_TRUE(in_shard.count(name)) << name << " in " << file;
+    EXPECT_EQ(in_shard.at(name).second, whole.at(name).second) << name;
+    EXPECT_EQ(in_shard.at(name).first["shape"], whole.at(name).first["shape"]) << name;
+    shard_bytes[file] += int64_t(in_shard.at(name).second.size());
+    total += int64_t(in_shard.at(name).second.size());
+  }
+  EXPECT_EQ(index["metadata"]["total_size"], total);
+  ASSERT_GT(shard_bytes.size(), 2u);
+  size_t number = 0;
+  for (const auto& [file, bytes] : shard_bytes) {
+    char expected[64];
+    std::snprintf(expected, sizeof expected, "model-%05zu-of-%05zu.safetensors", ++number, shard_bytes.size());
+    EXPECT_EQ(file, expected);
+    EXPECT_TRUE(bytes <= 20000 || tensors_in(out / file).size() == 1) << file << " holds " << bytes << " bytes";
+  }
+  EXPECT_FALSE(fs::exists(out / "model.safetensors"));
+
+  // --force over the one-file export: its model.safetensors (which from_pretrained would prefer) goes.
+  const Outcome over =
+      export_in(dir, work, {checkpoint, "-o", "whole", "--format", "hf-gpt2", "--max-shard-size", "20KB", "--force"});
+  ASSERT_EQ(over.status, 0) << over.output;
+  EXPECT_FALSE(fs::exists(fs::path(work) / "whole/model.safetensors"));
+  EXPECT_EQ(names_of(listing(fs::path(work) / "whole")), names_of(listing(out)));
+
+  const Outcome bad = export_in(dir, work, {checkpoint, "-o", "bad", "--format", "hf-gpt2", "--max-shard-size", "5XB"});
+  EXPECT_NE(bad.status, 0);
+  EXPECT_TRUE(contains(bad.output, "--max-shard-size 5XB is not a size")) << bad.output;
+  EXPECT_FALSE(fs::exists(fs::path(work) / "bad"));
 }
 
 TEST(Export, RefusalsLeaveNothingBehind) {

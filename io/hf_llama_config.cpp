@@ -1,0 +1,178 @@
+// Hugging Face LlamaConfig's config.json (io/hf_llama.h): parsed and
+// written through nlohmann::json, every key checked; apart from the weights'
+// code so that the fuzz harness of config.json (tests/fuzz/fuzz_hf_llama.cpp)
+// links it alone.
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <tuple>
+
+#include "core/error.h"
+#include "io/hf_llama.h"
+
+namespace tessera::io {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const char* const kFixConfig = "; config.json must be a LlamaForCausalLM's as save_pretrained writes it";
+
+// A size: a positive integer; `fallback` when the key is absent or null (none: required).
+int64_t positive_size(const json& config, const std::string& source, const char* key,
+                      std::optional<int64_t> fallback = std::nullopt) {
+  if (!config.contains(key) || config[key].is_null()) {
+    TESSERA_CHECK(fallback.has_value(), source, ": \"", key, "\" is missing", kFixConfig);
+    return *fallback;
+  }
+  const json& value = config[key];
+  TESSERA_CHECK(value.is_number_integer() && value.get<int64_t>() > 0, source, ": \"", key, "\" is ", value.dump(),
+                ", not a positive integer", kFixConfig);
+  return value.get<int64_t>();
+}
+
+// A positive number; `fallback` when absent.
+double positive_number(const json& config, const std::string& source, const char* key, double fallback) {
+  if (!config.contains(key) || config[key].is_null()) return fallback;
+  const json& value = config[key];
+  TESSERA_CHECK(value.is_number() && value.get<double>() > 0 && std::isfinite(value.get<double>()), source, ": \"", key,
+                "\" is ", value.dump(), ", not a positive number", kFixConfig);
+  return value.get<double>();
+}
+
+bool boolean(const json& config, const std::string& source, const char* key, bool fallback) {
+  if (!config.contains(key) || config[key].is_null()) return fallback;
+  TESSERA_CHECK(config[key].is_boolean(), source, ": \"", key, "\" is ", config[key].dump(), ", not true or false",
+                kFixConfig);
+  return config[key].get<bool>();
+}
+
+std::optional<int64_t> optional_token(const json& config, const std::string& source, const char* key) {
+  if (!config.contains(key) || config[key].is_null()) return std::nullopt;
+  TESSERA_CHECK(config[key].is_number_integer() && config[key].get<int64_t>() >= 0, source, ": \"", key, "\" is ",
+                config[key].dump(), ", not a token id");
+  return config[key].get<int64_t>();
+}
+
+// The keys that say which model this is, and the features Tessera's Llama does not have.
+void check_architecture(const json& config, const std::string& source) {
+  TESSERA_CHECK(config.contains("model_type") && config["model_type"] == "llama", source, ": \"model_type\" is ",
+                config.contains("model_type") ? config["model_type"].dump() : std::string("missing"),
+                ", not \"llama\"; give the config.json of a LlamaForCausalLM");
+  if (config.contains("architectures") && !config["architectures"].is_null()) {
+    const json& names = config["architectures"];
+    bool llama = false;
+    if (names.is_array())
+      for (const json& name : names) llama = llama || name == "LlamaForCausalLM";
+    TESSERA_CHECK(llama, source, ": \"architectures\" is ", names.dump(),
+                  ", without \"LlamaForCausalLM\"; give the config.json of a LlamaForCausalLM");
+  }
+  for (const char* key : {"attention_bias", "mlp_bias"})
+    TESSERA_CHECK(!boolean(config, source, key, false), source, ": \"", key,
+                  "\" is true, but Tessera's Llama has no biases (--disable-bias-linear); give a model saved with \"",
+                  key, "\": false");
+  if (config.contains("hidden_act") && !config["hidden_act"].is_null())
+    TESSERA_CHECK(config["hidden_act"] == "silu", source, ": \"hidden_act\" is ", config["hidden_act"].dump(),
+                  ", but Tessera's Llama uses SwiGLU (\"silu\"); give a model saved with \"hidden_act\": \"silu\"");
+  if (config.contains("rope_scaling"))
+    TESSERA_CHECK(config["rope_scaling"].is_null(), source, ": \"rope_scaling\" is ", config["rope_scaling"].dump(),
+                  ": RoPE scaling (linear, dynamic, YaRN, Llama 3.1's \"llama3\") is not supported yet; give a model "
+                  "with \"rope_scaling\": null");
+}
+
+}  // namespace
+
+void HfLlamaConfig::validate(const std::string& source) const {
+  // Bounds far above any Llama's, so that no product of sizes overflows and a damaged file is caught here.
+  for (const auto& [key, value, most] :
+       {std::tuple{"vocab_size", vocab_size, int64_t(1) << 24},
+        std::tuple{"hidden_size", hidden_size, int64_t(1) << 20},
+        std::tuple{"intermediate_size", intermediate_size, int64_t(1) << 22},
+        std::tuple{"num_hidden_layers", num_hidden_layers, int64_t(1) << 16},
+        std::tuple{"num_attention_heads", num_attention_heads, hidden_size},
+        std::tuple{"num_key_value_heads", num_key_value_heads, num_attention_heads},
+        std::tuple{"max_position_embeddings", max_position_embeddings, int64_t(1) << 31}})
+    TESSERA_CHECK(value > 0 && value <= most, source, ": \"", key, "\" is ", value, "; it must be in [1, ", most, "]",
+                  kFixConfig);
+  TESSERA_CHECK(hidden_size % num_attention_heads == 0, source, ": \"hidden_size\" ", hidden_size,
+                " is not divisible by \"num_attention_heads\" ", num_attention_heads);
+  TESSERA_CHECK(num_attention_heads % num_key_value_heads == 0, source, ": \"num_attention_heads\" ",
+                num_attention_heads, " is not divisible by \"num_key_value_heads\" ", num_key_value_heads);
+  TESSERA_CHECK(head_dim() % 2 == 0, source, ": the head size hidden_size / num_attention_heads = ", head_dim(),
+                " is odd; rotary embeddings need it even");
+  TESSERA_CHECK(rms_norm_eps > 0 && rope_theta > 0, source, ": \"rms_norm_eps\" and \"rope_theta\" must be positive");
+}
+
+HfLlamaConfig read_hf_llama_config(const std::string& path) {
+  std::error_code error;
+  const std::string file = fs::is_directory(path, error) ? (fs::path(path) / "config.json").string() : path;
+  std::ifstream in(file, std::ios::binary);
+  TESSERA_CHECK(in, "cannot open ", file, ": ", std::strerror(errno),
+                "; a Hugging Face model directory holds config.json beside its weights");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_hf_llama_config(text.str(), file);
+}
+
+HfLlamaConfig parse_hf_llama_config(const std::string& text, const std::string& source) {
+  const json config = json::parse(text, nullptr, false);
+  TESSERA_CHECK(!config.is_discarded() && config.is_object(), source, " is not a JSON object (malformed JSON)",
+                kFixConfig);
+  check_architecture(config, source);
+  HfLlamaConfig c;
+  c.vocab_size = positive_size(config, source, "vocab_size");
+  c.hidden_size = positive_size(config, source, "hidden_size");
+  c.intermediate_size = positive_size(config, source, "intermediate_size");
+  c.num_hidden_layers = positive_size(config, source, "num_hidden_layers");
+  c.num_attention_heads = positive_size(config, source, "num_attention_heads");
+  c.num_key_value_heads = positive_size(config, source, "num_key_value_heads", c.num_attention_heads);
+  c.max_position_embeddings = positive_size(config, source, "max_position_embeddings", c.max_position_embeddings);
+  c.rms_norm_eps = positive_number(config, source, "rms_norm_eps", c.rms_norm_eps);
+  c.rope_theta = positive_number(config, source, "rope_theta", c.rope_theta);
+  c.tie_word_embeddings = boolean(config, source, "tie_word_embeddings", false);
+  if (config.contains("torch_dtype") && config["torch_dtype"].is_string())
+    c.torch_dtype = config["torch_dtype"].get<std::string>();
+  c.bos_token_id = optional_token(config, source, "bos_token_id");
+  c.eos_token_id = optional_token(config, source, "eos_token_id");
+  c.validate(source);
+  if (config.contains("head_dim") && !config["head_dim"].is_null())
+    TESSERA_CHECK(config["head_dim"] == c.head_dim(), source, ": \"head_dim\" is ", config["head_dim"].dump(),
+                  " but hidden_size / num_attention_heads is ", c.head_dim(),
+                  "; heads of another size than hidden_size / num_attention_heads are not supported");
+  return c;
+}
+
+std::string hf_llama_config_json(const HfLlamaConfig& c) {
+  const auto token = [](const std::optional<int64_t>& id) { return id ? json(*id) : json(nullptr); };
+  const json config = {{"architectures", {"LlamaForCausalLM"}},
+                       {"model_type", "llama"},
+                       {"vocab_size", c.vocab_size},
+                       {"hidden_size", c.hidden_size},
+                       {"intermediate_size", c.intermediate_size},
+                       {"num_hidden_layers", c.num_hidden_layers},
+                       {"num_attention_heads", c.num_attention_heads},
+                       {"num_key_value_heads", c.num_key_value_heads},
+                       {"head_dim", c.head_dim()},
+                       {"max_position_embeddings", c.max_position_embeddings},
+                       {"rms_norm_eps", c.rms_norm_eps},
+                       {"rope_theta", c.rope_theta},
+                       {"rope_scaling", nullptr},
+                       {"tie_word_embeddings", c.tie_word_embeddings},
+                       {"hidden_act", "silu"},
+                       {"attention_bias", false},
+                       {"mlp_bias", false},
+                       {"attention_dropout", 0.0},
+                       {"initializer_range", 0.02},
+                       {"pretraining_tp", 1},
+                       {"use_cache", true},
+                       {"bos_token_id", token(c.bos_token_id)},
+                       {"eos_token_id", token(c.eos_token_id)},
+                       {"torch_dtype", c.torch_dtype.empty() ? "float32" : c.torch_dtype}};
+  return config.dump(2) + "\n";
+}
+
+}  // namespace tessera::io
