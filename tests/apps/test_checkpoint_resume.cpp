@@ -373,6 +373,16 @@ app::TrainResult train_while(const app::TrainConfig& c, const std::function<void
   return result;
 }
 
+// A run that a signal stops long before its last step, saving into DIR/run
+// (the LR is constant, so a resumed run may ask for another --train-steps).
+app::TrainConfig run_to_stop(const ScratchDirectory& dir, std::mt19937_64& rng) {
+  app::TrainConfig c = mlp_config(write_image_dataset(dir.path, 240, 6, 5, 4, rng), rng);
+  c.lr_decay_style = "constant";
+  c.train_steps = 100000;
+  c.save = dir / "run";
+  return c;
+}
+
 // A process-directed SIGUSR1 while train() runs: the run stops at the next
 // step boundary with a checkpoint of that step, returns normally, and puts
 // the previous handler back; resuming continues from that step exactly (the
@@ -382,10 +392,7 @@ TEST(Preemption, SignalStopsAtAStepBoundaryWithACheckpointAndResumes) {
   TESSERA_SEED_TRACE();
   ScratchDirectory dir("tessera_resume_");
   std::mt19937_64 rng = make_rng();
-  app::TrainConfig c = mlp_config(write_image_dataset(dir.path, 240, 6, 5, 4, rng), rng);
-  c.lr_decay_style = "constant";
-  c.train_steps = 100000;  // stopped by the signal long before
-  c.save = dir / "run";
+  app::TrainConfig c = run_to_stop(dir, rng);
   c.resume = "auto";
   c.metrics = dir / "metrics.jsonl";
   std::atomic<bool> sent{false};
@@ -446,10 +453,7 @@ TEST(Preemption, SignalDuringASynchronousIntervalSaveStopsWithThatCheckpoint) {
   TESSERA_SEED_TRACE();
   ScratchDirectory dir("tessera_resume_");
   std::mt19937_64 rng = make_rng();
-  app::TrainConfig c = mlp_config(write_image_dataset(dir.path, 240, 6, 5, 4, rng), rng);
-  c.lr_decay_style = "constant";
-  c.train_steps = 100000;  // stopped by the signal long before
-  c.save = dir / "run";
+  app::TrainConfig c = run_to_stop(dir, rng);
   c.save_interval = 2;
   c.async_save = false;
   const FaultEnvironment fault("slow_checkpoint@2");
