@@ -307,6 +307,67 @@ std::vector<std::pair<std::string, double>> TrainingCheckpoints::take_figures() 
   return std::exchange(figures_, {});
 }
 
+CheckpointCadence::CheckpointCadence(const TrainState& state, const Counters& counters, TrainResult& result,
+                                     io::TraceWriter& trace, std::function<void(const std::string&)> say)
+    : config_(*state.config),
+      counters_(counters),
+      result_(result),
+      trace_(trace),
+      checkpoints_(state, std::move(say)),
+      root_(state.world->rank() == 0),
+      last_save_(std::chrono::steady_clock::now()) {}
+
+void CheckpointCadence::on_step_end(io::StepEnd& end) {
+  for (const auto& figure : checkpoints_.take_figures()) end.record.extra.push_back(figure);
+}
+
+// Round 1: whether rank 0's clock says a --save-interval-minutes save is due,
+// and whether this rank's background write still runs / failed.
+void CheckpointCadence::boundary_flags(const io::BoundaryRound& round, std::vector<int32_t>& flags) {
+  if (round.after_save) return;
+  const double since_save = std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save_).count();
+  const bool clock_due = config_.save_interval_minutes > 0 && since_save >= 60.0 * config_.save_interval_minutes;
+  flags.push_back(root_ && clock_due ? 1 : 0);
+  flags.push_back(checkpoints_.writing() ? 1 : 0);
+  flags.push_back(checkpoints_.failed() ? 1 : 0);
+}
+
+void CheckpointCadence::on_boundary(const io::BoundaryRound& round, std::span<const int32_t> agreed,
+                                    io::BoundaryDecision& decision) {
+  if (round.after_save) return;
+  const bool clock_due = agreed[0] != 0, writing = agreed[1] != 0, failed = agreed[2] != 0;
+  // A background save every rank has written (or one that failed: the run stops here, naming it) is published.
+  if (checkpoints_.pending() && (!writing || failed)) publish_pending();
+  if (config_.save.empty()) return;
+  if (clock_due || (config_.save_interval > 0 && round.step % config_.save_interval == 0)) decision.request_save();
+}
+
+void CheckpointCadence::on_save(io::Save& save) {
+  if (config_.save.empty()) return;
+  {
+    auto scope = trace_.scope("checkpoint", "io");
+    checkpoints_.save(counters_, save.final);
+  }
+  last_save_ = std::chrono::steady_clock::now();
+  save.written = true;
+  keep_result_current();
+}
+
+// Every rank stops here together: a background save is published first.
+void CheckpointCadence::on_stop(const io::Stop&) {
+  if (checkpoints_.pending()) publish_pending();
+}
+
+void CheckpointCadence::publish_pending() {
+  checkpoints_.publish();
+  keep_result_current();
+}
+
+void CheckpointCadence::keep_result_current() {
+  result_.checkpoint = checkpoints_.last_published();
+  result_.checkpoint_stall_ms = checkpoints_.total_stall_ms();
+}
+
 std::optional<std::string> checkpoint_to_resume(const TrainConfig& c) {
   if (c.resume.empty()) return std::nullopt;
   if (c.resume == "auto") {

@@ -29,16 +29,21 @@
 // checkpoint loads under another dp size, tp size or --zero setting.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "apps/train_config.h"
+#include "apps/trainer.h"
 #include "core/dtype.h"
 #include "io/checkpoint.h"
 #include "io/save_lock.h"
+#include "io/trace.h"
+#include "io/training_events.h"
 #include "nn/grad_scaler.h"
 #include "nn/lr_schedule.h"
 #include "nn/models.h"
@@ -126,6 +131,43 @@ class TrainingCheckpoints {
   std::vector<std::pair<std::string, double>> figures_;
   std::string last_published_;
   double total_stall_ms_ = 0.0, pending_stall_s_ = 0.0;
+};
+
+// When the run saves, as a component of the training loop
+// (io/training_events.h): every --save-interval steps, every
+// --save-interval-minutes by rank 0's clock (agreed at the boundary, so
+// every rank saves at the same step), at the end and at a stop (the
+// boundary's own saves). A background save is published at the first
+// boundary where every rank has written it, or where one rank's write failed
+// (publishing then stops the run, naming the rank and file), and before the
+// run stops; its figures go into the next step's record. Keeps the result's
+// checkpoint and stall time current. Does nothing without --save.
+class CheckpointCadence : public io::TrainingComponent {
+ public:
+  // `counters`: what a save records (the loop keeps them current);
+  // `say`: rank 0's line for each checkpoint published.
+  CheckpointCadence(const TrainState& state, const Counters& counters, TrainResult& result, io::TraceWriter& trace,
+                    std::function<void(const std::string&)> say);
+
+  void on_step_end(io::StepEnd& end) override;
+  void boundary_flags(const io::BoundaryRound& round, std::vector<int32_t>& flags) override;
+  void on_boundary(const io::BoundaryRound& round, std::span<const int32_t> agreed,
+                   io::BoundaryDecision& decision) override;
+  void on_save(io::Save& save) override;
+  void on_stop(const io::Stop&) override;
+
+ private:
+  void publish_pending();
+  void keep_result_current();
+
+  const TrainConfig& config_;
+  const Counters& counters_;
+  TrainResult& result_;
+  io::TraceWriter& trace_;
+  TrainingCheckpoints checkpoints_;
+  bool root_;
+  // --save-interval-minutes counts from here (rank 0's clock decides).
+  std::chrono::steady_clock::time_point last_save_;
 };
 
 // The checkpoint --resume names: the newest complete one in --save DIR for

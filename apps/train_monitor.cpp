@@ -127,7 +127,7 @@ double or_nan(const std::optional<double>& value) {
 }  // namespace
 
 TrainingMonitor::TrainingMonitor(const TrainConfig& c, parallel::ProcessGrid& grid, Context& context, Device device,
-                                 std::function<void(const std::string&)> say)
+                                 std::function<void(const std::string&)> say, const std::string& endpoint_host)
     : config_(c), grid_(grid), context_(context), device_(device), say_(std::move(say)) {
   std::vector<std::string> nodes = gather_host_names(grid.world(), context);
   if (device.is_cuda()) {
@@ -143,12 +143,28 @@ TrainingMonitor::TrainingMonitor(const TrainConfig& c, parallel::ProcessGrid& gr
     pusher_ = std::make_unique<io::GatewayPusher>(
         c.metrics_push, "tessera", push_instance(),
         [](const std::string& line) { std::fprintf(stderr, "tessera: warning: %s\n", line.c_str()); });
+  if (metrics_port() > 0)
+    say_("metrics: Prometheus can scrape http://" + endpoint_host + ":" + std::to_string(metrics_port()) +
+         "/metrics (every rank's series, refreshed every " + std::to_string(c.log_interval) + " steps)");
 }
 
 TrainingMonitor::~TrainingMonitor() = default;
 
 int TrainingMonitor::metrics_port() const {
   return endpoint_ ? endpoint_->port() : 0;
+}
+
+void TrainingMonitor::on_step_end(io::StepEnd& end) {
+  StepFigures figures;
+  figures.step_seconds = end.seconds;
+  figures.data_wait_seconds = end.data_wait_seconds;
+  figures.sync_seconds = end.sync_seconds;
+  for (const auto& [name, value] : end.record.extra) {
+    if (name == "checkpoint_stall_ms") figures.checkpoint_stall_seconds += value * 1e-3;
+    if (name == "checkpoint_write_s") figures.checkpoint_write_seconds = value;
+  }
+  record_step(end.record, figures);
+  for (const auto& figure : exchange(end.step, end.last)) end.record.extra.push_back(figure);
 }
 
 void TrainingMonitor::record_step(const io::StepRecord& record, const StepFigures& figures) {

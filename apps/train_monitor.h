@@ -11,7 +11,10 @@
 //     the Prometheus text format for --metrics-port (served by rank 0: one
 //     scrape target per job) and --metrics-push (a Pushgateway), with its
 //     GPU's readings through NVML (GpuMonitor) where the rank trains on one.
-// The straggler figures also go into the metrics record of that step.
+// The straggler figures also go into the metrics record of that step. It is
+// a component of the training loop (io/training_events.h): each step's
+// record and timings in, the exchange's figures out into the record, which
+// is why it is registered before the components that log the record.
 #pragma once
 
 #include <cmath>
@@ -28,6 +31,7 @@
 #include "core/context.h"
 #include "io/metrics.h"
 #include "io/prometheus.h"
+#include "io/training_events.h"
 #include "parallel/nvml.h"
 #include "parallel/process_grid.h"
 
@@ -86,15 +90,21 @@ struct Straggler {
   double slowdown() const { return median_seconds > 0.0 ? compute_seconds / median_seconds : 0.0; }
 };
 
-class TrainingMonitor {
+class TrainingMonitor : public io::TrainingComponent {
  public:
   // Collective over the world: gathers every rank's host name (the `node`
-  // label); starts rank 0's endpoint (--metrics-port) and pusher
+  // label); starts rank 0's endpoint (--metrics-port), saying where
+  // Prometheus scrapes it (http://`endpoint_host`:port/metrics), and pusher
   // (--metrics-push); `say` prints a line for people (rank 0's progress
   // output). A rank training on a CUDA device reads it through NVML.
   TrainingMonitor(const TrainConfig& config, parallel::ProcessGrid& grid, Context& context, Device device,
-                  std::function<void(const std::string&)> say);
-  ~TrainingMonitor();
+                  std::function<void(const std::string&)> say, const std::string& endpoint_host = "localhost");
+  ~TrainingMonitor() override;
+
+  // The loop's events: record_step and exchange (its figures into the
+  // record), record_eval.
+  void on_step_end(io::StepEnd& end) override;
+  void on_evaluation(const io::EvalEnd& eval) override { record_eval(eval.record.eval_loss); }
 
   void record_step(const io::StepRecord& record, const StepFigures& figures);
   void record_eval(double eval_loss) { eval_loss_ = eval_loss; }

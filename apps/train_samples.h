@@ -11,10 +11,12 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "apps/train_config.h"
 #include "io/tokenizer.h"
+#include "io/training_events.h"
 #include "models/causal_lm.h"
 
 namespace tessera::app {
@@ -36,6 +38,22 @@ class TrainingSamples {
   models::CausalLm* model_ = nullptr;
   std::optional<io::Tokenizer> tokenizer_;
   std::vector<int32_t> prompt_;
+};
+
+// The samples as a component of the training loop (io/training_events.h):
+// at the end of each due step (after its evaluation: registered after it)
+// every rank generates, and `say` shows the text (rank 0's line).
+class SamplesDuringTraining : public io::TrainingComponent {
+ public:
+  SamplesDuringTraining(TrainingSamples& samples, std::function<void(const std::string&)> say)
+      : samples_(samples), say_(std::move(say)) {}
+  void on_step_end(io::StepEnd& end) override {
+    if (samples_.due(end.step, end.last)) say_(samples_.sample(end.step));
+  }
+
+ private:
+  TrainingSamples& samples_;
+  std::function<void(const std::string&)> say_;
 };
 
 }  // namespace tessera::app

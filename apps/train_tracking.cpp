@@ -76,7 +76,8 @@ void remember_run(const TrainConfig& c, const std::string& run_id) {
 
 }  // namespace
 
-RunTracking::RunTracking(const TrainConfig& c, bool root, const RunFacts& facts) : config_(c) {
+RunTracking::RunTracking(const TrainConfig& c, bool root, const RunFacts& facts, const TrainResult& result)
+    : config_(c), result_(result) {
   if (!root || c.mlflow_uri.empty()) return;
   io::MlflowRunOptions options;
   options.server = io::MlflowServer::from_environment(c.mlflow_uri);

@@ -6,7 +6,9 @@
 // (curves.svg), the metrics file (metrics.jsonl) and the last checkpoint's
 // path (tag tessera.checkpoint), and the run's status: FINISHED, KILLED
 // (stopped by a signal or --exit-interval, to be resumed) or FAILED (an
-// error ended training).
+// error ended training). A component of the training loop
+// (io/training_events.h): steps and evaluations as they come, the end with
+// the run's result.
 #pragma once
 
 #include <memory>
@@ -17,6 +19,7 @@
 #include "apps/trainer.h"
 #include "io/metrics.h"
 #include "io/mlflow.h"
+#include "io/training_events.h"
 
 namespace tessera::app {
 
@@ -33,11 +36,17 @@ struct RunFacts {
   std::string resumed_run_id, resumed_uri;
 };
 
-class RunTracking {
+class RunTracking : public io::TrainingComponent {
  public:
   // Off (every call does nothing) without --mlflow-uri or on ranks other than 0.
-  RunTracking(const TrainConfig& config, bool root, const RunFacts& facts);
-  ~RunTracking();  // without finish(): the run ends as FAILED
+  // `result`: what the run's end records (the last checkpoint).
+  RunTracking(const TrainConfig& config, bool root, const RunFacts& facts, const TrainResult& result);
+  ~RunTracking() override;  // without finish(): the run ends as FAILED
+
+  void on_step_end(io::StepEnd& end) override { log_step(end.record); }
+  void on_evaluation(const io::EvalEnd& eval) override { log_eval(eval.record); }
+  // KILLED when the run stopped early (to be resumed), FINISHED otherwise.
+  void on_run_end(const io::RunEnd& end) override { finish(result_, !end.stop_reason.empty()); }
 
   // The MLflow run's id once the server gave it ("" before, and when off).
   std::string run_id() const { return run_ ? run_->run_id() : ""; }
@@ -51,6 +60,7 @@ class RunTracking {
   void queue_artifacts();
 
   const TrainConfig& config_;
+  const TrainResult& result_;
   std::unique_ptr<io::MlflowRun> run_;
   io::MetricsLog log_;  // this process's records, for the curves when there is no --metrics file
 };

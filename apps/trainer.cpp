@@ -1,17 +1,17 @@
-// The training loop: set-up from TrainConfig (MPI world, process grid,
+// The training run: set-up from TrainConfig (MPI world, process grid,
 // data-parallel replica, sharded loader, resuming from a checkpoint), the
-// steps (each one parallel::TrainStep::run over the step's micro-batches:
-// parallel/train_step.h; here the stop after too many non-finite steps),
-// sharded evaluation, checkpoints (on an interval, at the end, and when the
-// ranks agree that a preemption signal arrived), and rank 0's
-// progress/metrics plus every rank's trace.
+// run's features registered as components of the training loop
+// (io/training_events.h: metrics, progress, Prometheus and stragglers,
+// MLflow, evaluation, samples, checkpoint cadence, stop decisions), and the
+// steps (StepLoop: each one parallel::TrainStep::run over the step's
+// micro-batches, parallel/train_step.h; here the stop after too many
+// non-finite steps), each raising the loop's events for the components.
 #include "apps/trainer.h"
 
 #include <mpi.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -29,9 +29,12 @@
 #include "apps/preemption.h"
 #include "apps/rank_agreement.h"
 #include "apps/train_checkpoint.h"
+#include "apps/train_evaluation.h"
 #include "apps/train_monitor.h"
-#include "apps/train_tracking.h"
+#include "apps/train_reports.h"
 #include "apps/train_samples.h"
+#include "apps/train_stops.h"
+#include "apps/train_tracking.h"
 #include "core/context.h"
 #include "core/device_runtime.h"
 #include "core/fault.h"
@@ -44,16 +47,16 @@
 #include "io/progress.h"
 #include "io/save_lock.h"
 #include "io/trace.h"
+#include "io/training_events.h"
 #include "kernels/ops.h"
 #include "nn/grad_scaler.h"
-#include "nn/loss.h"
 #include "nn/lr_schedule.h"
 #include "nn/models.h"
 #include "nn/optimizer.h"
-#include "parallel/memory_plan.h"
 #include "parallel/data_parallel.h"
 #include "parallel/library_versions.h"
 #include "parallel/local_communicator.h"
+#include "parallel/memory_plan.h"
 #include "parallel/mpi_env.h"
 #include "parallel/pipeline.h"
 #include "parallel/process_grid.h"
@@ -249,82 +252,12 @@ class BatchSource {
   io::LoaderOptions options_;
 };
 
-// The name of the first parameter whose gradient holds an inf or NaN (for the
-// message when the run has to stop).
 // The tensor to name when a run stops on non-finite gradients (this rank's view).
 std::string non_finite_gradient_text(parallel::DataParallel& replica) {
   const std::string name = replica.first_non_finite_gradient();
   if (!name.empty()) return name;
   return replica.zero_stage() >= 2 ? "(none in this rank's pieces: another rank's, or the norm itself overflowed)"
                                    : "(none: the norm itself overflowed)";
-}
-
-// Evaluation sharded over the data-parallel ranks: each evaluates its share
-// of every global batch (the loader splits the last partial one evenly, so
-// all ranks run the same number of batches), then the loss sums, target
-// counts and correct counts are summed over the ranks. --eval-iters counts
-// global batches.
-// Under pipeline parallelism (`pipeline` non-null) the batches flow through
-// the stages and the last one computes the sums, which it then shares with
-// the other stages.
-struct PipelineEval {
-  parallel::PipelineEngine* engine = nullptr;
-  parallel::Communicator* stages = nullptr;         // the pipeline axis
-  std::function<Shape(const Tensor&)> input_shape;  // what a stage after the first receives for a batch's inputs
-};
-
-EvalResult evaluate(Context& ctx, nn::Module& model, const nn::Loss& loss, const TrainConfig& c, Device device,
-                    DType dtype, io::TraceWriter& trace, parallel::Communicator& dp, const PipelineEval& pipeline) {
-  auto scope = trace.scope("eval", "eval");
-  io::LoaderOptions options;
-  options.batch_size = c.micro_batch_size;
-  options.seed = c.seed;
-  options.shuffle = false;
-  options.drop_last = false;
-  options.device = device;
-  options.input_dtype = dtype;
-  options.seq_length = c.seq_length;
-  options.shard_rank = dp.rank();
-  options.shard_count = dp.size();
-  io::DataLoader loader(ctx, c.eval_data, options);
-  const int64_t batches =
-      c.eval_iters > 0 ? std::min(c.eval_iters, loader.batches_per_epoch()) : loader.batches_per_epoch();
-  const bool classifier = !nn::model_traits(nn::parse_model_kind(c.model)).reads_tokens;
-  double loss_sum = 0.0;
-  int64_t count = 0, correct = 0;
-  model.eval();
-  for (int64_t i = 0; i < batches; ++i) {
-    io::Batch batch = loader.next();
-    if (batch.targets.numel() == 0) continue;
-    nn::Saved saved, loss_saved;
-    const nn::Pass pass{c.seed, 0, 0};
-    Tensor logits = pipeline.engine
-                        ? pipeline.engine->forward_only(batch.inputs, pipeline.input_shape(batch.inputs), dtype, pass)
-                        : model.forward(batch.inputs, saved, pass);
-    if (!logits.defined()) continue;  // a pipeline stage before the last
-    if (classifier) correct += nn::count_correct(logits, batch.targets);
-    const nn::LossValue value = loss.forward(logits, batch.targets, loss_saved);
-    loss_sum += value.loss * double(value.count);
-    count += value.count;
-  }
-  model.train();
-  // Summed over the data-parallel replicas; under pipeline parallelism
-  // computed by the last stage and handed to the others.
-  const bool pipelined = pipeline.engine && pipeline.stages->size() > 1;
-  if (dp.size() > 1 || pipelined) {
-    Tensor sum = ctx.from_vector(Shape{1}, std::vector<float>{float(loss_sum)}, device);
-    Tensor counts = ctx.from_vector(Shape{2}, std::vector<int64_t>{count, correct}, device);
-    parallel::share_last_stage_values({sum, counts}, *pipeline.stages, dp, parallel::ReduceOp::sum);
-    loss_sum = sum.to_vector<float>()[0];
-    const std::vector<int64_t> totals = counts.to_vector<int64_t>();
-    count = totals[0];
-    correct = totals[1];
-  }
-  EvalResult result;
-  result.count = count;
-  result.loss = count > 0 ? loss_sum / double(count) : 0.0;
-  if (classifier) result.accuracy = count > 0 ? double(correct) / double(count) : 0.0;
-  return result;
 }
 
 // TESSERA_FAULT (core/fault.h) at the start of step `step` (1-based) on
@@ -388,33 +321,6 @@ Error explain_device_fault(const Error& error, const Context& ctx, Device device
           device.to_string() + " was " + (last.empty() ? std::string("not recorded") : "'" + last + "'") +
           "; rerun with CUDA_LAUNCH_BLOCKING=1 to stop at the failing kernel, and compute-sanitizer to find "
           "a bad access");
-}
-
-// What the ranks agree on at a step boundary, the same on every rank: the
-// first preemption signal any rank received, the highest rank that got one,
-// whether rank 0's clock says a --save-interval-minutes save is due (one
-// clock decides, so every rank saves at the same step), and whether any
-// rank's background checkpoint write still runs or failed. One tiny all-reduce
-// (max), issued by every rank at the same point of the step; the tensor
-// lives on the training device, which every --comm-backend can move.
-struct StepBoundary {
-  int signal = 0, signal_rank = -1;
-  bool time_save_due = false;
-  bool save_writing = false, save_failed = false;  // a background checkpoint write still runs / failed on some rank
-};
-
-StepBoundary agree_at_step_boundary(parallel::Communicator& world, Context& ctx, Device device,
-                                    const PreemptionSignals& signals, bool time_save_due,
-                                    const TrainingCheckpoints& checkpoints) {
-  const int local = signals.received();
-  std::vector<int32_t> flags = {local, local ? world.rank() : -1, world.rank() == 0 && time_save_due ? 1 : 0,
-                                checkpoints.writing() ? 1 : 0, checkpoints.failed() ? 1 : 0};
-  if (world.size() > 1) {
-    Tensor agreed = ctx.from_vector(Shape{int64_t(flags.size())}, flags, device);
-    world.all_reduce(agreed, parallel::ReduceOp::max)->wait();
-    flags = agreed.to_vector<int32_t>();
-  }
-  return {flags[0], flags[1], flags[2] != 0, flags[3] != 0, flags[4] != 0};
 }
 
 // Rank 0's `text` on every rank of `world` (e.g. which checkpoint to resume:
@@ -503,14 +409,21 @@ nn::OptimizerConfig optimizer_config(const TrainConfig& c) {
 }
 
 // Micro-batches per step on each rank: --global-batch-size over
-// --micro-batch-size x the data-parallel ranks (1 without a global batch).
-int64_t micro_batches_per_step(const TrainConfig& c, int data_parallel) {
+// --micro-batch-size x the data-parallel ranks (1 without a global batch);
+// interleaved, a multiple of the `stages` of the pipeline.
+int64_t micro_batches_per_step(const TrainConfig& c, int data_parallel, int stages) {
   const int64_t per_step = c.micro_batch_size * data_parallel;  // samples of one micro-batch over all ranks
   TESSERA_CHECK(c.global_batch_size % per_step == 0, "--global-batch-size ", c.global_batch_size,
                 " is not a multiple of --micro-batch-size ", c.micro_batch_size, " x ", data_parallel,
                 " data-parallel ranks = ", per_step, "; use a multiple of ", per_step,
                 " (or change --micro-batch-size or the number of ranks)");
-  return c.global_batch_size > 0 ? c.global_batch_size / per_step : 1;
+  const int64_t accumulation = c.global_batch_size > 0 ? c.global_batch_size / per_step : 1;
+  TESSERA_CHECK(c.virtual_pipeline_stages == 1 || accumulation % stages == 0, "--virtual-pipeline-stages ",
+                c.virtual_pipeline_stages, ": a step's ", accumulation, " micro-batches (--global-batch-size ",
+                c.global_batch_size, " / (--micro-batch-size ", c.micro_batch_size, " x ", data_parallel,
+                " data-parallel ranks)) must be a multiple of --pipeline-parallel ", stages,
+                "; use --global-batch-size ", c.micro_batch_size * data_parallel * stages, " or a multiple of it");
+  return accumulation;
 }
 
 // The replica's options: --zero, its units and --zero-prefetch, --bucket-size-mb, the norm's groups and
@@ -633,59 +546,6 @@ std::string describe_resume(const TrainConfig& c, const std::optional<Resumed>& 
   return out.str();
 }
 
-// The metrics record of step `step` (0-based) from what TrainStep returned:
-// loss, learning rate, norm, the reduction's tail after backward and, under
-// pipelining, this stage's idle share of the step (the bubble).
-io::StepRecord step_record(int64_t step, int64_t total_steps, const parallel::StepResult& outcome, double lr,
-                           int64_t epoch, bool pipelined) {
-  io::StepRecord record;
-  record.step = step + 1;
-  record.total_steps = total_steps;
-  record.loss = outcome.loss;
-  record.lr = lr;
-  record.grad_norm = outcome.grad_norm;
-  record.skipped = outcome.skipped;
-  record.epoch = epoch;
-  const parallel::ReductionStats& sync = outcome.reduction;
-  record.extra.emplace_back("grad_sync_ms", double(sync.reduction_end_ns - sync.backward_end_ns) * 1e-6);
-  if (pipelined) {
-    const double span = double(outcome.pipeline.end_ns - outcome.pipeline.start_ns);
-    record.extra.emplace_back("pipeline_idle", span > 0 ? double(outcome.pipeline.idle_ns()) / span : 0.0);
-  }
-  return record;
-}
-
-// An evaluation into the metrics and, on rank 0 (`progress` non-null), a line above the progress bar.
-// The evaluation data's tokens per byte of text (a language model's, when
-// the file knows its text's bytes: io::DatasetInfo::text_bytes).
-std::optional<double> tokens_per_byte(const std::optional<io::DatasetInfo>& eval_data, bool tokens) {
-  if (!tokens || !eval_data || !eval_data->text_bytes || *eval_data->text_bytes <= 0) return std::nullopt;
-  return double(eval_data->num_tokens) / double(*eval_data->text_bytes);
-}
-
-// `tokens_per_byte`: of the evaluation data (a language model's), when its
-// text's bytes are known; bits per byte = nats per token / ln 2 x tokens per byte.
-io::EvalRecord report_eval(const EvalResult& eval, int64_t step, std::optional<double> tokens_per_byte,
-                           io::MetricsWriter& metrics, io::ProgressLine* progress) {
-  io::EvalRecord record;
-  record.step = step;
-  record.eval_loss = eval.loss;
-  record.eval_accuracy = eval.accuracy;
-  if (tokens_per_byte) record.eval_bits_per_byte = eval.loss / std::log(2.0) * *tokens_per_byte;
-  metrics.log_eval(record);
-  if (!progress) return record;
-  char line[160];
-  if (eval.accuracy)
-    std::snprintf(line, sizeof line, "eval step %lld: loss %.4f, accuracy %.2f%% (%lld samples)",
-                  static_cast<long long>(step), eval.loss, 100.0 * *eval.accuracy, static_cast<long long>(eval.count));
-  else
-    std::snprintf(line, sizeof line, "eval step %lld: loss %.4f nats/token (%.3f bits) over %lld tokens",
-                  static_cast<long long>(step), eval.loss, eval.loss / std::log(2.0),
-                  static_cast<long long>(eval.count));
-  progress->print_above(line);
-  return record;
-}
-
 // The micro-batches of one step from `source` (their data waits traced), the
 // sampler's position after them in `counters`, the epoch of the last one.
 parallel::StepBatches next_batches(BatchSource& source, int64_t micro_batches,
@@ -704,45 +564,19 @@ parallel::StepBatches next_batches(BatchSource& source, int64_t micro_batches,
   return batches;
 }
 
-// Why the run stopped before its last step (a signal or --exit-interval at
-// `step`, 1-based), and how to go on.
-std::string describe_stop(const TrainConfig& c, int signal, int signal_rank, int64_t step, const TrainResult& result) {
+// Why the run stopped before its last step (`stop`: what asked, in words),
+// and how to go on.
+std::string describe_stop(const TrainConfig& c, const io::StopRequest& stop, const TrainResult& result) {
   std::ostringstream why;
-  if (signal != 0)
-    why << signal_name(signal) << " received by rank " << signal_rank << "; stopped after step " << step;
-  else
-    why << "--exit-interval " << c.exit_interval << " reached at step " << step;
+  why << stop.why;
   if (!c.save.empty())
     why << "; checkpoint " << result.checkpoint << " written; go on with --resume auto (or --resume "
         << result.checkpoint << ")";
-  else if (signal != 0)
+  else if (stop.signal != 0)
     why << "; no --save directory, so nothing was saved; exiting with status " << result.exit_code();
   else
     why << "; no --save directory, so nothing was saved";
   return why.str();
-}
-
-// Rank 0's last lines: why it stopped early (if it did), steps, loss and
-// median step time, and where the metrics and traces are.
-void print_summary(const TrainConfig& c, const TrainResult& result, const std::string& stop_reason,
-                   const std::string& trace_path, int world_size) {
-  if (!stop_reason.empty()) std::printf("stopping: %s\n", stop_reason.c_str());
-  std::printf("done: %lld steps, last loss %.4f, median %.1f ms/step", static_cast<long long>(result.steps),
-              result.last_loss, result.median_ms_per_step);
-  if (result.skipped_steps) std::printf(", %lld skipped", static_cast<long long>(result.skipped_steps));
-  std::printf("\n");
-  const TrainResult::PeakMemory& m = result.peak_memory;
-  std::printf("memory (rank 0, peak of a step): parameters %s, gradients %s, optimizer state %s (together %s), "
-              "activations and workspaces %s\n",
-              parallel::byte_text(m.parameters).c_str(), parallel::byte_text(m.gradients).c_str(),
-              parallel::byte_text(m.optimizer).c_str(), parallel::byte_text(m.model_state).c_str(),
-              parallel::byte_text(m.activations).c_str());
-  if (!c.metrics.empty())
-    std::printf("metrics: %s (plot with: tessera plot %s -o curves.svg)\n", c.metrics.c_str(), c.metrics.c_str());
-  if (!c.trace.empty())
-    std::printf("trace: %s (open in https://ui.perfetto.dev)%s\n", trace_path.c_str(),
-                world_size > 1 ? ", one file per rank" : "");
-  std::fflush(stdout);
 }
 
 // --train-steps, or --epochs over `batches_per_epoch` micro-batches (at least one step).
@@ -831,21 +665,6 @@ TrainResult estimate_only(const TrainConfig& c, const nn::ModelConfig& model_cfg
   return estimate;
 }
 
-// This step's peaks (the allocator's counters since the step began) into
-// the metrics record and the run's peaks.
-void record_memory(const AllocatorStats& stats, io::StepRecord& record, TrainResult::PeakMemory& peak) {
-  const auto bytes = [&](MemoryUse use) { return int64_t(stats.peak_by_use[int(use)]); };
-  const int64_t values[5] = {bytes(MemoryUse::parameters), bytes(MemoryUse::gradients), bytes(MemoryUse::optimizer),
-                             bytes(MemoryUse::other), int64_t(stats.peak_model_state_bytes)};
-  const char* names[5] = {"mem_parameters_bytes", "mem_gradients_bytes", "mem_optimizer_bytes",
-                          "mem_activations_bytes", "mem_model_state_bytes"};
-  int64_t* peaks[5] = {&peak.parameters, &peak.gradients, &peak.optimizer, &peak.activations, &peak.model_state};
-  for (int i = 0; i < 5; ++i) {
-    record.extra.emplace_back(names[i], double(values[i]));
-    *peaks[i] = std::max(*peaks[i], values[i]);
-  }
-}
-
 // --zero 1/2/3 shards over the data-parallel ranks: with one it only adds
 // memory (the flat buffers and, at 2/3, the units' gathers), so it is refused.
 void check_zero_has_ranks(const TrainConfig& c, const parallel::ProcessGrid& grid) {
@@ -893,14 +712,9 @@ TrainState train_state(const TrainConfig& c, const nn::ModelConfig& model, DType
   return state;
 }
 
-// The run on `device` of `ctx` (see run()).
-TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Communicator* given, Context& ctx,
-                   Device device, const PreemptionSignals& signals) {
-  const DType dtype = compute_dtype(c.precision);
-  World opened = open_world(c, env, given, ctx, device);
-  parallel::Communicator* world = opened.world;
-  const std::string& backend = opened.backend;
-
+// The training data's and the evaluation data's descriptions (--synthetic:
+// no training data), checked to be of one kind.
+std::pair<std::optional<io::DatasetInfo>, std::optional<io::DatasetInfo>> inspect_data(const TrainConfig& c) {
   std::optional<io::DatasetInfo> data_info, eval_info;
   if (!c.synthetic) data_info = io::inspect_dataset(c.data);
   if (!c.eval_data.empty()) {
@@ -908,18 +722,273 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
     TESSERA_CHECK(!data_info || eval_info->kind == data_info->kind, "--eval-data ", c.eval_data,
                   " holds another kind of data than --data ", c.data);
   }
-  check_ranks_agree(*world, c, data_info, eval_info);
-  // Rank 0 writes checkpoints: the directory must take them, and be this job's alone for the run.
-  std::optional<io::SaveDirectoryLock> save_lock;
-  if (!c.save.empty() && world->rank() == 0) {
-    io::check_save_directory(c.save);
-    save_lock.emplace(c.save);
-  }
+  return {data_info, eval_info};
+}
 
-  parallel::GridSizes grid_sizes;
-  grid_sizes.tp = c.tensor_parallel;
-  grid_sizes.pp = c.pipeline_parallel;
-  parallel::ProcessGrid grid(*world, grid_sizes);
+// Rank 0 writes checkpoints: the --save directory must take them, and be
+// this job's alone for the run (`lock` holds it).
+void lock_save_directory(const TrainConfig& c, std::optional<io::SaveDirectoryLock>& lock) {
+  if (c.save.empty()) return;
+  io::check_save_directory(c.save);
+  lock.emplace(c.save);
+}
+
+parallel::GridSizes grid_sizes(const TrainConfig& c) {
+  parallel::GridSizes sizes;
+  sizes.tp = c.tensor_parallel;
+  sizes.pp = c.pipeline_parallel;
+  return sizes;
+}
+
+// Rank 0's lines for people, above its progress line (other ranks print none).
+std::function<void(const std::string&)> lines_above(io::ProgressLine& progress, bool root) {
+  return [&progress, root](const std::string& line) {
+    if (root) progress.print_above(line);
+  };
+}
+
+// The result before the first step: where the run starts, and what it trains with.
+TrainResult starting_result(int data_parallel, parallel::DataParallel& replica, const Counters& counters,
+                            const std::optional<Resumed>& resumed) {
+  TrainResult result;
+  result.data_parallel_size = data_parallel;
+  result.optimizer_state_bytes = replica.optimizer_state_bytes();
+  result.start_step = result.final_step = counters.step;
+  if (resumed) result.resumed_from = resumed->path;
+  return result;
+}
+
+// --init-from: the weights of a safetensors file, before the optimizer
+// copies them (masters) and ZeRO-3 shards them; a resumed checkpoint
+// replaces them.
+void load_initial_weights(const TrainConfig& c, const std::vector<nn::Parameter*>& parameters,
+                          const nn::ModelConfig& model, bool root) {
+  const io::WeightsLoaded loaded = io::load_safetensors_weights(c.init_from, parameters, model.num_layers);
+  if (root)
+    std::printf("init-from: %s: %lld tensors under %s names%s\n", c.init_from.c_str(),
+                static_cast<long long>(loaded.tensors), loaded.naming.c_str(),
+                loaded.ignored ? (", " + std::to_string(loaded.ignored) + " of the file's not used").c_str() : "");
+}
+
+// --trace: this rank's file of the run's events (one per rank).
+io::TraceOptions trace_options(const TrainConfig& c, const parallel::Communicator& world) {
+  io::TraceOptions options;
+  options.path = c.trace;
+  options.rank = world.rank();
+  options.world_size = world.size();
+  return options;
+}
+
+// What one training step is made of (parallel/train_step.h): this rank's
+// stage of the model and its loss, the replica, the loss scaler, the groups
+// it talks to, and the pipeline's schedule.
+parallel::TrainStepParts train_step_parts(const TrainConfig& c, Context& ctx, Device device,
+                                          const parallel::StageModel& stage_model, parallel::DataParallel& replica,
+                                          nn::GradScaler& scaler, parallel::ProcessGrid& grid,
+                                          const PipelineGroups& groups, io::TraceWriter& trace) {
+  parallel::TrainStepParts parts;
+  parts.context = &ctx;
+  parts.device = device;
+  parts.model = stage_model.module.get();
+  parts.chunks = stage_model.chunks;
+  parts.loss = stage_model.loss.get();
+  parts.replica = &replica;
+  parts.scaler = &scaler;
+  parts.pipeline = &grid.pp();
+  parts.data_parallel = &grid.dp();
+  parts.embedding_group = groups.embedding.get();
+  parts.tied_table = stage_model.tied_table;
+  parts.seed = c.seed;
+  parts.clip_grad = c.clip_grad;
+  parts.pipeline_options = pipeline_options(c, grid.pp_size(), trace);
+  return parts;
+}
+
+// What the run is, for MLflow's tags (apps/train_tracking.h).
+RunFacts run_facts(const TrainConfig& c, parallel::ProcessGrid& grid, Device device, const parallel::MpiEnv* env,
+                   const std::optional<Resumed>& resumed) {
+  RunFacts facts;
+  facts.layout = "dp=" + std::to_string(grid.dp_size()) + " tp=" + std::to_string(grid.tp_size()) +
+                 " pp=" + std::to_string(grid.pp_size());
+  facts.device = device.to_string();
+  facts.precision = c.precision;
+  facts.world_size = grid.world().size();
+  facts.mpi_library = env ? mpi_library_version() : "";
+  if (!resumed) return facts;
+  facts.resumed_step = resumed->counters.step;
+  facts.resumed_run_id = resumed->mlflow_run_id;
+  facts.resumed_uri = resumed->mlflow_uri;
+  return facts;
+}
+
+// A language model (its throughput in tokens; bits per byte of evaluation text).
+bool tokens_of(const nn::ModelConfig& model) {
+  return nn::model_traits(model.kind).reads_tokens;
+}
+
+// The steps of the run, from where it starts (a resumed checkpoint's step)
+// to total_steps: each one's batches through TrainStep::run, its count of
+// non-finite steps, and its events for the components (io/training_events.h):
+// its begin, its end with its record, and the boundary after it.
+class StepLoop {
+ public:
+  // `micro_batches`: per step on each rank; `tokens`: a language model
+  // (throughput in tokens per second); `pipelined`: more than one pipeline
+  // stage (the record's pipeline_idle).
+  StepLoop(const TrainConfig& config, int world_rank, Device device, DType dtype, BatchSource& source,
+           parallel::TrainStep& train_step, const nn::LrSchedule& schedule, const nn::GradScaler& scaler,
+           parallel::DataParallel& replica, io::TraceWriter& trace,
+           const std::function<Shape(const Tensor&)>& stage_input_shape, int64_t micro_batches, int64_t total_steps,
+           int data_parallel, bool tokens, bool pipelined)
+      : config_(config),
+        world_rank_(world_rank),
+        device_(device),
+        dtype_(dtype),
+        source_(source),
+        train_step_(train_step),
+        schedule_(schedule),
+        scaler_(scaler),
+        replica_(replica),
+        trace_(trace),
+        stage_input_shape_(stage_input_shape),
+        micro_batches_(micro_batches),
+        total_steps_(total_steps),
+        data_parallel_(data_parallel),
+        tokens_(tokens),
+        pipelined_(pipelined) {}
+
+  // Returns why the run stopped before total_steps ("": it did not).
+  std::string run(io::TrainingEvents& events, Counters& counters, TrainResult& result);
+
+ private:
+  void count_skipped(int64_t step, io::TrainingEvents& events, Counters& counters, TrainResult& result);
+  io::StepRecord record_of(int64_t step, const parallel::StepResult& outcome, double lr, int64_t epoch,
+                           double seconds) const;
+
+  const TrainConfig& config_;
+  int world_rank_;
+  Device device_;
+  DType dtype_;
+  BatchSource& source_;
+  parallel::TrainStep& train_step_;
+  const nn::LrSchedule& schedule_;
+  const nn::GradScaler& scaler_;
+  parallel::DataParallel& replica_;
+  io::TraceWriter& trace_;
+  const std::function<Shape(const Tensor&)>& stage_input_shape_;
+  int64_t micro_batches_, total_steps_;
+  int data_parallel_;
+  bool tokens_, pipelined_;
+};
+
+std::string StepLoop::run(io::TrainingEvents& events, Counters& counters, TrainResult& result) {
+  std::vector<double> step_ms;
+  std::string stop_reason;
+  for (int64_t step = counters.step; step < total_steps_; ++step) {
+    const auto start = Clock::now();  // injected faults count: a slow rank's sleep is its own time
+    inject_step_faults(step + 1, world_rank_, source_, device_);
+    events.step_begin({step + 1});
+    const int64_t trace_start = trace_.enabled() ? trace_.now_ns() : 0;
+    int64_t epoch = 0;
+    const auto data_start = Clock::now();
+    parallel::StepBatches batches = next_batches(source_, micro_batches_, stage_input_shape_, trace_, counters, epoch);
+    const double data_wait = std::chrono::duration<double>(Clock::now() - data_start).count();
+    batches.activation_dtype = dtype_;
+    const double lr = schedule_.lr(counters.updates);  // Megatron: skipped steps do not advance the schedule
+    // TESSERA_FAULT=nan_grad: this rank's gradients of the step are NaN (through the loss's gradient).
+    const parallel::StepResult outcome =
+        train_step_.run(step, batches, lr, fault_due("nan_grad", step + 1, world_rank_));
+    const parallel::ReductionStats& sync = outcome.reduction;
+    if (trace_.enabled()) trace_.counter("buckets_launched_in_backward", double(sync.launched_in_backward));
+    if (outcome.skipped) {
+      count_skipped(step, events, counters, result);
+    } else {
+      ++counters.updates;
+      counters.consecutive_skips = 0;
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    step_ms.push_back(seconds * 1e3);
+    if (trace_.enabled()) trace_.complete("step " + std::to_string(step + 1), "step", trace_start, trace_.now_ns());
+
+    io::StepRecord record = record_of(step, outcome, lr, epoch, seconds);
+    result.last_loss = record.loss;
+    result.losses.push_back(record.loss);
+    result.steps = step + 1 - result.start_step;
+    result.final_step = counters.step = step + 1;
+    const bool last = step + 1 == total_steps_;
+    const double sync_seconds = double(sync.reduction_end_ns - sync.backward_end_ns) * 1e-9;
+    io::StepEnd end{step + 1, last, record, seconds, data_wait, sync_seconds};
+    events.step_end(end);
+    if (const std::optional<io::StopRequest> stop = events.step_boundary(step + 1, last)) {
+      result.stop_signal = stop->signal;
+      stop_reason = describe_stop(config_, *stop, result);
+      break;
+    }
+  }
+  result.median_ms_per_step = median(step_ms);
+  return stop_reason;
+}
+
+// A skipped step (non-finite gradients). Without fp16's loss scaler (which
+// backs off and goes on), --max-skipped-steps in a row stop the run: every
+// rank together (the skip is agreed), a background save published first.
+void StepLoop::count_skipped(int64_t step, io::TrainingEvents& events, Counters& counters, TrainResult& result) {
+  ++counters.skipped_steps;
+  ++result.skipped_steps;
+  if (scaler_.enabled()) return;
+  int64_t& consecutive_skips = counters.consecutive_skips;
+  const TrainConfig& c = config_;
+  if (consecutive_skips + 1 >= c.max_skipped_steps) events.stop({step + 1, {"non-finite gradients"}, true});
+  TESSERA_CHECK(++consecutive_skips < c.max_skipped_steps, "step ", step + 1, ": non-finite gradients in ",
+                consecutive_skips,
+                " consecutive steps (first non-finite gradient: ", non_finite_gradient_text(replica_),
+                "); lower --lr, enable --clip-grad, or check the data; the run stops here");
+}
+
+// The metrics record of step `step` (0-based) from what TrainStep returned:
+// loss, learning rate, norm, time and throughput, the reduction's tail after
+// backward and, under pipelining, this stage's idle share of the step (the
+// bubble); the components add their figures.
+io::StepRecord StepLoop::record_of(int64_t step, const parallel::StepResult& outcome, double lr, int64_t epoch,
+                                   double seconds) const {
+  io::StepRecord record;
+  record.step = step + 1;
+  record.total_steps = total_steps_;
+  record.loss = outcome.loss;
+  record.lr = lr;
+  record.grad_norm = outcome.grad_norm;
+  record.skipped = outcome.skipped;
+  record.epoch = epoch;
+  const parallel::ReductionStats& sync = outcome.reduction;
+  record.extra.emplace_back("grad_sync_ms", double(sync.reduction_end_ns - sync.backward_end_ns) * 1e-6);
+  if (pipelined_) {
+    const double span = double(outcome.pipeline.end_ns - outcome.pipeline.start_ns);
+    record.extra.emplace_back("pipeline_idle", span > 0 ? double(outcome.pipeline.idle_ns()) / span : 0.0);
+  }
+  record.ms_per_step = seconds * 1e3;
+  const int64_t samples_per_step = micro_batches_ * config_.micro_batch_size * data_parallel_;
+  if (tokens_)
+    record.tokens_per_s = double(samples_per_step * config_.seq_length) / seconds;
+  else
+    record.samples_per_s = double(samples_per_step) / seconds;
+  if (scaler_.enabled()) record.loss_scale = outcome.loss_scale;
+  return record;
+}
+
+// The run on `device` of `ctx` (see run()): set-up; the run's features as
+// components of the loop (io/training_events.h); the steps (StepLoop).
+TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Communicator* given, Context& ctx,
+                   Device device, const PreemptionSignals& signals) {
+  const DType dtype = compute_dtype(c.precision);
+  World opened = open_world(c, env, given, ctx, device);
+  parallel::Communicator* world = opened.world;
+
+  const auto [data_info, eval_info] = inspect_data(c);
+  check_ranks_agree(*world, c, data_info, eval_info);
+  std::optional<io::SaveDirectoryLock> save_lock;
+  if (world->rank() == 0) lock_save_directory(c, save_lock);
+
+  parallel::ProcessGrid grid(*world, grid_sizes(c));
   parallel::Communicator& dp = grid.dp();
   const bool root = world->rank() == 0;
   check_zero_has_ranks(c, grid);
@@ -933,63 +1002,28 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   spec.device = device;
   spec.dtype = dtype;
   spec.seed = c.seed;
-  const int64_t accumulation = micro_batches_per_step(c, dp.size());
-  TESSERA_CHECK(c.virtual_pipeline_stages == 1 || accumulation % grid.pp_size() == 0, "--virtual-pipeline-stages ",
-                c.virtual_pipeline_stages, ": a step's ", accumulation, " micro-batches (--global-batch-size ",
-                c.global_batch_size, " / (--micro-batch-size ", c.micro_batch_size, " x ", dp.size(),
-                " data-parallel ranks)) must be a multiple of --pipeline-parallel ", grid.pp_size(),
-                "; use --global-batch-size ", c.micro_batch_size * dp.size() * grid.pp_size(), " or a multiple of it");
+  const int64_t accumulation = micro_batches_per_step(c, dp.size(), grid.pp_size());
   if (c.estimate_memory) return estimate_only(c, model_cfg, spec, grid, accumulation, *world, ctx);
   // This rank's part of the model: the layers of its pipeline stage, split
   // over its tensor-parallel group, with its loss (models/stage_model.h).
   models::StageModel stage_model = models::build_stage_model(model_cfg, spec, grid, c.sequence_parallel,
                                                                  c.pipeline_split, c.virtual_pipeline_stages);
-  const nn::StageLayers& stage = stage_model.layers;
-  const std::string stage_description = describe_stages(c, stage_model, model_cfg.kind);
   const std::unique_ptr<nn::Module>& model = stage_model.module;
-  const nn::Loss& loss = *stage_model.loss;
-  nn::Parameter* tied_table = stage_model.tied_table;
-  const std::function<Shape(const Tensor&)>& stage_input_shape = stage_model.input_shape;
   std::vector<nn::Parameter*> parameters = model->parameters();
   inject_start_up_fault(world->rank());
-  if (!c.init_from.empty()) {
-    // Before the optimizer copies them (masters) and ZeRO-3 shards them; a resumed checkpoint replaces them.
-    const io::WeightsLoaded loaded = io::load_safetensors_weights(c.init_from, parameters, model_cfg.num_layers);
-    if (root)
-      std::printf("init-from: %s: %lld tensors under %s names%s\n", c.init_from.c_str(),
-                  static_cast<long long>(loaded.tensors), loaded.naming.c_str(),
-                  loaded.ignored ? (", " + std::to_string(loaded.ignored) + " of the file's not used").c_str() : "");
-  }
+  if (!c.init_from.empty()) load_initial_weights(c, parameters, model_cfg, root);
   TrainingSamples samples(c, stage_model.causal_lm);
-  const PipelineGroups groups = split_pipeline_groups(*world, grid, stage);
+  const PipelineGroups groups = split_pipeline_groups(*world, grid, stage_model.layers);
 
   // The trace first: the data-parallel reducer writes its communication into it.
-  io::TraceOptions trace_options;
-  trace_options.path = c.trace;
-  trace_options.rank = world->rank();
-  trace_options.world_size = world->size();
-  io::TraceWriter trace(trace_options);
-  parallel::DataParallel replica(parameters, dp, optimizer_config(c),
-                                 data_parallel_options(c, grid, groups.model.get(), tied_table, *model, trace));
+  io::TraceWriter trace(trace_options(c, *world));
+  parallel::DataParallel replica(
+      parameters, dp, optimizer_config(c),
+      data_parallel_options(c, grid, groups.model.get(), stage_model.tied_table, *model, trace));
   nn::GradScaler scaler = nn::GradScaler::for_dtype(dtype);
   // The step: the same driver for every layout (one stage is the degenerate pipeline).
-  parallel::TrainStepParts step_parts;
-  step_parts.context = &ctx;
-  step_parts.device = device;
-  step_parts.model = model.get();
-  step_parts.chunks = stage_model.chunks;
-  step_parts.loss = &loss;
-  step_parts.replica = &replica;
-  step_parts.scaler = &scaler;
-  step_parts.pipeline = &grid.pp();
-  step_parts.data_parallel = &dp;
-  step_parts.embedding_group = groups.embedding.get();
-  step_parts.tied_table = tied_table;
-  step_parts.seed = c.seed;
-  step_parts.clip_grad = c.clip_grad;
-  step_parts.pipeline_options = pipeline_options(c, grid.pp_size(), trace);
-  parallel::TrainStep train_step(std::move(step_parts));
-  parallel::PipelineEngine* engine = grid.pp_size() > 1 ? &train_step.engine() : nullptr;  // evaluation
+  parallel::TrainStep train_step(train_step_parts(c, ctx, device, stage_model, replica, scaler, grid, groups, trace));
+  parallel::PipelineEngine* engine = grid.pp_size() > 1 ? &train_step.engine() : nullptr;
 
   TrainState state = train_state(c, model_cfg, dtype, parameters, replica, scaler, *world, grid);
   state.save_lock = save_lock ? &*save_lock : nullptr;
@@ -1002,29 +1036,18 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   const nn::LrSchedule schedule(schedule_cfg);
   state.schedule = &schedule_cfg;
 
-  // Rank 0 reports: progress, metrics, Katib lines, start-up and final lines.
+  // Rank 0's output: the progress line, and above it every other line of the run (`say`).
   io::ProgressLine progress(progress_options(c, root));
-  bool katib_due = true;
-  io::MetricsWriter metrics;
-  if (root) {
-    io::MetricsOptions metrics_options;
-    metrics_options.path = c.metrics;
-    metrics_options.append = resumed.has_value();  // a resumed run goes on with the same file
-    if (c.katib_metrics || io::stdout_read_by_katib())
-      metrics_options.katib = [&](std::string_view line) {
-        if (katib_due) progress.print_above(line);
-      };
-    else
-      metrics_options.katib = nullptr;
-    metrics = io::MetricsWriter(metrics_options);
-  }
-
+  const std::function<void(const std::string&)> say = lines_above(progress, root);
+  // The metrics file is opened before the start-up lines, so a path that cannot be written fails first.
+  auto metrics = std::make_unique<MetricsLog>(c, root, resumed.has_value(), device, dp.size(), progress);
   const std::string replica_description = replica.describe();  // collective-free, but every rank computes it
   if (root) {
     std::printf("tessera train: %s\n%s\n", ctx.describe().c_str(), describe(c).c_str());
     std::printf("ranks: %s; %s; communicator %s; data parallel: %s\n", layout.c_str(), grid.describe().c_str(),
-                backend.c_str(), replica_description.c_str());
-    if (!stage_description.empty()) std::printf("%s\n", stage_description.c_str());
+                opened.backend.c_str(), replica_description.c_str());
+    if (const std::string stages = describe_stages(c, stage_model, model_cfg.kind); !stages.empty())
+      std::printf("%s\n", stages.c_str());
     if (const std::string vocabulary = describe_vocabulary(c, model_cfg, data_info); !vocabulary.empty())
       std::printf("%s\n", vocabulary.c_str());
     if (env) std::printf("%s", describe_libraries_and_topology(*env).c_str());
@@ -1037,184 +1060,46 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
         static_cast<long long>(c.micro_batch_size), dp.size());
     std::fflush(stdout);
   }
-  metrics.log_run({{"model", c.model},
-                   {"precision", c.precision},
-                   {"device", device.to_string()},
-                   {"data_parallel", std::to_string(dp.size())},
-                   {"zero", std::to_string(c.zero)}});
 
-  const bool tokens = nn::model_traits(model_cfg.kind).reads_tokens;
-  const std::optional<double> eval_tokens_per_byte = tokens_per_byte(eval_info, tokens);
-  const int64_t samples_per_step = accumulation * c.micro_batch_size * dp.size();
-  const bool evaluate_per_epoch = c.eval_interval == 0 && source.batches_per_epoch() > 0;
-  const int64_t steps_per_epoch =
-      evaluate_per_epoch ? std::max<int64_t>(1, source.batches_per_epoch() / accumulation) : 0;
-
-  TrainResult result;
-  result.data_parallel_size = dp.size();
-  result.optimizer_state_bytes = replica.optimizer_state_bytes();
-  result.start_step = result.final_step = counters.step;
-  if (resumed) result.resumed_from = resumed->path;
-  std::vector<double> step_ms;
-  int64_t consecutive_skips = counters.consecutive_skips;
-  std::string stop_reason;  // why the loop ended before total_steps
-  auto last_save = Clock::now();  // --save-interval-minutes counts from here (rank 0's clock decides)
-  // Saves (synchronous, or written in the background and published at a
-  // later step boundary); their figures go into the next step's metrics.
-  TrainingCheckpoints checkpoints(state, [&](const std::string& line) {
-    if (root) progress.print_above(line);
-  });
-  // Every --log-interval steps: stragglers named, Prometheus fed (apps/train_monitor.h).
-  TrainingMonitor monitor(c, grid, ctx, device, [&](const std::string& line) { progress.print_above(line); });
-  if (root && monitor.metrics_port() > 0)
-    std::printf("metrics: Prometheus can scrape http://%s:%d/metrics (every rank's series, refreshed every %lld steps)\n",
-                env ? env->hostname().c_str() : "localhost", monitor.metrics_port(),
-                static_cast<long long>(c.log_interval));
-  // --mlflow-uri: rank 0 records the run in MLflow from a background thread (apps/train_tracking.h).
-  RunTracking tracking(c, root,
-                       RunFacts{"dp=" + std::to_string(grid.dp_size()) + " tp=" + std::to_string(grid.tp_size()) +
-                                    " pp=" + std::to_string(grid.pp_size()),
-                                device.to_string(), c.precision, world->size(), env ? mpi_library_version() : "",
-                                resumed ? counters.step : -1, resumed ? resumed->mlflow_run_id : "",
-                                resumed ? resumed->mlflow_uri : ""});
+  TrainResult result = starting_result(dp.size(), replica, counters, resumed);
+  // The run's features: each a component of the loop, receiving every event
+  // in this order (io/training_events.h). Those that add figures to a step's
+  // record (memory, checkpoint figures, tp traffic, the monitor's exchange)
+  // come before those that log it (metrics, progress, MLflow); the
+  // evaluation before the samples (its line first); a signal's stop before
+  // --exit-interval's; and the signals take over before the --train-steps 0 save.
+  io::TrainingEvents events(*world, ctx, device);
+  events.add(std::make_unique<PreemptionStop>(signals, world->rank()));
+  events.add(std::make_unique<ExitInterval>(c));
+  events.add(std::make_unique<StepMemory>(ctx, device, result));
+  events.add(std::make_unique<CheckpointCadence>(state, counters, result, trace, say));
+  events.add(std::make_unique<TensorParallelTraffic>(grid));
+  events.add(std::make_unique<TrainingMonitor>(c, grid, ctx, device, say, env ? env->hostname() : "localhost"));
+  events.add(std::move(metrics));
+  events.add(std::make_unique<ProgressReport>(c, root, progress, result, trace, world->size()));
+  const RunTracking& tracking =
+      events.add(std::make_unique<RunTracking>(c, root, run_facts(c, grid, device, env, resumed), result));
   if (root && !c.mlflow_uri.empty()) state.tracking_run_id = [&tracking] { return tracking.run_id(); };
+  const EvalModel eval_model{ctx,    *model,     *stage_model.loss,      device, dtype, dp,
+                             engine, &grid.pp(), stage_model.input_shape};
+  events.add(std::make_unique<EvaluationCadence>(c, eval_model, trace, tokens_per_byte(eval_info, tokens_of(model_cfg)),
+                                                 source.batches_per_epoch(), accumulation, events, result));
+  events.add(std::make_unique<SamplesDuringTraining>(samples, say));
+
   if (root && counters.step >= total_steps && total_steps > 0)
     std::printf("nothing to do: the checkpoint is at step %lld and --train-steps/--epochs ask for %lld\n",
                 static_cast<long long>(counters.step), static_cast<long long>(total_steps));
-  signals.training_started();  // from here a signal asks for a checkpoint at the next step boundary
+  events.run_start({counters.step, total_steps});
   if (total_steps == 0 && counters.step == 0) {  // --init-from, --train-steps 0: the weights as they came
-    checkpoints.save(counters, true);
-    result.checkpoint = checkpoints.last_published();
+    io::Save weights{0, true};
+    events.save(weights);
   }
-  for (int64_t step = counters.step; step < total_steps; ++step) {
-    const auto start = Clock::now();  // injected faults count: a slow rank's sleep is its own time
-    inject_step_faults(step + 1, world->rank(), source, device);
-    ctx.allocator(device).reset_peak_stats();  // this step's memory peaks (record_memory)
-    const int64_t trace_start = trace.enabled() ? trace.now_ns() : 0;
-    const int64_t tp_bytes_before = grid.tp().counters().total_bytes();
-    int64_t epoch = 0;
-    const auto data_start = Clock::now();
-    parallel::StepBatches batches = next_batches(source, accumulation, stage_input_shape, trace, counters, epoch);
-    const double data_wait = std::chrono::duration<double>(Clock::now() - data_start).count();
-    batches.activation_dtype = dtype;
-    const double lr = schedule.lr(counters.updates);  // Megatron: skipped steps do not advance the schedule
-    // TESSERA_FAULT=nan_grad: this rank's gradients of the step are NaN (through the loss's gradient).
-    const parallel::StepResult outcome =
-        train_step.run(step, batches, lr, fault_due("nan_grad", step + 1, world->rank()));
-    const parallel::ReductionStats& sync = outcome.reduction;
-    if (trace.enabled()) trace.counter("buckets_launched_in_backward", double(sync.launched_in_backward));
-    const bool skipped = outcome.skipped;
-    ++(skipped ? counters.skipped_steps : counters.updates);
-    if (skipped && !scaler.enabled()) {
-      ++result.skipped_steps;
-      // Every rank stops here together (the skip is agreed): a background save is published first.
-      if (consecutive_skips + 1 >= c.max_skipped_steps && checkpoints.pending()) checkpoints.publish();
-      TESSERA_CHECK(++consecutive_skips < c.max_skipped_steps, "step ", step + 1, ": non-finite gradients in ",
-                    consecutive_skips,
-                    " consecutive steps (first non-finite gradient: ", non_finite_gradient_text(replica),
-                    "); lower --lr, enable --clip-grad, or check the data; the run stops here");
-    } else if (skipped) {
-      ++result.skipped_steps;
-    } else {
-      consecutive_skips = 0;
-    }
-    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    step_ms.push_back(seconds * 1e3);
-    if (trace.enabled()) trace.complete("step " + std::to_string(step + 1), "step", trace_start, trace.now_ns());
-
-    io::StepRecord record = step_record(step, total_steps, outcome, lr, epoch, engine != nullptr);
-    record.ms_per_step = seconds * 1e3;
-    if (tokens)
-      record.tokens_per_s = double(samples_per_step * c.seq_length) / seconds;
-    else
-      record.samples_per_s = double(samples_per_step) / seconds;
-    if (scaler.enabled()) record.loss_scale = outcome.loss_scale;
-    record_memory(ctx.allocator(device).stats(), record, result.peak_memory);
-    if (device.is_accelerator())  // page-locked host memory: the loader's and the checkpoints' staging
-      record.extra.emplace_back("mem_pinned_bytes", double(ctx.pinned_allocator(device).stats().reserved_bytes));
-    for (const auto& figure : checkpoints.take_figures()) record.extra.push_back(figure);
-    // Bytes this rank's tensor-parallel group moved in the step (counted by the communicator).
-    if (grid.tp_size() > 1)
-      record.extra.emplace_back("tp_comm_bytes", double(grid.tp().counters().total_bytes() - tp_bytes_before));
-    katib_due = (step + 1) % c.log_interval == 0 || step + 1 == total_steps;
-    StepFigures figures;
-    figures.step_seconds = seconds;
-    figures.data_wait_seconds = data_wait;
-    figures.sync_seconds = double(sync.reduction_end_ns - sync.backward_end_ns) * 1e-9;
-    for (const auto& [name, value] : record.extra) {
-      if (name == "checkpoint_stall_ms") figures.checkpoint_stall_seconds += value * 1e-3;
-      if (name == "checkpoint_write_s") figures.checkpoint_write_seconds = value;
-    }
-    monitor.record_step(record, figures);
-    for (const auto& figure : monitor.exchange(step + 1, step + 1 == total_steps)) record.extra.push_back(figure);
-    metrics.log_step(record);
-    tracking.log_step(record);
-    progress.update(record);
-    result.last_loss = record.loss;
-    result.losses.push_back(record.loss);
-    result.steps = step + 1 - result.start_step;
-    result.final_step = step + 1;
-    counters.step = step + 1;
-    counters.consecutive_skips = consecutive_skips;
-
-    const bool last = step + 1 == total_steps;
-    const bool due = c.eval_interval > 0 ? (step + 1) % c.eval_interval == 0
-                                         : evaluate_per_epoch && (step + 1) % steps_per_epoch == 0;
-    if (!c.eval_data.empty() && (due || last)) {
-      const EvalResult eval =
-          evaluate(ctx, *model, loss, c, device, dtype, trace, dp, PipelineEval{engine, &grid.pp(), stage_input_shape});
-      katib_due = true;  // the metrics writer prints the eval's Katib line
-      tracking.log_eval(report_eval(eval, step + 1, eval_tokens_per_byte, metrics, root ? &progress : nullptr));
-      monitor.record_eval(eval.loss);
-      if (last) result.final_eval = eval;
-    }
-
-    if (samples.due(step + 1, last)) {
-      const std::string text = samples.sample(step + 1);
-      if (root) progress.print_above(text);
-    }
-
-    // Step boundary: stop (saving first) when any rank got a preemption
-    // signal or --exit-interval says so; save on --save-interval and at the
-    // end (a signal during the last step changes nothing: the run is done).
-    const bool clock_due = c.save_interval_minutes > 0 &&
-                           std::chrono::duration<double>(Clock::now() - last_save).count() >= 60.0 * c.save_interval_minutes;
-    const StepBoundary boundary = agree_at_step_boundary(*world, ctx, device, signals, clock_due, checkpoints);
-    // A background save every rank has written (or one that failed: the run stops here, naming it) is published.
-    if (checkpoints.pending() && (!boundary.save_writing || boundary.save_failed)) checkpoints.publish();
-    int signal = last ? 0 : boundary.signal, signal_rank = boundary.signal_rank;
-    const bool exit_due = c.exit_interval > 0 && (step + 1) % c.exit_interval == 0 && !last;
-    bool stop = signal != 0 || exit_due;
-    const bool save_due = !c.save.empty() && (last || stop || boundary.time_save_due ||
-                                              (c.save_interval > 0 && (step + 1) % c.save_interval == 0));
-    if (save_due) {
-      {
-        auto scope = trace.scope("checkpoint", "io");
-        checkpoints.save(counters, last || stop);
-      }
-      last_save = Clock::now();
-      if (!stop && !last) {
-        // A signal that arrived during the save: the checkpoint just written serves.
-        const StepBoundary during = agree_at_step_boundary(*world, ctx, device, signals, false, checkpoints);
-        signal = during.signal;
-        signal_rank = during.signal_rank;
-        stop = signal != 0;
-        if (stop) checkpoints.publish();
-      }
-    }
-    result.checkpoint = checkpoints.last_published();
-    result.checkpoint_stall_ms = checkpoints.total_stall_ms();
-    if (stop) {
-      if (signal != 0) result.stop_signal = signal;
-      stop_reason = describe_stop(c, signal, signal_rank, step + 1, result);
-      break;
-    }
-  }
-  progress.finish();
+  StepLoop steps(c, world->rank(), device, dtype, source, train_step, schedule, scaler, replica, trace,
+                 stage_model.input_shape, accumulation, total_steps, dp.size(), tokens_of(model_cfg),
+                 engine != nullptr);
+  const std::string stop_reason = steps.run(events, counters, result);
   trace.close();
-  result.median_ms_per_step = median(step_ms);
-  if (root) print_summary(c, result, stop_reason, trace.path(), world->size());
-  tracking.finish(result, !stop_reason.empty());
+  events.run_end({result.final_step, stop_reason});
   return result;
 }
 

@@ -6,7 +6,8 @@
 // empty directory; a missing --resume path; flag validation; a step skipped
 // for non-finite fp16 gradients, which leaves the learning-rate schedule where
 // it was (Megatron's rule), in a straight run and across a resume; and a
-// preemption signal stopping the run at a step boundary with a checkpoint.
+// preemption signal stopping the run at a step boundary with a checkpoint,
+// also when it arrives while a synchronous interval save is written.
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <signal.h>
@@ -444,6 +445,42 @@ bool wait_for_steps(const std::string& metrics, int lines, std::chrono::seconds 
   return false;
 }
 
+// train(c) while `send` runs on a thread of its own (it sends SIGUSR1 when
+// it sees fit). SIGUSR1 is ignored around the call, so a signal arriving late
+// can do no harm, and the previous handler comes back after it;
+// `kept_ignoring` says whether train() had put back the handler it found.
+app::TrainResult train_while(const app::TrainConfig& c, const std::function<void()>& send,
+                             bool* kept_ignoring = nullptr) {
+  struct sigaction ignore {
+  }, before{}, after{};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  EXPECT_EQ(sigaction(SIGUSR1, &ignore, &before), 0);
+  std::thread sender(send);
+  app::TrainResult result;
+  try {
+    result = app::train(c);
+  } catch (...) {
+    sender.join();
+    sigaction(SIGUSR1, &before, nullptr);
+    throw;
+  }
+  sender.join();
+  sigaction(SIGUSR1, &before, &after);
+  if (kept_ignoring) *kept_ignoring = after.sa_handler == SIG_IGN;
+  return result;
+}
+
+// A run that a signal stops long before its last step, saving into DIR/run
+// (the LR is constant, so a resumed run may ask for another --train-steps).
+app::TrainConfig run_to_stop(const ScratchDirectory& dir, std::mt19937_64& rng) {
+  app::TrainConfig c = mlp_config(write_image_dataset(dir.path, 240, 6, 5, 4, rng), rng);
+  c.lr_decay_style = "constant";
+  c.train_steps = 100000;
+  c.save = dir / "run";
+  return c;
+}
+
 // A process-directed SIGUSR1 while train() runs: the run stops at the next
 // step boundary with a checkpoint of that step, returns normally, and puts
 // the previous handler back; resuming continues from that step exactly (the
@@ -453,36 +490,21 @@ TEST(Preemption, SignalStopsAtAStepBoundaryWithACheckpointAndResumes) {
   TESSERA_SEED_TRACE();
   ScratchDirectory dir("tessera_resume_");
   std::mt19937_64 rng = make_rng();
-  app::TrainConfig c = mlp_config(write_image_dataset(dir.path, 240, 6, 5, 4, rng), rng);
-  c.lr_decay_style = "constant";
-  c.train_steps = 100000;  // stopped by the signal long before
-  c.save = dir / "run";
+  app::TrainConfig c = run_to_stop(dir, rng);
   c.resume = "auto";
   c.metrics = dir / "metrics.jsonl";
-  struct sigaction ignore {
-  }, before{}, after{};
-  ignore.sa_handler = SIG_IGN;
-  sigemptyset(&ignore.sa_mask);
-  ASSERT_EQ(sigaction(SIGUSR1, &ignore, &before), 0);
-
   std::atomic<bool> sent{false};
-  std::thread sender([&] {
-    if (wait_for_steps(c.metrics, 3, std::chrono::seconds(60))) {
-      sent = true;
-      ::kill(::getpid(), SIGUSR1);
-    }
-  });
-  app::TrainResult stopped;
-  try {
-    stopped = app::train(c);
-  } catch (...) {
-    sender.join();
-    sigaction(SIGUSR1, &before, nullptr);
-    throw;
-  }
-  sender.join();
-  sigaction(SIGUSR1, nullptr, &after);
-  EXPECT_EQ(after.sa_handler, SIG_IGN) << "train() did not put the previous SIGUSR1 handler back";
+  bool kept_ignoring = false;
+  const app::TrainResult stopped = train_while(
+      c,
+      [&] {
+        if (wait_for_steps(c.metrics, 3, std::chrono::seconds(60))) {
+          sent = true;
+          ::kill(::getpid(), SIGUSR1);
+        }
+      },
+      &kept_ignoring);
+  EXPECT_TRUE(kept_ignoring) << "train() did not put the previous SIGUSR1 handler back";
   ASSERT_TRUE(sent);
   EXPECT_EQ(stopped.stop_signal, SIGUSR1);
   EXPECT_EQ(stopped.exit_code(), 0);
@@ -511,22 +533,46 @@ TEST(Preemption, SignalStopsAtAStepBoundaryWithACheckpointAndResumes) {
   unsaved.save.clear();
   unsaved.resume.clear();
   unsaved.metrics = dir / "unsaved.jsonl";
-  std::thread second_sender([&] {
+  const app::TrainResult unsaved_result = train_while(unsaved, [&] {
     if (wait_for_steps(unsaved.metrics, 2, std::chrono::seconds(60))) ::kill(::getpid(), SIGUSR1);
   });
-  app::TrainResult unsaved_result;
-  try {
-    unsaved_result = app::train(unsaved);
-  } catch (...) {
-    second_sender.join();
-    sigaction(SIGUSR1, &before, nullptr);
-    throw;
-  }
-  second_sender.join();
-  sigaction(SIGUSR1, &before, nullptr);
   EXPECT_EQ(unsaved_result.stop_signal, SIGUSR1);
   EXPECT_TRUE(unsaved_result.checkpoint.empty());
   EXPECT_EQ(unsaved_result.exit_code(), 128 + SIGUSR1);
+}
+
+// SIGUSR1 while the checkpoint of a --save-interval step is written
+// synchronously (--no-async-save; TESSERA_FAULT=slow_checkpoint@2 makes that
+// save take 6 s longer, and the signal is sent once its temporary directory
+// exists): the run stops at that step, with that checkpoint, and returns
+// normally. Before, the stop asked for a background save to be published
+// where there was none, and the run failed ("no asynchronous save is pending").
+TEST(Preemption, SignalDuringASynchronousIntervalSaveStopsWithThatCheckpoint) {
+  TESSERA_SEED_TRACE();
+  ScratchDirectory dir("tessera_resume_");
+  std::mt19937_64 rng = make_rng();
+  app::TrainConfig c = run_to_stop(dir, rng);
+  c.save_interval = 2;
+  c.async_save = false;
+  const FaultEnvironment fault("slow_checkpoint@2");
+  std::atomic<bool> sent{false};
+  const app::TrainResult stopped = train_while(c, [&] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (fs::exists(c.save + "/.step_00000002.tmp")) {
+        sent = true;
+        ::kill(::getpid(), SIGUSR1);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  ASSERT_TRUE(sent) << "the step-2 save was never seen in progress; the test proves nothing";
+  EXPECT_EQ(stopped.stop_signal, SIGUSR1);
+  EXPECT_EQ(stopped.exit_code(), 0);
+  EXPECT_EQ(stopped.final_step, 2) << "the checkpoint written when the signal came serves";
+  EXPECT_EQ(fs::path(stopped.checkpoint).filename().string(), step_name(2));
+  EXPECT_TRUE(io::CheckpointReader(stopped.checkpoint).verify().empty());
 }
 
 }  // namespace
