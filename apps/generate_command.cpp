@@ -159,7 +159,9 @@ void run_generate(const GenerateArguments& args, const parallel::MpiEnv& env) {
       write_text(tokenizer->decode(prompt));
   }
   const TokenPrinter print(tokenizer ? &*tokenizer : nullptr, args.print_ids, root);
-  const models::GenerationResult result = models::generate(model, prompt, args.generation, print);
+  models::GenerationOptions options = args.generation;
+  if (tokenizer) options.vocab_limit = tokenizer->vocab_size();  // never the padding ids, which no text has
+  const models::GenerationResult result = models::generate(model, prompt, options, print);
   if (!root) return;
   std::printf("\n");
   std::fflush(stdout);

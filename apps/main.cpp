@@ -129,6 +129,7 @@ int main(int argc, char** argv) {
     mpi.emplace();
     const tessera::app::ConfigFileLines from_file = tessera::app::apply_config_file(*train, train_config);
     tessera::app::refuse_unused_settings(*train, train_config, from_file);
+    tessera::app::record_given_flags(*train, train_config);
     // 0, or 128 + signal when SIGTERM/SIGUSR1 stopped a run with no --save.
     exit_code = tessera::app::train(train_config).exit_code();
   });

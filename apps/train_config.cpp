@@ -755,6 +755,11 @@ void refuse_llama_choices(nn::ModelKind kind, const TrainConfig& c, const Given&
   refuse_if("--untie-embeddings-and-output-weights", c.untie_embeddings, why);
 }
 
+void record_given_flags(const CLI::App& command, TrainConfig& c) {
+  for (const CLI::Option* option : command.get_options())
+    if (option->count() > 0) c.given.insert(option->get_name());
+}
+
 void refuse_unused_settings(const CLI::App& command, const TrainConfig& c, const ConfigFileLines& from_file) {
   const nn::ModelKind kind = nn::parse_model_kind(c.model);
   std::vector<std::string> problems;
@@ -1054,6 +1059,15 @@ std::vector<std::pair<std::string, std::string>> settings(const TrainConfig& c) 
       {"ffn-hidden-size", std::to_string(c.ffn_hidden_size)},
       {"hidden-dropout", exact(c.hidden_dropout)},
       {"recompute", flag(c.recompute)},
+      {"normalization", c.normalization},
+      {"norm-epsilon", exact(c.norm_epsilon)},
+      {"position-embedding-type", c.position_embedding_type},
+      {"rotary-base", exact(c.rotary_base)},
+      {"swiglu", flag(c.swiglu)},
+      {"group-query-attention", flag(c.group_query_attention)},
+      {"num-query-groups", std::to_string(c.num_query_groups)},
+      {"disable-bias-linear", flag(c.disable_bias_linear)},
+      {"untie-embeddings-and-output-weights", flag(c.untie_embeddings)},
       {"data", c.data},
       {"eval-data", c.eval_data},
       {"synthetic", flag(c.synthetic)},

@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -112,7 +113,8 @@ struct TrainConfig {
   bool async_save = true;     // --async-save / --no-async-save: sharded saves written in the background
   std::string resume;         // --resume auto|PATH: auto = newest complete checkpoint in --save DIR, if any
   int64_t exit_interval = 0;  // --exit-interval N: save (with --save) and stop after a step divisible by N
-  std::string init_from;      // --init-from FILE.safetensors: initial weights (exported, either naming)
+  std::set<std::string> given;  // the flags given ("--hidden-size"), record_given_flags
+  std::string init_from;      // --init-from FILE.safetensors or DIR: initial weights (exported; Hugging Face GPT-2 or Llama)
 
   // Samples during training (GPT; models/generation.h).
   int64_t sample_interval = 0;       // --sample-interval N: print a sample every N steps (0: never)
@@ -146,6 +148,9 @@ ConfigFileLines apply_config_file(CLI::App& command, TrainConfig& config);
 // options CLI11 saw (a boolean flag only when true). `from_file` (what
 // apply_config_file returned) lets the message name the file's line.
 void refuse_unused_settings(const CLI::App& command, const TrainConfig& config, const ConfigFileLines& from_file = {});
+// Notes in config.given the flags given (on the command line or in the
+// --config file), e.g. to tell a model size asked for from a default.
+void record_given_flags(const CLI::App& command, TrainConfig& config);
 
 // What an argument `command` does not know ("--learning-rate", "-lr",
 // "--train-step=3", or a --config key such as "learning_rate") was probably

@@ -47,6 +47,7 @@ std::string TrainingSamples::sample(int64_t step) {
   options.sampling.temperature = config_.sample_temperature;
   options.sampling.top_k = config_.sample_top_k;
   options.sampling.seed = config_.seed + uint64_t(step);  // a new draw each time, reproducible
+  options.vocab_limit = tokenizer_->vocab_size();  // not the padding of --make-vocab-size-divisible-by
   const models::GenerationResult result = models::generate(*model_, prompt_, options);
   return "sample at step " + std::to_string(step) + ": " + tokenizer_->decode(prompt_) +
          tokenizer_->decode(result.tokens);

@@ -43,6 +43,7 @@
 #include "io/dataset.h"
 #include "io/loader.h"
 #include "io/metrics.h"
+#include "io/hf_llama.h"
 #include "io/model_weights.h"
 #include "io/progress.h"
 #include "io/save_lock.h"
@@ -100,6 +101,42 @@ std::string describe_vocabulary(const TrainConfig& c, const nn::ModelConfig& m,
   return text + "; --vocab-size to choose another";
 }
 
+// Whether --init-from names a Hugging Face Llama (a directory with a config.json) for --model llama.
+bool init_from_hf_llama(const TrainConfig& c) {
+  std::error_code error;
+  return nn::parse_model_kind(c.model) == nn::ModelKind::llama && !c.init_from.empty() &&
+         std::filesystem::is_regular_file(std::filesystem::path(c.init_from) / "config.json", error);
+}
+
+// --init-from DIR holding a Hugging Face Llama: its config.json gives the
+// model's dimensions where the flags do not; a flag that disagrees is refused
+// naming both values.
+void take_hf_llama_dimensions(const TrainConfig& c, nn::ModelConfig& m) {
+  const io::HfLlamaConfig hf = io::read_hf_llama_config(c.init_from);
+  const std::string file = (std::filesystem::path(c.init_from) / "config.json").string();
+  const auto take = [&](const char* flag, const char* key, auto& field, auto value) {
+    using Field = std::decay_t<decltype(field)>;
+    TESSERA_CHECK(!c.given.count(flag) || field == Field(value), flag, " ", field, " disagrees with ", key, " ",
+                  value, " in ", file, ": the weights are of that size; drop ", flag, " (it is taken from there)");
+    field = Field(value);
+  };
+  take("--hidden-size", "hidden_size", m.hidden_size, hf.hidden_size);
+  take("--num-layers", "num_hidden_layers", m.num_layers, hf.num_hidden_layers);
+  take("--num-heads", "num_attention_heads", m.num_heads, hf.num_attention_heads);
+  take("--num-query-groups", "num_key_value_heads", m.num_query_groups, hf.num_key_value_heads);
+  take("--ffn-hidden-size", "intermediate_size", m.ffn_hidden_size, hf.intermediate_size);
+  take("--rotary-base", "rope_theta", m.rotary_base, hf.rope_theta);
+  take("--norm-epsilon", "rms_norm_eps", m.norm_epsilon, hf.rms_norm_eps);
+  TESSERA_CHECK(!c.given.count("--untie-embeddings-and-output-weights") || !hf.tie_word_embeddings,
+                "--untie-embeddings-and-output-weights disagrees with tie_word_embeddings true in ", file,
+                ": the model has no LM head of its own; drop the flag");
+  m.untie_embeddings = !hf.tie_word_embeddings;
+  TESSERA_CHECK(!c.given.count("--vocab-size") || c.vocab_size == hf.vocab_size, "--vocab-size ", c.vocab_size,
+                " disagrees with vocab_size ", hf.vocab_size, " in ", file,
+                ": the weights are of that size; drop --vocab-size (it is taken from there)");
+  m.vocab_size = hf.vocab_size;
+}
+
 // The model's configuration from the flags and, when there is data, from the
 // dataset (input shape and classes, or vocabulary).
 nn::ModelConfig model_config(const TrainConfig& c, const std::optional<io::DatasetInfo>& data) {
@@ -117,13 +154,18 @@ nn::ModelConfig model_config(const TrainConfig& c, const std::optional<io::Datas
   m.num_query_groups = c.group_query_attention ? c.num_query_groups : 0;
   m.rotary_base = c.rotary_base;
   m.norm_epsilon = c.norm_epsilon;
+  if (init_from_hf_llama(c)) take_hf_llama_dimensions(c, m);
   if (!data) return m;
   const bool wants_tokens = nn::model_traits(m.kind).reads_tokens;
   const bool has_tokens = data->kind == io::DatasetKind::tokens;
   TESSERA_CHECK(wants_tokens == has_tokens, "--model ", c.model, " needs ",
                 wants_tokens ? "a token dataset (tessera prepare text)" : "an image dataset (tessera prepare idx)",
                 " but ", data->path, " holds ", has_tokens ? "tokens" : "images");
-  if (has_tokens && c.vocab_size == 0) {
+  if (has_tokens && init_from_hf_llama(c)) {
+    TESSERA_CHECK(data->vocab_size <= m.vocab_size, data->path, " holds token ids up to ", data->vocab_size - 1,
+                  ", outside the vocabulary of ", m.vocab_size, " of --init-from ", c.init_from,
+                  "; prepare the data with that model's tokenizer");
+  } else if (has_tokens && c.vocab_size == 0) {
     m.vocab_size = padded_vocab_size(data->vocab_size, c.make_vocab_size_divisible_by);
   } else if (has_tokens) {
     TESSERA_CHECK(c.vocab_size >= data->vocab_size, "--vocab-size ", c.vocab_size, " is smaller than the vocabulary (",
@@ -763,7 +805,9 @@ TrainResult starting_result(int data_parallel, parallel::DataParallel& replica, 
 // replaces them.
 void load_initial_weights(const TrainConfig& c, const std::vector<nn::Parameter*>& parameters,
                           const nn::ModelConfig& model, bool root) {
-  const io::WeightsLoaded loaded = io::load_safetensors_weights(c.init_from, parameters, model.num_layers);
+  const io::WeightsLoaded loaded =
+      init_from_hf_llama(c) ? io::load_hf_llama_weights(c.init_from, parameters, io::read_hf_llama_config(c.init_from))
+                            : io::load_safetensors_weights(c.init_from, parameters, model.num_layers);
   if (root)
     std::printf("init-from: %s: %lld tensors under %s names%s\n", c.init_from.c_str(),
                 static_cast<long long>(loaded.tensors), loaded.naming.c_str(),
@@ -783,7 +827,7 @@ io::TraceOptions trace_options(const TrainConfig& c, const parallel::Communicato
 // stage of the model and its loss, the replica, the loss scaler, the groups
 // it talks to, and the pipeline's schedule.
 parallel::TrainStepParts train_step_parts(const TrainConfig& c, Context& ctx, Device device,
-                                          const parallel::StageModel& stage_model, parallel::DataParallel& replica,
+                                          const models::StageModel& stage_model, parallel::DataParallel& replica,
                                           nn::GradScaler& scaler, parallel::ProcessGrid& grid,
                                           const PipelineGroups& groups, io::TraceWriter& trace) {
   parallel::TrainStepParts parts;

@@ -35,6 +35,7 @@
 #include "io/model_weights.h"
 #include "io/safetensors.h"
 #include "io/safetensors_directory.h"
+#include "nn/models.h"
 #include "nn/parameter.h"
 
 namespace tessera::io {
@@ -63,6 +64,10 @@ struct HfLlamaConfig {
   // or the heads do not divide.
   void validate(const std::string& source) const;
 };
+
+// Tessera's model configuration (--model llama) of a Hugging Face Llama, for
+// sequences of up to `seq_length` tokens.
+nn::ModelConfig llama_model_config(const HfLlamaConfig& config, int64_t seq_length);
 
 // config.json (a path to it, or the directory holding it): the keys above,
 // checked. Refused, naming the file and the key: malformed JSON, a missing

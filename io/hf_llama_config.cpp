@@ -107,6 +107,22 @@ void HfLlamaConfig::validate(const std::string& source) const {
   TESSERA_CHECK(rms_norm_eps > 0 && rope_theta > 0, source, ": \"rms_norm_eps\" and \"rope_theta\" must be positive");
 }
 
+nn::ModelConfig llama_model_config(const HfLlamaConfig& hf, int64_t seq_length) {
+  nn::ModelConfig m;
+  m.kind = nn::ModelKind::llama;
+  m.vocab_size = hf.vocab_size;
+  m.seq_length = seq_length;
+  m.num_layers = hf.num_hidden_layers;
+  m.num_heads = hf.num_attention_heads;
+  m.num_query_groups = hf.num_key_value_heads;
+  m.hidden_size = hf.hidden_size;
+  m.ffn_hidden_size = hf.intermediate_size;
+  m.rotary_base = float(hf.rope_theta);
+  m.norm_epsilon = float(hf.rms_norm_eps);
+  m.untie_embeddings = !hf.tie_word_embeddings;
+  return m;
+}
+
 HfLlamaConfig read_hf_llama_config(const std::string& path) {
   std::error_code error;
   const std::string file = fs::is_directory(path, error) ? (fs::path(path) / "config.json").string() : path;

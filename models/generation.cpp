@@ -118,7 +118,10 @@ GenerationResult generate(CausalLm& model, std::span<const int32_t> prompt, cons
       logits = model.forward(ids, saved, pass);
     }
     if (options.use_cache) cache.advance(ids.size(1));
-    const int64_t token = nn::sample_token(last_position_logits(model, logits), options.sampling, result.tokens.size());
+    std::vector<float> candidates = last_position_logits(model, logits);
+    if (options.vocab_limit > 0 && options.vocab_limit < int64_t(candidates.size()))
+      candidates.resize(size_t(options.vocab_limit));  // the padding ids of the vocabulary are never drawn
+    const int64_t token = nn::sample_token(candidates, options.sampling, result.tokens.size());
     if (result.tokens.empty()) {
       result.prompt_seconds = seconds_since(start);
       start = Clock::now();

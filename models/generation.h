@@ -31,6 +31,10 @@ struct GenerationOptions {
   // false: no KV cache, the whole sequence runs through the model for every
   // token (as transformers' use_cache=False; for comparisons and benchmarks).
   bool use_cache = true;
+  // Draw only ids below this (0: the whole vocabulary): the tokenizer's size
+  // when the model's vocabulary is padded past it (--make-vocab-size-divisible-by),
+  // whose padding ids no text has.
+  int64_t vocab_limit = 0;
 };
 
 struct GenerationResult {

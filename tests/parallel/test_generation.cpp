@@ -159,6 +159,27 @@ TEST(Generation, LlamaGreedyEqualsArgmaxRecomputedWithoutTheCache) {
   expect_greedy_equals_argmax_without_cache(small_llama());
 }
 
+// A vocabulary padded past the tokenizer's (--make-vocab-size-divisible-by):
+// the padding ids are never drawn, even when their logits are the largest.
+TEST(Generation, PaddingIdsOfTheVocabularyAreNeverDrawn) {
+  TESSERA_SEED_TRACE();
+  Context ctx;
+  auto rng = make_rng();
+  const nn::ModelConfig m = small_gpt();
+  const auto owned = spread_model(ctx, m, rng);
+  models::CausalLm& model = *owned;
+  const std::vector<int32_t> prompt = random_ids(rng, 3, m.vocab_size);
+  models::GenerationOptions options;
+  options.max_new_tokens = 16;
+  options.sampling = nn::SamplingOptions{2.0f, 0, 1.0f, rng()};  // hot: every id has a chance
+  const int64_t limit = 5;
+  bool drawn_above = false;
+  for (const int32_t token : models::generate(model, prompt, options).tokens) drawn_above |= token >= limit;
+  EXPECT_TRUE(drawn_above) << "the unlimited draw should reach ids past " << limit << " (seed)";
+  options.vocab_limit = limit;
+  for (const int32_t token : models::generate(model, prompt, options).tokens) EXPECT_LT(token, limit);
+}
+
 TEST(Generation, TheSameSeedGivesTheSameSample) {
   TESSERA_SEED_TRACE();
   Context ctx;
