@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <string>
@@ -152,6 +153,118 @@ TEST(Generate, GreedyEqualsArgmaxWithoutTheCacheAndTensorParallelSamplesTheSameT
     else
       EXPECT_EQ(text, one_rank) << "the same seed must give the same text on 1 and 2 ranks";
   }
+}
+
+fs::path hf_python() {
+  const char* tools = std::getenv("TESSERA_TOOLS_DIR");
+  return fs::path(tools && *tools ? tools : "/opt/tessera-tools") / "hf" / "bin" / "python";
+}
+
+// The logits [T, V] of the checkpoint's model (whole, on this process) for `ids`.
+std::vector<double> checkpoint_logits(const std::string& checkpoint, const std::vector<int32_t>& ids) {
+  Context ctx;
+  const io::CheckpointReader reader(checkpoint);
+  const io::CheckpointModel saved = io::checkpoint_model(reader);
+  auto model = models::build_model(saved.config, nn::ModelSpec{&ctx, Device::cpu(), saved.dtype, 0});
+  io::read_parameters(reader, model->parameters());
+  model->train(false);
+  nn::Saved state;
+  return model->forward(ctx.from_vector(Shape{1, int64_t(ids.size())}, ids), state, nn::Pass{}).to_doubles();
+}
+
+// The README's loop for the Llama, under tensor parallelism: BPE text whose
+// vocabulary (300) is padded to 384, a Llama (2 key/value groups of 2 query
+// heads) trained on 2 ranks with samples; greedy generation on 1 and 2 ranks
+// equal to argmax without the cache; the hf-llama export loaded by
+// transformers (nothing missing, its logits Tessera's, its tokenizer's ids
+// the dataset's); the export loaded back with --init-from under pp 2 equal to
+// the checkpoint, and a flag that disagrees with its config.json refused.
+TEST(Generate, LlamaTrainsWithSamplesGeneratesAndGoesToHuggingFaceAndBack) {
+  TESSERA_SEED_TRACE();
+  if (!fs::exists(hf_python()))
+    GTEST_SKIP() << "no transformers in " << hf_python() << ": run scripts/install-deps.sh (scripts/install-hf.sh)";
+  std::vector<std::string> corpus;
+  for (const char* name : {"computers", "science"})
+    if (fs::is_regular_file(std::string("/usr/share/games/fortunes/") + name))
+      corpus.push_back(std::string("/usr/share/games/fortunes/") + name);
+  if (corpus.empty()) GTEST_SKIP() << "Debian's fortunes is missing: run scripts/install-deps.sh";
+  ScratchDirectory dir("tessera_llama_loop_");
+  const Outcome prepared = run_command(
+      joined({TESSERA_BINARY, "prepare", "text", "--tokenizer", "bpe", "--vocab-size", "300", "-o", dir / "text.h5"},
+             corpus),
+      dir / "prepare.log", seconds(120));
+  ASSERT_EQ(prepared.status, 0) << prepared.output;
+  const std::string model =
+      "--model llama --seq-length 64 --num-layers 2 --num-heads 4 --group-query-attention --num-query-groups 2 "
+      "--hidden-size 64 --ffn-hidden-size 96 --rotary-base 500000 --micro-batch-size 8 --threads 1 ";
+  const std::string train = run_training(
+      2,
+      words(model + "--data " + (dir / "text.h5") +
+            " --tp 2 --train-steps 30 --lr 3e-3 --warmup-steps 5 --sample-interval 15 --sample-tokens 24 "
+            "--sample-temperature 1.5 --sample-prompt The --seed " + std::to_string(test_seed() % 1000) +
+            " --save " + (dir / "ckpt")),
+      dir / "train.log");
+  EXPECT_TRUE(contains(train, "vocabulary: 384 from " + (dir / "text.h5") + " (its 300 tokens padded")) << train;
+  EXPECT_TRUE(contains(train, "sample at step 15: The")) << train;
+  EXPECT_TRUE(contains(train, "sample at step 30: The")) << train;
+  const std::string checkpoint = dir / "ckpt/step_00000030";
+
+  const std::optional<io::Tokenizer> tokenizer = io::Tokenizer::load(dir / "text.h5");
+  ASSERT_TRUE(tokenizer.has_value());
+  const std::vector<int32_t> prompt = tokenizer->encode("The computer ");
+  const std::vector<int32_t> reference = argmax_without_cache(checkpoint, prompt, 20);
+  for (const int ranks : {1, 2}) {
+    SCOPED_TRACE(std::to_string(ranks) + " rank(s)");
+    const Outcome greedy =
+        run_command(generate_command(ranks, {dir / "ckpt", "--prompt", "The computer ", "--temperature", "0",
+                                             "--max-new-tokens", "20", "--print-ids", "--threads", "1"}),
+                    dir / "greedy.log", seconds(120));
+    ASSERT_EQ(greedy.status, 0) << greedy.output;
+    std::vector<int32_t> expected = prompt;
+    expected.insert(expected.end(), reference.begin(), reference.end());
+    EXPECT_EQ(ids_of(generated(greedy.output)), expected) << greedy.output;
+    EXPECT_TRUE(contains(greedy.output, "KV cache")) << greedy.output;
+  }
+
+  const Outcome exported = run_command(
+      {TESSERA_BINARY, "export", dir / "ckpt", "-o", dir / "hf", "--format", "hf-llama", "--max-shard-size", "100KB"},
+      dir / "export.log", seconds(60));
+  ASSERT_EQ(exported.status, 0) << exported.output;
+  ASSERT_TRUE(fs::exists(dir / "hf/model.safetensors.index.json")) << exported.output;
+  std::string ids_text;
+  for (const int32_t id : prompt) ids_text += (ids_text.empty() ? "" : ",") + std::to_string(id);
+  const Outcome loaded = run_command({hf_python().string(), TESSERA_HF_LLAMA_SCRIPT, "load", dir / "hf", "--json",
+                                      dir / "hf.json", "--ids", ids_text, "--text", "The computer "},
+                                     dir / "load.log", seconds(300));
+  ASSERT_EQ(loaded.status, 0) << loaded.output;
+  const nlohmann::json printed = nlohmann::json::parse(std::ifstream(dir / "hf.json"));
+  EXPECT_TRUE(printed["missing"].empty() && printed["unexpected"].empty()) << printed["missing"].dump();
+  std::vector<double> theirs;
+  for (const auto& row : printed["logits"]) {
+    const std::vector<double> values = row.get<std::vector<double>>();
+    theirs.insert(theirs.end(), values.begin(), values.end());
+  }
+  EXPECT_TRUE(all_close(theirs, checkpoint_logits(checkpoint, prompt), Tolerance{2e-4, 2e-4}));
+  EXPECT_EQ(printed["tokenizer"]["ids"].get<std::vector<int32_t>>(), prompt) << printed["tokenizer"].dump();
+
+  // And back: the export under two pipeline stages, its tensors the checkpoint's.
+  const std::string back = run_training(
+      2, words(model + "--synthetic --pp 2 --global-batch-size 16 --train-steps 0 --init-from " + (dir / "hf") +
+               " --save " + (dir / "back")),
+      dir / "back.log");
+  EXPECT_TRUE(contains(back, "init-from: " + (dir / "hf"))) << back;
+  const io::CheckpointReader original(checkpoint), round_trip(dir / "back/step_00000000");
+  for (const io::StoredTensor& t : original.tensors()) {
+    if (t.name.find("exp_avg") != std::string::npos || !round_trip.has_tensor(t.name)) continue;
+    Context ctx;
+    EXPECT_EQ(read_whole(ctx, round_trip, t).to_doubles(), read_whole(ctx, original, t).to_doubles()) << t.name;
+  }
+  const Outcome disagree = run_command(
+      tessera_command(1, words(model + "--synthetic --hidden-size 128 --train-steps 1 --init-from " + (dir / "hf"))),
+      dir / "disagree.log", seconds(60));
+  EXPECT_NE(disagree.status, 0);
+  EXPECT_TRUE(contains(disagree.output, "--hidden-size 128 disagrees with hidden_size 64 in " + (dir / "hf/config.json")))
+      << disagree.output;
 }
 
 const char* kSmallGpt =
