@@ -253,6 +253,40 @@ TEST(Train, EstimateMemoryWorksAnySizeOutFromTheShapesAlone) {
   EXPECT_EQ(result.steps, 0);
 }
 
+// The same for a Llama-3-8B-shaped model (4096 wide, 32 heads in 8
+// key/value groups, SwiGLU 14336, vocabulary 128256, untied head) on one
+// rank, from its shapes alone: the estimate knows the groups, the
+// SwiGLU's three matrices and the head of its own, worked out here (bf16
+// values, f32 gradients, f32 master weights and AdamW's two moments).
+TEST(Train, EstimateMemoryKnowsTheLlamasGroupsSwigluAndUntiedHead) {
+  app::TrainConfig c;
+  c.model = "llama";
+  c.synthetic = true;
+  c.vocab_size = 128256;
+  c.seq_length = 8192;
+  c.num_layers = 32;
+  c.num_heads = 32;
+  c.group_query_attention = true;
+  c.num_query_groups = 8;
+  c.hidden_size = 4096;
+  c.ffn_hidden_size = 14336;
+  c.precision = "bf16";
+  c.micro_batch_size = 1;
+  c.train_steps = 1;
+  c.estimate_memory = true;
+  const app::TrainResult result = app::train(c);
+  ASSERT_EQ(result.memory_estimate.size(), 1u);
+  const int64_t v = c.vocab_size, w = c.hidden_size, f = c.ffn_hidden_size, dh = w / c.num_heads;
+  const int64_t qkv = (c.num_heads + 2 * c.num_query_groups) * dh * w, proj = c.num_heads * dh * w;
+  const int64_t block = 2 * w + qkv + proj + 3 * w * f;
+  const int64_t parameters = 2 * v * w + c.num_layers * block + w;  // embedding, head, blocks, final norm
+  EXPECT_EQ(parameters, 8'030'261'248);  // Llama 3 8B's published count
+  const auto& [values, gradients, optimizer] = result.memory_estimate[0];
+  EXPECT_EQ(values, 2 * parameters);
+  EXPECT_EQ(gradients, 4 * parameters);
+  EXPECT_EQ(optimizer, 12 * parameters);
+}
+
 // A BPE dataset of `vocab` tokens (from generated words), with an eval file.
 std::pair<std::string, std::string> prepare_bpe_words(const fs::path& dir, int64_t vocab) {
   std::mt19937_64 rng(7);
