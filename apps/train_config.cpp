@@ -68,6 +68,18 @@ CLI::Validator a_finite_number() {
       "");
 }
 
+// --model's words and the kinds they name (nn/model_kind.h's table): the one place --model is parsed.
+std::map<std::string, nn::ModelKind> model_kinds() {
+  std::map<std::string, nn::ModelKind> kinds;
+  for (const nn::ModelKind kind : {nn::ModelKind::mlp, nn::ModelKind::cnn, nn::ModelKind::gpt, nn::ModelKind::llama})
+    kinds.emplace(std::string(nn::model_name(kind)), kind);
+  return kinds;
+}
+
+std::string model_text(const TrainConfig& c) {
+  return std::string(nn::model_name(c.model));
+}
+
 // The Llama family's choices, with Megatron-LM's flag names.
 void add_llama_options(CLI::App& command, TrainConfig& c, const std::string& group) {
   command.add_option("--normalization", c.normalization, "LayerNorm (gpt) or RMSNorm (llama)")
@@ -104,7 +116,7 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
 
   const std::string model = "Model";
   command.add_option("--model", c.model, "Model: mlp, cnn, gpt or llama")
-      ->check(CLI::IsMember({"mlp", "cnn", "gpt", "llama"}))
+      ->transform(CLI::CheckedTransformer(model_kinds()))
       ->group(model);
   command.add_option("--hidden", c.hidden, "MLP hidden sizes, e.g. 1024,1024")
       ->delimiter(',')
@@ -745,7 +757,7 @@ void refuse_llama_choices(nn::ModelKind kind, const TrainConfig& c, const Given&
                     c.num_heads, "; 1: multi-query)");
     return;
   }
-  const std::string why = "a Llama-family choice, and --model " + c.model + " does not have it; use --model llama";
+  const std::string why = "a Llama-family choice, and --model " + model_text(c) + " does not have it; use --model llama";
   refuse_if("--normalization", c.normalization == "RMSNorm" || kind != nn::ModelKind::gpt, why);
   refuse_if("--position-embedding-type", c.position_embedding_type == "rope" || kind != nn::ModelKind::gpt, why);
   for (const char* flag : {"--norm-epsilon", "--rotary-base", "--num-query-groups"}) refuse_if(flag, true, why);
@@ -761,7 +773,7 @@ void record_given_flags(const CLI::App& command, TrainConfig& c) {
 }
 
 void refuse_unused_settings(const CLI::App& command, const TrainConfig& c, const ConfigFileLines& from_file) {
-  const nn::ModelKind kind = nn::parse_model_kind(c.model);
+  const nn::ModelKind kind = c.model;
   std::vector<std::string> problems;
   const auto given = [&](const std::string& flag) {
     const CLI::Option* option = command.get_option_no_throw(flag);
@@ -785,7 +797,7 @@ void refuse_unused_settings(const CLI::App& command, const TrainConfig& c, const
   const bool language_model = nn::model_traits(kind).reads_tokens;
   refuse_llama_choices(kind, c, given, refuse_if);
   if (!language_model) {
-    const std::string model = setting("--model", c.model);
+    const std::string model = setting("--model", model_text(c));
     const bool mlp = kind == nn::ModelKind::mlp;
     const std::string widths = mlp ? "; the MLP's layer widths are --hidden" : "; the CNN's layers are fixed";
     std::string deep = "--hidden";  // the MLP with --num-layers hidden layers of its first width
@@ -819,7 +831,7 @@ void refuse_unused_settings(const CLI::App& command, const TrainConfig& c, const
                   std::to_string(c.vocab_size) + " is; drop one of them");
   if (kind != nn::ModelKind::mlp)
     refuse_if("--hidden", true,
-              "the MLP's layer widths, and " + setting("--model", c.model) + " does not use it" +
+              "the MLP's layer widths, and " + setting("--model", model_text(c)) + " does not use it" +
                   (language_model ? "; a language model's width is --hidden-size and its depth --num-layers"
                                               : "; the CNN's layers are fixed"));
   if (c.optimizer != "sgd") {
@@ -864,7 +876,7 @@ void refuse_unused_settings(const CLI::App& command, const TrainConfig& c, const
               "shapes the samples printed during training, and no --sample-interval is given; add "
               "--sample-interval N, or drop it");
   refuse_if("--sample-interval", c.sample_interval > 0 && !language_model,
-            "prints text a language model generates, and " + setting("--model", c.model) + " does not generate text; drop it");
+            "prints text a language model generates, and " + setting("--model", model_text(c)) + " does not generate text; drop it");
   for (const char* flag : {"--eval-interval", "--eval-iters"})
     refuse_if(flag, c.eval_data.empty(),
               "evaluation needs held-out data, and no --eval-data is given; add --eval-data FILE, or drop it");
@@ -950,7 +962,7 @@ void validate(const TrainConfig& c) {
   TESSERA_CHECK(c.zero_prefetch >= 0, "--zero-prefetch must not be negative, got ", c.zero_prefetch);
   TESSERA_CHECK(c.tensor_parallel >= 1, "--tensor-parallel must be at least 1, got ", c.tensor_parallel);
   TESSERA_CHECK(c.pipeline_parallel >= 1, "--pipeline-parallel must be at least 1, got ", c.pipeline_parallel);
-  const nn::ModelTraits& model = nn::model_traits(nn::parse_model_kind(c.model));
+  const nn::ModelTraits& model = nn::model_traits(c.model);
   TESSERA_CHECK(c.pipeline_parallel == 1 || model.splits_into_stages, "--pipeline-parallel ", c.pipeline_parallel,
                 " splits the layers of --model gpt or mlp; --model ", c.model, " trains with --pipeline-parallel 1");
   TESSERA_CHECK(c.virtual_pipeline_stages == 1 || c.pipeline_schedule == "1f1b", "--virtual-pipeline-stages ",
@@ -996,7 +1008,7 @@ std::string describe(const TrainConfig& c) {
     return text;
   };
   out << "model=" << c.model;
-  const nn::ModelKind kind = nn::parse_model_kind(c.model);
+  const nn::ModelKind kind = c.model;
   if (kind == nn::ModelKind::mlp) out << " hidden=" << list(c.hidden);
   if (kind == nn::ModelKind::llama)
     out << " num_query_groups=" << (c.num_query_groups ? c.num_query_groups : c.num_heads)
@@ -1048,7 +1060,7 @@ std::vector<std::pair<std::string, std::string>> settings(const TrainConfig& c) 
   for (size_t i = 0; i < c.hidden.size(); ++i) hidden += (i ? "," : "") + std::to_string(c.hidden[i]);
   const auto flag = [](bool value) { return std::string(value ? "true" : "false"); };
   return {
-      {"model", c.model},
+      {"model", model_text(c)},
       {"hidden", hidden},
       {"vocab-size", std::to_string(c.vocab_size)},
       {"make-vocab-size-divisible-by", std::to_string(c.make_vocab_size_divisible_by)},

@@ -15,11 +15,13 @@
 #include <utility>
 #include <vector>
 
+#include "nn/model_kind.h"
+
 namespace tessera::app {
 
 struct TrainConfig {
   // Model.
-  std::string model = "mlp";                   // --model mlp|cnn|gpt|llama
+  nn::ModelKind model = nn::ModelKind::mlp;   // --model mlp|cnn|gpt|llama (parsed once, here)
   std::vector<int64_t> hidden = {1024, 1024};  // --hidden (mlp)
   int64_t vocab_size = 0;                      // gpt; 0: the dataset's, padded (256 with --synthetic)
   int64_t make_vocab_size_divisible_by = 128;  // gpt, --vocab-size 0: the dataset's vocabulary padded to a multiple

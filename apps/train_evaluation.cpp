@@ -50,7 +50,7 @@ EvalResult evaluate(const TrainConfig& c, const EvalModel& m, io::TraceWriter& t
   io::DataLoader loader(m.context, c.eval_data, options);
   const int64_t batches =
       c.eval_iters > 0 ? std::min(c.eval_iters, loader.batches_per_epoch()) : loader.batches_per_epoch();
-  const bool classifier = !nn::model_traits(nn::parse_model_kind(c.model)).reads_tokens;
+  const bool classifier = !nn::model_traits(c.model).reads_tokens;
   double loss_sum = 0.0;
   int64_t count = 0, correct = 0;
   m.model.eval();

@@ -263,7 +263,7 @@ std::string TrainingMonitor::prometheus(const std::vector<std::vector<double>>& 
       per_rank("tessera_step", "Optimizer steps done", "gauge", ranks, kStep, nodes_),
       per_rank("tessera_loss", "Training loss of the last step", "gauge", ranks, kLoss, nodes_),
       per_rank("tessera_learning_rate", "Learning rate of the last step", "gauge", ranks, kLr, nodes_),
-      per_rank(config_.model == "gpt" ? "tessera_tokens_per_second" : "tessera_samples_per_second",
+      per_rank(nn::model_traits(config_.model).reads_tokens ? "tessera_tokens_per_second" : "tessera_samples_per_second",
                "Throughput of the whole job over the last step", "gauge", ranks, kThroughput, nodes_),
       per_rank("tessera_step_seconds", "Mean step time since the last exchange", "gauge", ranks, kStepSeconds, nodes_),
       per_rank("tessera_data_wait_seconds", "Mean time per step waiting for batches", "gauge", ranks, kDataWaitSeconds,
@@ -324,7 +324,7 @@ std::string TrainingMonitor::prometheus(const std::vector<std::vector<double>>& 
   families.push_back({"tessera_info",
                       "The run",
                       "gauge",
-                      {{{{"model", config_.model},
+                      {{{{"model", std::string(nn::model_name(config_.model))},
                          {"layout", "dp=" + std::to_string(grid_.dp_size()) + " tp=" + std::to_string(grid_.tp_size()) +
                                         " pp=" + std::to_string(grid_.pp_size())},
                          {"version", TESSERA_VERSION},

@@ -106,7 +106,7 @@ MetricsLog::MetricsLog(const TrainConfig& c, bool root, bool resumed, Device dev
 }
 
 void MetricsLog::on_run_start(const io::RunStart&) {
-  metrics_.log_run({{"model", config_.model},
+  metrics_.log_run({{"model", std::string(nn::model_name(config_.model))},
                     {"precision", config_.precision},
                     {"device", device_},
                     {"data_parallel", std::to_string(data_parallel_)},

@@ -30,7 +30,7 @@ io::MlflowPairs run_tags(const TrainConfig& c, const RunFacts& facts) {
                           {"mlflow.source.type", "JOB"},
                           {"mlflow.user", env_or("USER", env_or("LOGNAME", "unknown"))},
                           {"tessera.version", TESSERA_VERSION},
-                          {"tessera.model", c.model},
+                          {"tessera.model", std::string(nn::model_name(c.model))},
                           {"tessera.layout", facts.layout},
                           {"tessera.world_size", std::to_string(facts.world_size)},
                           {"tessera.device", facts.device},

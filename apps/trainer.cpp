@@ -104,7 +104,7 @@ std::string describe_vocabulary(const TrainConfig& c, const nn::ModelConfig& m,
 // Whether --init-from names a Hugging Face Llama (a directory with a config.json) for --model llama.
 bool init_from_hf_llama(const TrainConfig& c) {
   std::error_code error;
-  return nn::parse_model_kind(c.model) == nn::ModelKind::llama && !c.init_from.empty() &&
+  return c.model == nn::ModelKind::llama && !c.init_from.empty() &&
          std::filesystem::is_regular_file(std::filesystem::path(c.init_from) / "config.json", error);
 }
 
@@ -141,7 +141,7 @@ void take_hf_llama_dimensions(const TrainConfig& c, nn::ModelConfig& m) {
 // dataset (input shape and classes, or vocabulary).
 nn::ModelConfig model_config(const TrainConfig& c, const std::optional<io::DatasetInfo>& data) {
   nn::ModelConfig m;
-  m.kind = nn::parse_model_kind(c.model);
+  m.kind = c.model;
   m.hidden = c.hidden;
   m.vocab_size = c.vocab_size > 0 ? c.vocab_size : kSyntheticVocabSize;
   m.seq_length = c.seq_length;
@@ -1099,7 +1099,7 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
     std::printf("%s", describe_resume(c, resumed, counters, total_steps, state).c_str());
     std::printf(
         "model: %s, %lld parameters, %s on %s; %lld steps of %lld micro-batch(es) of %lld on each of %d rank(s)\n",
-        c.model.c_str(), static_cast<long long>(nn::parameter_count(*model)), std::string(dtype_name(dtype)).c_str(),
+        std::string(nn::model_name(c.model)).c_str(), static_cast<long long>(nn::parameter_count(*model)), std::string(dtype_name(dtype)).c_str(),
         device.to_string().c_str(), static_cast<long long>(total_steps), static_cast<long long>(accumulation),
         static_cast<long long>(c.micro_batch_size), dp.size());
     std::fflush(stdout);

@@ -44,7 +44,7 @@ namespace fs = std::filesystem;
 // weight decay and clipping; seeded fresh each run.
 app::TrainConfig mlp_config(const std::string& data, std::mt19937_64& rng) {
   app::TrainConfig c;
-  c.model = "mlp";
+  c.model = nn::ModelKind::mlp;
   c.hidden = {24, 16};
   c.data = data;
   c.micro_batch_size = 8;
@@ -63,7 +63,7 @@ app::TrainConfig mlp_config(const std::string& data, std::mt19937_64& rng) {
 // A tiny GPT with dropout on random text, two micro-batches per step.
 app::TrainConfig gpt_config(const std::string& data, std::mt19937_64& rng) {
   app::TrainConfig c;
-  c.model = "gpt";
+  c.model = nn::ModelKind::gpt;
   c.data = data;
   c.vocab_size = 256;
   c.seq_length = 16;
@@ -277,7 +277,7 @@ TEST(Resume, ZeroOnOneRankIsRefusedWithTheReason) {
 
 app::TrainConfig synthetic_gpt(const std::string& save) {
   app::TrainConfig c;
-  c.model = "gpt";
+  c.model = nn::ModelKind::gpt;
   c.synthetic = true;
   c.vocab_size = 29;
   c.seq_length = 8;
@@ -307,7 +307,7 @@ TEST(Resume, AnotherModelOrPrecisionIsRefusedNamingTheFlagAndBothValues) {
   deeper.train_steps = 4;
   expect_train_error(deeper, {"--num-layers", "3", "1"});
   app::TrainConfig other = saved;
-  other.model = "mlp";
+  other.model = nn::ModelKind::mlp;
   other.train_steps = 4;
   expect_train_error(other, {"--model", "mlp", "gpt"});
   app::TrainConfig half = saved;

@@ -57,7 +57,7 @@ TEST(Train, MlpOnFashionMnistReachesEightyPercentInOneEpoch) {
   const auto [train_path, test_path] = prepare_fashion_mnist(dir.path);
   if (train_path.empty()) return;
   app::TrainConfig c;
-  c.model = "mlp";
+  c.model = nn::ModelKind::mlp;
   c.hidden = {256};
   c.data = train_path;
   c.eval_data = test_path;
@@ -86,7 +86,7 @@ TEST(Train, AccumulationEqualsOneBiggerBatch) {
   if (train_path.empty()) return;
   auto run = [&](int64_t micro, int64_t global, const std::string& name) {
     app::TrainConfig c;
-    c.model = "mlp";
+    c.model = nn::ModelKind::mlp;
     c.hidden = {64};
     c.data = train_path;
     c.micro_batch_size = micro;
@@ -112,7 +112,7 @@ TEST(Train, SyntheticGptTrainsInEveryPrecision) {
   for (const char* precision : {"fp32", "bf16", "fp16"}) {
     SCOPED_TRACE(precision);
     app::TrainConfig c;
-    c.model = "gpt";
+    c.model = nn::ModelKind::gpt;
     c.synthetic = true;
     c.vocab_size = 31;
     c.seq_length = 16;
@@ -140,7 +140,7 @@ TEST(Train, ConfigFileSetsWhatFlagsDoNotAndRejectsUnknownKeys) {
   command.parse(
       std::vector<std::string>{"0.25", "--lr", toml.string(), "--config"});  // reversed: CLI11 pops from the back
   app::apply_config_file(command, c);
-  EXPECT_EQ(c.model, "gpt");
+  EXPECT_EQ(c.model, nn::ModelKind::gpt);
   EXPECT_EQ(c.num_layers, 3);
   EXPECT_EQ(c.hidden_size, 48);
   EXPECT_FLOAT_EQ(c.lr, 0.25f);  // the flag wins over the file
@@ -167,7 +167,7 @@ TEST(Train, ARepeatedFlagKeepsItsLastValueAndListsStillAccumulate) {
   command.parse(std::vector<std::string>{"cnn", "--model", "24,12", "--hidden", "0.125", "--lr", "mlp", "--model",
                                          "0.5", "--lr"});
   EXPECT_FLOAT_EQ(c.lr, 0.125f);
-  EXPECT_EQ(c.model, "cnn");
+  EXPECT_EQ(c.model, nn::ModelKind::cnn);
   EXPECT_EQ(c.hidden, (std::vector<int64_t>{24, 12}));
 }
 
@@ -207,7 +207,7 @@ TEST(Train, BadSettingsAndDataNameTheFlagOrFile) {
   app::TrainConfig heads;
   heads.synthetic = true;
   heads.train_steps = 1;
-  heads.model = "gpt";
+  heads.model = nn::ModelKind::gpt;
   heads.hidden_size = 30;
   heads.num_heads = 4;
   expect_train_error(heads, "--num-heads");
@@ -217,7 +217,7 @@ TEST(Train, BadSettingsAndDataNameTheFlagOrFile) {
   std::ofstream(text) << std::string(5000, 'a');
   io::prepare_text({text.string()}, (dir.path / "tokens.h5").string(), "", 0.0);
   app::TrainConfig mismatch;
-  mismatch.model = "mlp";
+  mismatch.model = nn::ModelKind::mlp;
   mismatch.data = (dir.path / "tokens.h5").string();
   mismatch.train_steps = 1;
   expect_train_error(mismatch, "tokens.h5");
@@ -231,7 +231,7 @@ TEST(Train, BadSettingsAndDataNameTheFlagOrFile) {
 // (f32 values and gradients, AdamW's two f32 moments).
 TEST(Train, EstimateMemoryWorksAnySizeOutFromTheShapesAlone) {
   app::TrainConfig c;
-  c.model = "gpt";
+  c.model = nn::ModelKind::gpt;
   c.synthetic = true;
   c.vocab_size = 50304;
   c.seq_length = 2048;
@@ -260,7 +260,7 @@ TEST(Train, EstimateMemoryWorksAnySizeOutFromTheShapesAlone) {
 // values, f32 gradients, f32 master weights and AdamW's two moments).
 TEST(Train, EstimateMemoryKnowsTheLlamasGroupsSwigluAndUntiedHead) {
   app::TrainConfig c;
-  c.model = "llama";
+  c.model = nn::ModelKind::llama;
   c.synthetic = true;
   c.vocab_size = 128256;
   c.seq_length = 8192;
@@ -305,7 +305,7 @@ std::pair<std::string, std::string> prepare_bpe_words(const fs::path& dir, int64
 
 app::TrainConfig small_gpt_on(const std::string& data) {
   app::TrainConfig c;
-  c.model = "gpt";
+  c.model = nn::ModelKind::gpt;
   c.data = data;
   c.seq_length = 16;
   c.num_layers = 1;

@@ -210,7 +210,7 @@ TEST(ConfigFile, WhatTomlAllowsIsReadRight) {
   TrainCommand command;
   command.parse({"--config", toml.string()});
   const app::TrainConfig& c = command.config();
-  EXPECT_EQ(c.model, "mlp");
+  EXPECT_EQ(c.model, nn::ModelKind::mlp);
   EXPECT_EQ(c.hidden, (std::vector<int64_t>{64, 32}));
   EXPECT_EQ(c.data, "runs/a #1/caf\xc3\xa9 \"x\".h5");
   EXPECT_EQ(c.train_steps, 10000);

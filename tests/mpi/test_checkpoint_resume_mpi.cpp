@@ -115,7 +115,7 @@ TEST(Resharding, ZeroCheckpointOfNRanksResumesOnHalfAsMany) {
 
   const int ranks = comm->size();
   app::TrainConfig c;
-  c.model = "mlp";
+  c.model = nn::ModelKind::mlp;
   c.hidden = {21, 13};
   c.data = data;
   c.micro_batch_size = 4;

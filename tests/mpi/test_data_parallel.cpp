@@ -637,7 +637,7 @@ struct ScratchDir {
 
 app::TrainConfig synthetic_mlp(int64_t micro, int64_t global) {
   app::TrainConfig c;
-  c.model = "mlp";
+  c.model = nn::ModelKind::mlp;
   c.hidden = {32, 16};
   c.synthetic = true;
   c.micro_batch_size = micro;
@@ -737,7 +737,7 @@ TEST(DataParallelTrainer, ShardedDataAndEvaluationMatchOneRank) {
 
   auto config = [&](int64_t micro) {
     app::TrainConfig c;
-    c.model = "mlp";
+    c.model = nn::ModelKind::mlp;
     c.hidden = {24};
     c.data = train_path;
     c.eval_data = test_path;

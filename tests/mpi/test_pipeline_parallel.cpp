@@ -368,7 +368,7 @@ TEST(PipelinePartition, BalancesCostsAndReadsExplicitSplits) {
 
 app::TrainConfig synthetic(const std::string& kind, int64_t micro, int64_t global, int pp) {
   app::TrainConfig c;
-  c.model = kind;
+  c.model = nn::parse_model_kind(kind);
   if (kind == "gpt") {
     c.vocab_size = 24;
     c.seq_length = 6;
@@ -472,7 +472,7 @@ TEST(PipelineTrainer, BadLayoutsFailAtStartNamingTheNumbers) {
   split.pipeline_split = "0,3,2";
   EXPECT_THAT(message_of(split), ::testing::HasSubstr("--pipeline-split '0,3,2'"));
   app::TrainConfig cnn = synthetic("gpt", 2, 0, 2);
-  cnn.model = "cnn";
+  cnn.model = nn::ModelKind::cnn;
   EXPECT_THAT(message_of(cnn), ::testing::HasSubstr("--model cnn trains with --pipeline-parallel 1"));
   app::TrainConfig odd = synthetic("gpt", 2, 0, comm->size() + 1);
   EXPECT_THAT(message_of(odd), ::testing::HasSubstr(std::to_string(comm->size()) + " ranks"));

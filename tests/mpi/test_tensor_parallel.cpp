@@ -394,7 +394,7 @@ TEST(VocabParallelCrossEntropy, EqualsThePlainLossIncludingIgnoredTargets) {
 
 app::TrainConfig synthetic_gpt(int64_t micro, int tp, bool sequence_parallel) {
   app::TrainConfig c;
-  c.model = "gpt";
+  c.model = nn::ModelKind::gpt;
   c.vocab_size = 32;
   c.seq_length = 8;
   c.num_layers = 2;
@@ -461,7 +461,7 @@ TEST(TensorParallelTrainer, BadLayoutsFailAtStartNamingTheNumbers) {
   sequence.seq_length = 7;
   EXPECT_THAT(message_of(sequence), ::testing::HasSubstr("--seq-length 7 is not divisible by --tensor-parallel 2"));
   app::TrainConfig mlp = synthetic_gpt(2, 2, false);
-  mlp.model = "mlp";
+  mlp.model = nn::ModelKind::mlp;
   EXPECT_THAT(message_of(mlp), ::testing::HasSubstr("--model mlp"));
 }
 
