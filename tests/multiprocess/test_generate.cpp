@@ -85,12 +85,39 @@ std::vector<int32_t> argmax_without_cache(const std::string& checkpoint, std::ve
   return std::vector<int32_t>(sequence.begin() + long(prompt), sequence.end());
 }
 
-TEST(Generate, GreedyEqualsArgmaxWithoutTheCacheAndTensorParallelSamplesTheSameText) {
-  TESSERA_SEED_TRACE();
+// Two of Debian's fortune files (empty when fortunes is not installed).
+std::vector<std::string> fortune_files() {
   std::vector<std::string> corpus;
   for (const char* name : {"computers", "science"})
     if (fs::is_regular_file(std::string("/usr/share/games/fortunes/") + name))
       corpus.push_back(std::string("/usr/share/games/fortunes/") + name);
+  return corpus;
+}
+
+// `tessera generate --temperature 0` of the checkpoint (dir/ckpt, whose
+// last step is `checkpoint`) on 1 and 2 ranks: the prompt and then what
+// argmax without a cache gives, `count` tokens (`prompt`: "The computer " encoded).
+void expect_greedy_on_one_and_two_ranks_equals_argmax(const ScratchDirectory& dir, const std::string& checkpoint,
+                                                       const std::vector<int32_t>& prompt, int count) {
+  const std::vector<int32_t> reference = argmax_without_cache(checkpoint, prompt, count);
+  for (const int ranks : {1, 2}) {
+    SCOPED_TRACE(std::to_string(ranks) + " rank(s)");
+    const Outcome greedy = run_command(
+        generate_command(ranks, {dir / "ckpt", "--prompt", "The computer ", "--temperature", "0", "--max-new-tokens",
+                                 std::to_string(count), "--print-ids", "--threads", "1"}),
+        dir / "greedy.log", seconds(120));
+    ASSERT_EQ(greedy.status, 0) << greedy.output;
+    std::vector<int32_t> expected = prompt;
+    expected.insert(expected.end(), reference.begin(), reference.end());
+    EXPECT_EQ(ids_of(generated(greedy.output)), expected) << greedy.output;
+    EXPECT_TRUE(contains(greedy.output, "generate: " + std::to_string(count) + " tokens")) << greedy.output;
+    EXPECT_TRUE(contains(greedy.output, "KV cache")) << greedy.output;
+  }
+}
+
+TEST(Generate, GreedyEqualsArgmaxWithoutTheCacheAndTensorParallelSamplesTheSameText) {
+  TESSERA_SEED_TRACE();
+  const std::vector<std::string> corpus = fortune_files();
   if (corpus.empty()) GTEST_SKIP() << "Debian's fortunes is missing: run scripts/install-deps.sh";
   ScratchDirectory dir("tessera_generate_");
   const Outcome prepared = run_command(
@@ -114,19 +141,7 @@ TEST(Generate, GreedyEqualsArgmaxWithoutTheCacheAndTensorParallelSamplesTheSameT
   const std::optional<io::Tokenizer> tokenizer = io::Tokenizer::load(dir / "text.h5");
   ASSERT_TRUE(tokenizer.has_value());
   const std::vector<int32_t> prompt = tokenizer->encode("The computer ");
-  const std::vector<int32_t> reference = argmax_without_cache(checkpoint, prompt, 30);
-  for (const int ranks : {1, 2}) {
-    SCOPED_TRACE(std::to_string(ranks) + " rank(s)");
-    const Outcome greedy =
-        run_command(generate_command(ranks, {dir / "ckpt", "--prompt", "The computer ", "--temperature", "0",
-                                             "--max-new-tokens", "30", "--print-ids", "--threads", "1"}),
-                    dir / "greedy.log", seconds(120));
-    ASSERT_EQ(greedy.status, 0) << greedy.output;
-    std::vector<int32_t> expected = prompt;
-    expected.insert(expected.end(), reference.begin(), reference.end());
-    EXPECT_EQ(ids_of(generated(greedy.output)), expected) << greedy.output;
-    EXPECT_TRUE(contains(greedy.output, "generate: 30 tokens")) << greedy.output;
-  }
+  expect_greedy_on_one_and_two_ranks_equals_argmax(dir, checkpoint, prompt, 30);
 
   // The export carries the tokenizer as GPT-2's files, which encode as the dataset's does.
   const Outcome exported =
@@ -183,10 +198,7 @@ TEST(Generate, LlamaTrainsWithSamplesGeneratesAndGoesToHuggingFaceAndBack) {
   TESSERA_SEED_TRACE();
   if (!fs::exists(hf_python()))
     GTEST_SKIP() << "no transformers in " << hf_python() << ": run scripts/install-deps.sh (scripts/install-hf.sh)";
-  std::vector<std::string> corpus;
-  for (const char* name : {"computers", "science"})
-    if (fs::is_regular_file(std::string("/usr/share/games/fortunes/") + name))
-      corpus.push_back(std::string("/usr/share/games/fortunes/") + name);
+  const std::vector<std::string> corpus = fortune_files();
   if (corpus.empty()) GTEST_SKIP() << "Debian's fortunes is missing: run scripts/install-deps.sh";
   ScratchDirectory dir("tessera_llama_loop_");
   const Outcome prepared = run_command(
@@ -212,19 +224,7 @@ TEST(Generate, LlamaTrainsWithSamplesGeneratesAndGoesToHuggingFaceAndBack) {
   const std::optional<io::Tokenizer> tokenizer = io::Tokenizer::load(dir / "text.h5");
   ASSERT_TRUE(tokenizer.has_value());
   const std::vector<int32_t> prompt = tokenizer->encode("The computer ");
-  const std::vector<int32_t> reference = argmax_without_cache(checkpoint, prompt, 20);
-  for (const int ranks : {1, 2}) {
-    SCOPED_TRACE(std::to_string(ranks) + " rank(s)");
-    const Outcome greedy =
-        run_command(generate_command(ranks, {dir / "ckpt", "--prompt", "The computer ", "--temperature", "0",
-                                             "--max-new-tokens", "20", "--print-ids", "--threads", "1"}),
-                    dir / "greedy.log", seconds(120));
-    ASSERT_EQ(greedy.status, 0) << greedy.output;
-    std::vector<int32_t> expected = prompt;
-    expected.insert(expected.end(), reference.begin(), reference.end());
-    EXPECT_EQ(ids_of(generated(greedy.output)), expected) << greedy.output;
-    EXPECT_TRUE(contains(greedy.output, "KV cache")) << greedy.output;
-  }
+  expect_greedy_on_one_and_two_ranks_equals_argmax(dir, checkpoint, prompt, 20);
 
   const Outcome exported = run_command(
       {TESSERA_BINARY, "export", dir / "ckpt", "-o", dir / "hf", "--format", "hf-llama", "--max-shard-size", "100KB"},
