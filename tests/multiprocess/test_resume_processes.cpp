@@ -627,7 +627,8 @@ TEST(LlamaLayouts, FourTensorParallelRanksOfFourGroupsEqualOneRank) {
 }
 
 // Saved under tp 2 x pp 2 and resumed on one rank, and the reverse; and a
-// straight run against one stopped and resumed under the same layout: bit-identical.
+// straight run against one stopped and resumed under the same layout (tp 2
+// with sequence parallelism, bf16): bit-identical.
 TEST(LlamaLayouts, CheckpointsReshardAndResumeBitExactly) {
   TESSERA_SEED_TRACE();
   ScratchDirectory dir("tessera_processes_");
@@ -640,7 +641,7 @@ TEST(LlamaLayouts, CheckpointsReshardAndResumeBitExactly) {
   expect_resumed_losses_continue(dir, args, 8, 4,
                                  {"llama 1 rank -> dp=2 zero=3", 1, 2, {}, {"--zero", "3", "--micro-batch-size", "2"},
                                   "dp=1 tp=1 pp=1 zero=0"});
-  const auto run = joined(args, {"--tp", "2", "--train-steps", "6"});
+  const auto run = joined(args, {"--tp", "2", "--sequence-parallel", "--precision", "bf16", "--train-steps", "6"});
   run_training(2, joined(run, {"--save", dir / "llama_straight"}), dir / "llama_straight.log");
   const auto split = joined(run, {"--save", dir / "llama_split", "--resume", "auto"});
   run_training(2, joined(split, {"--exit-interval", "3"}), dir / "llama_first.log");
