@@ -275,6 +275,24 @@ std::vector<Check> make_checks(Context& ctx) {
                       ops::grouped_attention_backward(g, qkv, out, lse, d);
                       return d;
                     }});
+  // The same with dropout on the probabilities: the device must draw the CPU's mask
+  // (heads numbered from 2, as a tensor-parallel rank's; sequences from 3).
+  const ops::AttentionDropout attention_dropout{0.2f, 7, 3, 2};
+  checks.push_back({"grouped_attention_dropout", Shape{2, 19, 2, 4, 8},
+                    [=, &ctx](const Tensor& qkv) {
+                      Tensor out = ctx.empty(Shape{2, 19, 4, 8}, DType::f32, qkv.device());
+                      Tensor lse = ctx.empty(Shape{2, 4, 19}, DType::f32, qkv.device());
+                      ops::grouped_attention_forward(qkv, out, lse, 0.0f, attention_dropout);
+                      return out;
+                    },
+                    [=, &ctx](const Tensor& qkv, const Tensor& g) {
+                      Tensor out = ctx.empty(Shape{2, 19, 4, 8}, DType::f32, qkv.device());
+                      Tensor lse = ctx.empty(Shape{2, 4, 19}, DType::f32, qkv.device());
+                      ops::grouped_attention_forward(qkv, out, lse, 0.0f, attention_dropout);
+                      Tensor d = ctx.empty(qkv.shape(), DType::f32, qkv.device());
+                      ops::grouped_attention_backward(g, qkv, out, lse, d, 0.0f, attention_dropout);
+                      return d;
+                    }});
   // Positions of a later chunk of a sequence, not contiguous.
   auto rotary_positions = [&ctx](Device device) {
     return ctx.from_vector(Shape{7}, std::vector<int32_t>{40, 41, 42, 97, 98, 300, 301}, device);

@@ -135,6 +135,10 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
   command.add_option("--hidden-size", c.hidden_size, "GPT model width")->group(model);
   command.add_option("--ffn-hidden-size", c.ffn_hidden_size, "MLP width (0: gpt 4 x hidden size; llama 8/3 x hidden size rounded up to a multiple of 256)")->group(model);
   command.add_option("--hidden-dropout", c.hidden_dropout, "Dropout after attention and MLP (GPT)")->group(model);
+  command
+      .add_option("--attention-dropout", c.attention_dropout,
+                  "Dropout on the attention probabilities, in training (gpt, llama; GPT-2's attn_pdrop)")
+      ->group(model);
   command.add_flag("--recompute", c.recompute, "Recompute each Transformer block's activations in backward")
       ->group(model);
   add_llama_options(command, c, model);
@@ -546,6 +550,8 @@ constexpr Alias kAliases[] = {
     {"dropout", "--hidden-dropout", "", ""},
     {"hidden-dropout-prob", "--hidden-dropout", "", ""},
     {"resid-pdrop", "--hidden-dropout", "", ""},
+    {"attn-pdrop", "--attention-dropout", "", ""},
+    {"attention-probs-dropout-prob", "--attention-dropout", "", ""},
     {"recompute-activations", "--recompute", "", ""},
     {"recompute-granularity", "--recompute", "", "Tessera recomputes whole Transformer blocks"},
     {"checkpoint-activations", "--recompute", "", ""},
@@ -822,6 +828,8 @@ void refuse_unused_settings(const CLI::App& command, const TrainConfig& c, const
     refuse_if("--make-vocab-size-divisible-by", true, "pads the GPT's vocabulary, and " + model + " does not use it");
     refuse_if("--hidden-dropout", true,
               "dropout in the GPT's blocks, and " + model + " does not use it (it has no dropout)");
+    refuse_if("--attention-dropout", true,
+              "dropout on the attention probabilities of the GPT and the Llama, and " + model + " has no attention");
     refuse_if("--recompute", c.recompute,
               "recomputes the GPT's Transformer blocks in backward, and " + model + " has none");
   }
@@ -900,6 +908,7 @@ void validate(const TrainConfig& c) {
                                                              {"--sgd-momentum", c.sgd_momentum},
                                                              {"--clip-grad", c.clip_grad},
                                                              {"--hidden-dropout", c.hidden_dropout},
+                                                             {"--attention-dropout", c.attention_dropout},
                                                              {"--epochs", c.epochs},
                                                              {"--bucket-size-mb", c.bucket_size_mb},
                                                              {"--comm-timeout", c.comm_timeout}})
@@ -980,6 +989,8 @@ void validate(const TrainConfig& c) {
                 "--comm-backend must be auto, mpi or nccl, got '", c.comm_backend, "'");
   TESSERA_CHECK(c.hidden_dropout >= 0 && c.hidden_dropout < 1, "--hidden-dropout must be in [0, 1), got ",
                 c.hidden_dropout);
+  TESSERA_CHECK(c.attention_dropout >= 0 && c.attention_dropout < 1, "--attention-dropout must be in [0, 1), got ",
+                c.attention_dropout);
   TESSERA_CHECK(c.save_interval >= 0, "--save-interval must not be negative (0: save only at the end and on a ",
                 "signal), got ", c.save_interval);
   TESSERA_CHECK(c.keep_checkpoints >= 0, "--keep-checkpoints must not be negative (0: keep all), got ",
@@ -1015,9 +1026,10 @@ std::string describe(const TrainConfig& c) {
         << " rotary_base=" << c.rotary_base << " norm_epsilon=" << c.norm_epsilon
         << " untie_embeddings_and_output_weights=" << c.untie_embeddings;
   if (nn::model_traits(kind).reads_tokens)
-    out << " vocab_size=" << (c.vocab_size ? std::to_string(c.vocab_size) : "auto") << " seq_length=" << c.seq_length << " num_layers=" << c.num_layers
-        << " num_heads=" << c.num_heads << " hidden_size=" << c.hidden_size << " ffn_hidden_size=" << c.ffn_hidden_size
-        << " hidden_dropout=" << c.hidden_dropout << " recompute=" << c.recompute;
+    out << " vocab_size=" << (c.vocab_size ? std::to_string(c.vocab_size) : "auto") << " seq_length=" << c.seq_length
+        << " num_layers=" << c.num_layers << " num_heads=" << c.num_heads << " hidden_size=" << c.hidden_size
+        << " ffn_hidden_size=" << c.ffn_hidden_size << " hidden_dropout=" << c.hidden_dropout
+        << " attention_dropout=" << c.attention_dropout << " recompute=" << c.recompute;
   out << "\ndata=" << (c.synthetic ? "synthetic" : c.data) << " eval_data=" << c.eval_data
       << "\nmicro_batch_size=" << c.micro_batch_size << " global_batch_size=" << c.global_batch_size
       << " train_steps=" << c.train_steps << " epochs=" << c.epochs << "\noptimizer=" << c.optimizer << " lr=" << c.lr
@@ -1070,6 +1082,7 @@ std::vector<std::pair<std::string, std::string>> settings(const TrainConfig& c) 
       {"hidden-size", std::to_string(c.hidden_size)},
       {"ffn-hidden-size", std::to_string(c.ffn_hidden_size)},
       {"hidden-dropout", exact(c.hidden_dropout)},
+      {"attention-dropout", exact(c.attention_dropout)},
       {"recompute", flag(c.recompute)},
       {"normalization", c.normalization},
       {"norm-epsilon", exact(c.norm_epsilon)},

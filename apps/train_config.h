@@ -31,6 +31,7 @@ struct TrainConfig {
   int64_t hidden_size = 256;
   int64_t ffn_hidden_size = 0;  // 0: 4 × hidden size
   float hidden_dropout = 0.0f;
+  float attention_dropout = 0.0f;  // --attention-dropout (gpt, llama): on the attention probabilities
   bool recompute = false;
   // The Llama family's choices, by Megatron's flag names. --model llama is
   // RMSNorm, rope, SwiGLU, no biases and an untied head; "" / false: the model's own.

@@ -150,6 +150,7 @@ nn::ModelConfig model_config(const TrainConfig& c, const std::optional<io::Datas
   m.hidden_size = c.hidden_size;
   m.ffn_hidden_size = c.ffn_hidden_size;
   m.dropout = c.hidden_dropout;
+  m.attention_dropout = c.attention_dropout;
   m.recompute = c.recompute;
   m.num_query_groups = c.group_query_attention ? c.num_query_groups : 0;
   m.rotary_base = c.rotary_base;

@@ -92,8 +92,7 @@ struct Prepared {
 // The GPT's config.json for transformers' GPT2LMHeadModel.
 nlohmann::json hf_gpt2_config(const CheckpointReader& reader, DType dtype) {
   const nn::ModelConfig model = checkpoint_model(reader).config;
-  const auto dropout = reader.metadata().find("config.hidden-dropout");
-  const double p = dropout == reader.metadata().end() ? 0.0 : std::stod(dropout->second);
+  const double p = checkpoint_dropout(reader, "hidden-dropout");
   return {{"architectures", {"GPT2LMHeadModel"}},
           {"model_type", "gpt2"},
           {"vocab_size", model.vocab_size},
@@ -107,7 +106,7 @@ nlohmann::json hf_gpt2_config(const CheckpointReader& reader, DType dtype) {
           {"layer_norm_epsilon", 1e-5},
           {"resid_pdrop", p},
           {"embd_pdrop", p},
-          {"attn_pdrop", 0.0},
+          {"attn_pdrop", checkpoint_dropout(reader, "attention-dropout")},
           {"initializer_range", 0.02},
           {"tie_word_embeddings", true},
           {"torch_dtype", torch_dtype_name(dtype)}};

@@ -108,18 +108,8 @@ ParameterInFile fc_layout(const std::string& block, const std::string& layer, co
 
 // A number of the checkpoint's metadata: the first of `keys` it has.
 double checkpoint_number(const CheckpointReader& reader, const std::vector<std::string>& keys) {
-  for (const std::string& key : keys) {
-    const auto found = reader.metadata().find(key);
-    if (found == reader.metadata().end()) continue;
-    try {
-      size_t used = 0;
-      const double value = std::stod(found->second, &used);
-      if (used == found->second.size()) return value;
-    } catch (const std::exception&) {
-    }
-    TESSERA_THROW("checkpoint ", reader.path(), ": entry '", key, "' is '", found->second,
-                  "', not a number; it is damaged");
-  }
+  for (const std::string& key : keys)
+    if (const std::optional<double> value = checkpoint_real(reader, key)) return *value;
   TESSERA_THROW("checkpoint ", reader.path(), " has no '", keys.front(), "' entry (nor '", keys.back(),
                 "'); it was not written by `tessera train --model llama` of this version");
 }
@@ -154,6 +144,7 @@ HfLlamaConfig hf_llama_config_of(const CheckpointReader& reader) {
   c.tie_word_embeddings = !reader.has_tensor("lm_head.weight");
   c.rope_theta = checkpoint_number(reader, {"model.rotary_base", "config.rotary-base"});
   c.rms_norm_eps = checkpoint_number(reader, {"model.norm_epsilon", "config.norm-epsilon"});
+  c.attention_dropout = checkpoint_dropout(reader, "attention-dropout");
   c.validate("checkpoint " + reader.path());
   return c;
 }

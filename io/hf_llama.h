@@ -57,6 +57,8 @@ struct HfLlamaConfig {
   bool tie_word_embeddings = false;
   std::string torch_dtype;  // "float32", "bfloat16", "float16", ...; empty when absent
   std::optional<int64_t> bos_token_id, eos_token_id;
+  // Written from a checkpoint's --attention-dropout; not read (a run's is its flag's).
+  double attention_dropout = 0.0;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }                   // Dh
   int64_t queries_per_group() const { return num_attention_heads / num_key_value_heads; }  // R

@@ -181,7 +181,7 @@ std::string hf_llama_config_json(const HfLlamaConfig& c) {
                        {"hidden_act", "silu"},
                        {"attention_bias", false},
                        {"mlp_bias", false},
-                       {"attention_dropout", 0.0},
+                       {"attention_dropout", c.attention_dropout},
                        {"initializer_range", 0.02},
                        {"pretraining_tp", 1},
                        {"use_cache", true},

@@ -200,6 +200,23 @@ int64_t checkpoint_integer(const CheckpointReader& reader, const std::string& ke
   TESSERA_THROW("checkpoint ", reader.path(), ": entry '", key, "' is '", text, "', not an integer; it is damaged");
 }
 
+std::optional<double> checkpoint_real(const CheckpointReader& reader, const std::string& key) {
+  const auto found = reader.metadata().find(key);
+  if (found == reader.metadata().end()) return std::nullopt;
+  try {
+    size_t used = 0;
+    const double value = std::stod(found->second, &used);
+    if (used == found->second.size()) return value;
+  } catch (const std::exception&) {
+  }
+  TESSERA_THROW("checkpoint ", reader.path(), ": entry '", key, "' is '", found->second,
+                "', not a number; it is damaged");
+}
+
+double checkpoint_dropout(const CheckpointReader& reader, const std::string& flag) {
+  return checkpoint_real(reader, "config." + flag).value_or(0.0);
+}
+
 TensorPiece parameter_piece(const nn::Parameter& parameter) {
   TensorPiece piece;
   piece.name = parameter.name;

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -68,6 +69,13 @@ TensorPiece parameter_piece(const nn::Parameter& parameter);
 // `tessera train` of this version) or not an integer.
 std::string checkpoint_metadata(const CheckpointReader& reader, const std::string& key);
 int64_t checkpoint_integer(const CheckpointReader& reader, const std::string& key);
+// A checkpoint's metadata entry `key` as a number; nothing when the entry is
+// missing, and a throw naming the checkpoint and the entry when it is not a number.
+std::optional<double> checkpoint_real(const CheckpointReader& reader, const std::string& key);
+// The dropout probability a training flag recorded in the checkpoint's
+// settings ("hidden-dropout" reads config.hidden-dropout); 0 when the
+// checkpoint predates the flag.
+double checkpoint_dropout(const CheckpointReader& reader, const std::string& flag);
 
 // The model a checkpoint holds (from its model.* metadata) and its dtype.
 struct CheckpointModel {

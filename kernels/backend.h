@@ -64,14 +64,17 @@ enum class ReduceKind { sum, mean, max, sum_squares };
   X(embedding_forward, (const Tensor& ids, const Tensor& table, Tensor& out, int64_t vocab_begin, int64_t vocab_size)) \
   X(embedding_backward,                                                                                                \
     (const Tensor& ids, const Tensor& grad_out, Tensor& grad_table, int64_t vocab_begin, int64_t vocab_size))          \
-  X(attention_forward, (const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale))                               \
+  X(attention_forward,                                                                                                 \
+    (const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale, const ops::AttentionDropout& dropout))            \
   X(attention_backward, (const Tensor& grad_out, const Tensor& qkv, const Tensor& out, const Tensor& logsumexp,        \
-                         Tensor& grad_qkv, float scale))                                                               \
+                         Tensor& grad_qkv, float scale, const ops::AttentionDropout& dropout))                         \
   X(attention_with_cache,                                                                                              \
     (const Tensor& qkv, Tensor& keys, Tensor& values, int64_t position, Tensor& out, float scale))                     \
-  X(grouped_attention_forward, (const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale))                       \
+  X(grouped_attention_forward,                                                                                         \
+    (const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale, const ops::AttentionDropout& dropout))            \
   X(grouped_attention_backward, (const Tensor& grad_out, const Tensor& qkv, const Tensor& out,                         \
-                                 const Tensor& logsumexp, Tensor& grad_qkv, float scale))                              \
+                                 const Tensor& logsumexp, Tensor& grad_qkv, float scale,                               \
+                                 const ops::AttentionDropout& dropout))                                                \
   X(grouped_attention_with_cache,                                                                                      \
     (const Tensor& qkv, Tensor& keys, Tensor& values, int64_t position, Tensor& out, float scale))                     \
   X(rotary_forward, (const Tensor& qkv, const Tensor& positions, Tensor& out, float base))                             \

@@ -157,10 +157,28 @@ void embedding_backward(const Tensor& ids, const Tensor& grad_out, Tensor& grad_
 // logsumexp [B, H, T] f32, kept for the backward pass.
 //   out[b,t,h] = Σ_{s≤t} softmax_s(scale·q[b,t,h]·k[b,s,h])·v[b,s,h],  scale = 1/√Dh if scale ≤ 0.
 // Never materialises a T×T matrix for long T.
-void attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale = 0.0f);
-// grad_qkv [B, T, 3, H, Dh].
+//
+// Dropout on the attention probabilities (PyTorch's and Megatron's attention
+// dropout, GPT-2's attn_pdrop): with P = softmax(scale·q·kᵀ + causal mask),
+//   out = (P ∘ M / (1 − p))·V,  M[b, head, t, s] ~ Bernoulli(1 − p),
+// logsumexp that of the undropped softmax. M is never stored: it is a pure
+// function of (seed, offset + b, head_offset + h, t, s) (Philox, core/rng.h;
+// kernels/functors/attention.h's attention_dropout_multiplier), so the
+// backward pass regenerates it from the same argument, and a tensor-parallel
+// rank whose heads are heads [head_offset, head_offset + H) of the whole
+// model draws for each the mask the whole model draws. p = 0 (the default)
+// is plain attention, at no cost.
+struct AttentionDropout {
+  float p = 0.0f;  // drop probability, in [0, 1)
+  uint64_t seed = 0;
+  uint64_t offset = 0;      // added to the batch index (a part of a larger batch)
+  int64_t head_offset = 0;  // the whole model's index of this call's first query head
+};
+void attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale = 0.0f,
+                       const AttentionDropout& dropout = {});
+// grad_qkv [B, T, 3, H, Dh]; `dropout` the forward's.
 void attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out, const Tensor& logsumexp,
-                        Tensor& grad_qkv, float scale = 0.0f);
+                        Tensor& grad_qkv, float scale = 0.0f, const AttentionDropout& dropout = {});
 // Inference with a key/value cache (generation): keys and values [B, H, S, Dh]
 // (qkv's dtype) hold the first `position` tokens' keys and values of a
 // sequence of at most S. Writes the Tn new tokens' keys and values of qkv
@@ -179,11 +197,14 @@ void attention_with_cache(const Tensor& qkv, Tensor& keys, Tensor& values, int64
 //   out[b,t,h] = Σ_{s≤t} softmax_s(scale·q[b,t,g,j]·k[b,s,g,R])·v[b,s,g,R+1],
 // out [B, T, H, Dh]; logsumexp [B, H, T] f32; scale = 1/√Dh if scale ≤ 0.
 // Never materialises a T×T matrix for long T. (With R = 1 this is multi-head
-// attention in another layout than attention_forward's.)
-void grouped_attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale = 0.0f);
+// attention in another layout than attention_forward's.) `dropout` as
+// attention_forward's, over query heads h = g·R + j (head_offset: the whole
+// model's index of head 0 here, e.g. rank·H/K under tensor parallelism).
+void grouped_attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale = 0.0f,
+                               const AttentionDropout& dropout = {});
 // grad_qkv [B, T, G, R + 2, Dh]: the key and value gradients summed over each group's R query heads.
 void grouped_attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out, const Tensor& logsumexp,
-                                Tensor& grad_qkv, float scale = 0.0f);
+                                Tensor& grad_qkv, float scale = 0.0f, const AttentionDropout& dropout = {});
 // attention_with_cache for grouped projections qkv [B, Tn, G, R + 2, Dh]: the
 // cache keys and values [B, G, S, Dh] hold the G key/value heads (not H);
 // out [B, Tn, H, Dh].

@@ -34,7 +34,7 @@ Gpt::Gpt(const nn::ModelConfig& config, const nn::ModelSpec& spec, TensorParalle
   for (int64_t i = stage_.begin; i < stage_.end; ++i)
     blocks_.push_back(&add_child<ParallelTransformerBlock>(spec, "blocks." + std::to_string(i), tp_, c,
                                                            config_.num_heads, config_.ffn(), config_.dropout,
-                                                           config_.recompute));
+                                                           config_.attention_dropout, config_.recompute));
   if (stage_.last()) ln_f_ = &add_child<nn::LayerNorm>(spec, "ln_f", c);
   if (tp_.sequence_parallel) {
     std::vector<nn::Parameter*> partial;

@@ -27,7 +27,7 @@ class LlamaBlock : public nn::PreLnBlock {
       : PreLnBlock(spec, std::move(name), m.recompute) {
     ln1_ = &add_child<nn::RMSNorm>(spec, child_name("ln1"), m.hidden_size, m.norm_epsilon);
     auto& attn = add_child<ParallelGroupedAttention>(spec, child_name("attn"), tp, m.hidden_size, m.num_heads,
-                                                     m.query_groups(), m.rotary_base, m.dropout);
+                                                     m.query_groups(), m.rotary_base, m.dropout, m.attention_dropout);
     ln2_ = &add_child<nn::RMSNorm>(spec, child_name("ln2"), m.hidden_size, m.norm_epsilon);
     auto& mlp = add_child<ParallelGatedMlp>(spec, child_name("mlp"), tp, m.hidden_size, m.ffn(), m.dropout);
     set_parts(*ln1_, attn, *ln2_, mlp);

@@ -5,6 +5,7 @@
 #include "nn/layers.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <vector>
 
@@ -69,6 +70,24 @@ uint64_t dropout_seed(const Pass& pass, const std::string& name) {
   h = splitmix64(h ^ name_stream(name));
   h = splitmix64(h ^ pass.step);
   return splitmix64(h ^ pass.micro_batch);
+}
+
+ops::AttentionDropout attention_dropout(const Module& self, float p, int64_t head_offset, const Pass& pass) {
+  if (!self.training() || pass.kv_cache || p == 0.0f) return {};
+  return ops::AttentionDropout{p, dropout_seed(pass, self.name() + ".attention_dropout"), 0, head_offset};
+}
+
+void save_attention_dropout(Saved& saved, const ops::AttentionDropout& dropout) {
+  saved.scalars.clear();
+  if (dropout.p == 0.0f) return;
+  saved.scalars = {int64_t(std::bit_cast<uint32_t>(dropout.p)), int64_t(dropout.seed), int64_t(dropout.offset),
+                   dropout.head_offset};
+}
+
+ops::AttentionDropout saved_attention_dropout(const Saved& saved) {
+  if (saved.scalars.size() < 4) return {};
+  return ops::AttentionDropout{std::bit_cast<float>(uint32_t(saved.scalars[0])), uint64_t(saved.scalars[1]),
+                               uint64_t(saved.scalars[2]), saved.scalars[3]};
 }
 
 // ---------------------------------------------------------------------------
@@ -500,17 +519,19 @@ Tensor attention_with_cache(Module& self, const Tensor& qkv, Module& proj, Modul
 }  // namespace
 
 Tensor attention_from_qkv(Module& self, const Tensor& packed, int64_t heads, int64_t head_dim, Module& proj,
-                          Module& dropout, Saved& saved, const Pass& pass) {
+                          Module& dropout, Saved& saved, const Pass& pass,
+                          const ops::AttentionDropout& attention_dropout) {
   const int64_t batch = packed.size(0), tokens = packed.size(1);
   const Tensor qkv = packed.view(Shape{batch, tokens, 3, heads, head_dim});
   if (pass.kv_cache) return attention_with_cache(self, qkv, proj, dropout, saved, pass);
   Context& ctx = self.context();
   Tensor out = ctx.empty(Shape{batch, tokens, heads, head_dim}, self.spec().dtype, self.spec().device);
   Tensor logsumexp = ctx.empty(Shape{batch, heads, tokens}, DType::f32, self.spec().device);
-  ops::attention_forward(qkv, out, logsumexp);
+  ops::attention_forward(qkv, out, logsumexp, 0.0f, attention_dropout);
   Tensor y = proj.forward(out.view(Shape{batch, tokens, heads * head_dim}), saved.child(1), pass);
   y = dropout.forward(y, saved.child(2), pass);
   saved.tensors = {qkv, out, logsumexp};
+  save_attention_dropout(saved, attention_dropout);
   return y;
 }
 
@@ -520,9 +541,11 @@ Tensor attention_from_qkv_backward(const Module& self, Module& proj, Module& dro
   Tensor grad = dropout.backward(grad_output, saved.child(2));
   grad = proj.backward(grad, saved.child(1));
   const Tensor qkv = saved.tensors[0], out = saved.tensors[1], logsumexp = saved.tensors[2];
+  const ops::AttentionDropout attention_dropout = saved_attention_dropout(saved);
   saved.tensors.clear();
+  saved.scalars.clear();
   Tensor grad_qkv = empty_like(qkv);
-  ops::attention_backward(grad.view(out.shape()), qkv, out, logsumexp, grad_qkv);
+  ops::attention_backward(grad.view(out.shape()), qkv, out, logsumexp, grad_qkv, 0.0f, attention_dropout);
   return grad_qkv.view(Shape{qkv.size(0), qkv.size(1), 3 * qkv.size(3) * qkv.size(4)});
 }
 

@@ -37,6 +37,18 @@ namespace tessera::nn {
 // modules draw independent ones.
 uint64_t dropout_seed(const Pass& pass, const std::string& name);
 
+// The dropout on the attention probabilities of attention layer `self` in
+// this pass (ops::AttentionDropout): probability p in training mode, none in
+// evaluation or with a KV cache (generation); the seed dropout_seed(pass,
+// self.name() + ".attention_dropout"), the same on every tensor-parallel rank,
+// whose mask is told apart by the global head: `head_offset` is the whole
+// model's index of this rank's first query head. A recomputed forward draws
+// the same mask.
+ops::AttentionDropout attention_dropout(const Module& self, float p, int64_t head_offset, const Pass& pass);
+// Keeps `dropout` as saved.scalars (none when p = 0) for the backward, which reads it back.
+void save_attention_dropout(Saved& saved, const ops::AttentionDropout& dropout);
+ops::AttentionDropout saved_attention_dropout(const Saved& saved);
+
 // The arithmetic of Linear on rows, shared with the tensor-parallel layers
 // (parallel/tensor_parallel.h): y [R, out] = act(x [R, in]·Wᵀ + b) in the
 // weight's dtype (bias may be null); `kept` receives what the backward needs
@@ -221,11 +233,13 @@ class InputCast : public Module {
 // The causal self-attention between its input projection and its output, of
 // the tensor-parallel attention (parallel/tensor_parallel.h; with a group of
 // one it is the whole layer): `packed` [B, T, 3·H·Dh] (what the QKV
-// projection returned: q, k, v of H heads of Dh) → the fused attention →
+// projection returned: q, k, v of H heads of Dh) → the fused attention (with
+// `attention_dropout` on its probabilities, see attention_dropout above) →
 // `proj` (child 1 of `saved`) → `dropout` (child 2). Keeps what backward
-// needs in saved.tensors.
+// needs in saved.tensors and saved.scalars.
 Tensor attention_from_qkv(Module& self, const Tensor& packed, int64_t heads, int64_t head_dim, Module& proj,
-                          Module& dropout, Saved& saved, const Pass& pass);
+                          Module& dropout, Saved& saved, const Pass& pass,
+                          const ops::AttentionDropout& attention_dropout = {});
 // Its backward: the gradient of `packed` (for the QKV projection's backward).
 Tensor attention_from_qkv_backward(const Module& self, Module& proj, Module& dropout, const Tensor& grad_output,
                                    Saved& saved);

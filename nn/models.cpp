@@ -99,6 +99,8 @@ void ModelConfig::validate() const {
     TESSERA_CHECK(ffn_hidden_size >= 0, "--ffn-hidden-size ", ffn_hidden_size,
                   " must be positive (or 0 for 4 x --hidden-size)");
     TESSERA_CHECK(dropout >= 0.0f && dropout < 1.0f, "--dropout ", dropout, " must be in [0, 1)");
+    TESSERA_CHECK(attention_dropout >= 0.0f && attention_dropout < 1.0f, "--attention-dropout ", attention_dropout,
+                  " must be in [0, 1)");
   }
   if (kind == ModelKind::llama) validate_llama_choices(*this);
 }

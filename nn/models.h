@@ -51,6 +51,8 @@ struct ModelConfig {
   int64_t ffn_hidden_size = 0;  // --ffn-hidden-size; 0 means 4·hidden_size
   float dropout = 0.0f;         // --dropout (embeddings, attention and MLP outputs)
   bool recompute = false;       // --recompute: blocks keep only their input and recompute in backward
+  // --attention-dropout: dropout on the attention probabilities (training only; GPT-2's attn_pdrop)
+  float attention_dropout = 0.0f;
 
   // llama: grouped-query attention (--num-query-groups G: key/value heads,
   // G divides --num-heads; 0 means G = heads), rotary position embeddings

@@ -23,8 +23,11 @@ Tensor empty_like(const Tensor& t) {
 // ---------------------------------------------------------------------------
 ParallelGroupedAttention::ParallelGroupedAttention(const nn::ModelSpec& spec, std::string name, TensorParallelism tp,
                                                    int64_t hidden, int64_t heads, int64_t groups, float rotary_base,
-                                                   float dropout)
-    : Module(spec, std::move(name)), hidden_(hidden), rotary_base_(rotary_base) {
+                                                   float dropout, float attention_dropout)
+    : Module(spec, std::move(name)), hidden_(hidden), rotary_base_(rotary_base), attention_dropout_(attention_dropout) {
+  TESSERA_CHECK(attention_dropout_ >= 0.0f && attention_dropout_ < 1.0f, this->name(),
+                ": the attention dropout probability must be in [0, 1), got ", attention_dropout_,
+                "; check --attention-dropout");
   TESSERA_CHECK(heads >= 1 && hidden_ % heads == 0, this->name(), ": ", heads, " heads do not divide hidden size ",
                 hidden_, "; check --num-heads and --hidden-size");
   TESSERA_CHECK(groups >= 1 && heads % groups == 0, this->name(), ": --num-query-groups ", groups,
@@ -35,6 +38,7 @@ ParallelGroupedAttention::ParallelGroupedAttention(const nn::ModelSpec& spec, st
   head_dim_ = hidden_ / heads;
   per_group_ = heads / groups;
   local_groups_ = groups / tp.size();
+  first_head_ = tp.rank() * local_groups_ * per_group_;
   const int64_t qkv_features = groups * (per_group_ + 2) * head_dim_;
   // A plain split of the grouped layout's rows is a split by whole groups.
   qkv_ = &add_child<ColumnParallelLinear>(spec, child_name("qkv"), tp, hidden_, qkv_features, false);
@@ -61,10 +65,12 @@ Tensor ParallelGroupedAttention::forward_impl(const Tensor& input, nn::Saved& sa
   if (pass.kv_cache) return attend_with_cache(rotated, saved, pass);
   Tensor out = context().empty(Shape{batch, tokens, heads, head_dim_}, spec().dtype, spec().device);
   Tensor logsumexp = context().empty(Shape{batch, heads, tokens}, DType::f32, spec().device);
-  ops::grouped_attention_forward(rotated, out, logsumexp, 0.0f);
+  const ops::AttentionDropout attention_dropout = nn::attention_dropout(*this, attention_dropout_, first_head_, pass);
+  ops::grouped_attention_forward(rotated, out, logsumexp, 0.0f, attention_dropout);
   Tensor y = proj_->forward(out.view(Shape{batch, tokens, heads * head_dim_}), saved.child(1), pass);
   y = dropout_->forward(y, saved.child(2), pass);
   saved.tensors = {rotated, out, logsumexp, where};
+  nn::save_attention_dropout(saved, attention_dropout);
   return y;
 }
 
@@ -86,9 +92,11 @@ Tensor ParallelGroupedAttention::backward_impl(const Tensor& grad_output, nn::Sa
   grad = proj_->backward(grad, saved.child(1));
   const Tensor rotated = saved.tensors[0], out = saved.tensors[1], logsumexp = saved.tensors[2];
   const Tensor where = saved.tensors[3];
+  const ops::AttentionDropout attention_dropout = nn::saved_attention_dropout(saved);
   saved.tensors.clear();
   Tensor grad_rotated = empty_like(rotated);
-  ops::grouped_attention_backward(grad.view(out.shape()), rotated, out, logsumexp, grad_rotated, 0.0f);
+  ops::grouped_attention_backward(grad.view(out.shape()), rotated, out, logsumexp, grad_rotated, 0.0f,
+                                  attention_dropout);
   ops::rotary_backward(grad_rotated, where, grad_rotated, rotary_base_);  // in place: the rotation undone
   const int64_t batch = rotated.size(0), tokens = rotated.size(1);
   Tensor dx = qkv_->backward(grad_rotated.view(Shape{batch, tokens, rotated.numel() / (batch * tokens)}),

@@ -10,7 +10,9 @@
 //       [B, T, G/K, R+2, Dh] and attention needs no communication; the query
 //       and key slots rotated (ops::rotary_forward, Hugging Face's half-split
 //       pairs) at each token's global position; ops::grouped_attention_*
-//       (no repeated K/V); proj row-parallel with no bias.
+//       (no repeated K/V; dropout `attention_dropout` on the probabilities,
+//       each head's mask that of the tp = 1 layer: nn::attention_dropout);
+//       proj row-parallel with no bias.
 //   ParallelGatedMlp  SwiGLU: fc column-parallel [2F, C] (rows: gate, then
 //       up), split so that a rank holds the same F/K rows of each ([gate |
 //       up] per token), ops::swiglu, proj row-parallel; no biases.
@@ -29,7 +31,8 @@ namespace tessera::parallel {
 class ParallelGroupedAttention : public nn::Module {
  public:
   ParallelGroupedAttention(const nn::ModelSpec& spec, std::string name, TensorParallelism tp, int64_t hidden,
-                           int64_t heads, int64_t groups, float rotary_base, float dropout);
+                           int64_t heads, int64_t groups, float rotary_base, float dropout,
+                           float attention_dropout = 0.0f);
   Tensor forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, nn::Saved& saved) override;
   ColumnParallelLinear& qkv() { return *qkv_; }
@@ -40,7 +43,8 @@ class ParallelGroupedAttention : public nn::Module {
   Tensor positions(int64_t first, int64_t tokens) const;
   Tensor attend_with_cache(const Tensor& rotated, nn::Saved& saved, const nn::Pass& pass);
   int64_t hidden_, local_groups_, per_group_, head_dim_;  // per_group_: R query heads
-  float rotary_base_;
+  int64_t first_head_;                                    // the whole layer's index of this rank's first query head
+  float rotary_base_, attention_dropout_;
   ColumnParallelLinear* qkv_;
   RowParallelLinear* proj_;
   TensorParallelDropout* dropout_;

@@ -404,13 +404,17 @@ void SequenceParallelGradients::end() {
 // Attention, MLP, block
 // ---------------------------------------------------------------------------
 ParallelSelfAttention::ParallelSelfAttention(const nn::ModelSpec& spec, std::string name, TensorParallelism tp,
-                                             int64_t hidden, int64_t heads, float dropout)
-    : Module(spec, std::move(name)), hidden_(hidden) {
+                                             int64_t hidden, int64_t heads, float dropout, float attention_dropout)
+    : Module(spec, std::move(name)), hidden_(hidden), attention_dropout_(attention_dropout) {
+  TESSERA_CHECK(attention_dropout_ >= 0.0f && attention_dropout_ < 1.0f, this->name(),
+                ": the attention dropout probability must be in [0, 1), got ", attention_dropout_,
+                "; check --attention-dropout");
   TESSERA_CHECK(heads >= 1 && hidden_ % heads == 0, this->name(), ": ", heads, " heads do not divide hidden size ",
                 hidden_, "; check --num-heads and --hidden-size");
   TESSERA_CHECK(heads % tp.size() == 0, this->name(), ": --num-heads ", heads,
                 " is not divisible by --tensor-parallel ", tp.size());
   local_heads_ = heads / tp.size();
+  first_head_ = tp.rank() * local_heads_;
   head_dim_ = hidden_ / heads;
   qkv_ = &add_child<ColumnParallelLinear>(spec, child_name("qkv"), tp, hidden_, 3 * hidden_, true,
                                           ops::Activation::none, OutputSplit{3, heads});
@@ -422,7 +426,8 @@ Tensor ParallelSelfAttention::forward_impl(const Tensor& input, nn::Saved& saved
   Tensor packed = qkv_->forward(input, saved.child(0), pass);  // [B, T, 3·H'·Dh], whole sequence
   TESSERA_CHECK(packed.ndim() == 3, name(), ": the input must be [B, T, ", hidden_, "], got ",
                 input.shape().to_string());
-  return nn::attention_from_qkv(*this, packed, local_heads_, head_dim_, *proj_, *dropout_, saved, pass);
+  return nn::attention_from_qkv(*this, packed, local_heads_, head_dim_, *proj_, *dropout_, saved, pass,
+                                nn::attention_dropout(*this, attention_dropout_, first_head_, pass));
 }
 
 Tensor ParallelSelfAttention::backward_impl(const Tensor& grad_output, nn::Saved& saved) {
@@ -456,10 +461,10 @@ Tensor ParallelMlp::backward_impl(const Tensor& grad_output, nn::Saved& saved) {
 
 ParallelTransformerBlock::ParallelTransformerBlock(const nn::ModelSpec& spec, std::string name, TensorParallelism tp,
                                                    int64_t hidden, int64_t heads, int64_t ffn_hidden, float dropout,
-                                                   bool recompute)
+                                                   float attention_dropout, bool recompute)
     : PreLnBlock(spec, std::move(name), recompute), tp_(tp) {
   ln1_ = &add_child<nn::LayerNorm>(spec, child_name("ln1"), hidden);
-  attn_ = &add_child<ParallelSelfAttention>(spec, child_name("attn"), tp, hidden, heads, dropout);
+  attn_ = &add_child<ParallelSelfAttention>(spec, child_name("attn"), tp, hidden, heads, dropout, attention_dropout);
   ln2_ = &add_child<nn::LayerNorm>(spec, child_name("ln2"), hidden);
   mlp_ = &add_child<ParallelMlp>(spec, child_name("mlp"), tp, hidden, ffn_hidden, dropout);
   set_parts(*ln1_, *attn_, *ln2_, *mlp_);

@@ -205,13 +205,15 @@ class SequenceParallelGradients {
 
 // Causal self-attention with heads split across the group: qkv
 // column-parallel (heads/K heads of each of q, k, v per rank), attention on
-// the local heads, proj row-parallel, dropout (replicated region).
+// the local heads (dropout `attention_dropout` on its probabilities, each
+// head's mask that of the tp = 1 layer: nn::attention_dropout), proj
+// row-parallel, dropout (replicated region).
 // Children "<name>.qkv", "<name>.proj", "<name>.dropout"; with a group of
 // one (TensorParallelism{}) it is the whole layer.
 class ParallelSelfAttention : public nn::Module {
  public:
   ParallelSelfAttention(const nn::ModelSpec& spec, std::string name, TensorParallelism tp, int64_t hidden,
-                        int64_t heads, float dropout);
+                        int64_t heads, float dropout, float attention_dropout = 0.0f);
   Tensor forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, nn::Saved& saved) override;
   ColumnParallelLinear& qkv() { return *qkv_; }
@@ -219,6 +221,8 @@ class ParallelSelfAttention : public nn::Module {
 
  private:
   int64_t hidden_, local_heads_, head_dim_;
+  int64_t first_head_;  // the whole layer's index of this rank's first head
+  float attention_dropout_;
   ColumnParallelLinear* qkv_;
   RowParallelLinear* proj_;
   TensorParallelDropout* dropout_;
@@ -248,7 +252,7 @@ class ParallelMlp : public nn::Module {
 class ParallelTransformerBlock : public nn::PreLnBlock {
  public:
   ParallelTransformerBlock(const nn::ModelSpec& spec, std::string name, TensorParallelism tp, int64_t hidden,
-                           int64_t heads, int64_t ffn_hidden, float dropout, bool recompute);
+                           int64_t heads, int64_t ffn_hidden, float dropout, float attention_dropout, bool recompute);
   ParallelSelfAttention& attn() { return *attn_; }
   ParallelMlp& mlp() { return *mlp_; }
 

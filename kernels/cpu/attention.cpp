@@ -17,6 +17,11 @@
 // per-head buffer; no two tasks write the same output, so results are
 // deterministic. Tasks are dealt to one scratch slot per thread, largest first.
 //
+// Dropout on the attention probabilities (ops::AttentionDropout): once a
+// tile's probabilities are formed, a pass multiplies them by the mask (one
+// Philox call per query and four keys); with p = 0 that pass, and the
+// backward's masked variant, are never entered.
+//
 // Generation's cached attention runs the shared row functor, a row per task.
 #include "kernels/functors/attention.h"
 
@@ -170,6 +175,43 @@ inline bool masked(bool diagonal, int64_t i, int64_t j) {
   return diagonal && j > i;
 }
 
+// Dropout on a forward tile of probabilities, transposed [keys × queries]:
+// p_t[j·kBlock + i] *= M[b, h, t0 + i, s0 + j]/(1 − p) for i < rows and
+// j < round_up(keys, 4) (s0 is a multiple of 4 and one Philox call gives four
+// keys; the tile has room for kBlock keys), query head h numbered within the
+// call (attention_dropout_multiplier's mask). A vector lane per query.
+void drop_transposed_tile(const ops::AttentionDropout& dropout, int64_t b, int64_t h, int64_t t0, int64_t rows,
+                          int64_t s0, int64_t keys, float* p_t) {
+  const float scale = dropout_scale(dropout.p);
+  for (int64_t j = 0; j < keys; j += 4) {
+    float* column = p_t + j * kBlock;
+#pragma omp simd
+    for (int64_t i = 0; i < rows; ++i) {
+      const PhiloxOutput bits = attention_dropout_bits(dropout, b, h, t0 + i, s0 + j);
+      for (int k = 0; k < 4; ++k) column[k * kBlock + i] *= attention_dropout_multiplier(dropout.p, scale, bits.v[k]);
+    }
+  }
+}
+
+// The backward's multipliers of the same mask, [queries × keys]:
+// mask[i·kBlock + j] = M[b, h, t0 + i, s0 + j]/(1 − p) for i < rows and
+// j < round_up(keys, 4), 1 for the rest of the row (past the last key: never
+// read). A vector lane per four keys.
+void dropout_multipliers(const ops::AttentionDropout& dropout, int64_t b, int64_t h, int64_t t0, int64_t rows,
+                         int64_t s0, int64_t keys, float* mask) {
+  const float scale = dropout_scale(dropout.p);
+  const int64_t quads = (keys + 3) / 4;
+  for (int64_t i = 0; i < rows; ++i) {
+    float* row = mask + i * kBlock;
+#pragma omp simd
+    for (int64_t q = 0; q < quads; ++q) {
+      const PhiloxOutput bits = attention_dropout_bits(dropout, b, h, t0 + i, s0 + 4 * q);
+      for (int k = 0; k < 4; ++k) row[4 * q + k] = attention_dropout_multiplier(dropout.p, scale, bits.v[k]);
+    }
+    std::fill(row + 4 * quads, row + kBlock, 1.0f);
+  }
+}
+
 // Deals tasks to `slots` lists, largest cost first, each to the least loaded slot.
 std::vector<std::vector<int64_t>> deal_tasks(const std::vector<int64_t>& costs, int64_t slots) {
   std::vector<int64_t> order(costs.size());
@@ -229,10 +271,11 @@ struct ForwardScratch {
 // transposed, Sᵀ = K·(scale·Q)ᵀ [keys × queries], so the online softmax runs
 // down the columns with one vector lane per query row, and the keys need no
 // transposing; O += P·V reads Sᵀ as a transposed A. Keys and values are those
-// of the head's group, read in place (never repeated per query head).
+// of the head's group, read in place (never repeated per query head). Dropout
+// multiplies P before O += P·V, after the row sums took it undropped.
 template <typename T>
 void forward_tile(const Layout& g, const T* qkv, T* out, float* logsumexp, int64_t b, int64_t h, int64_t qb,
-                  float scale, float* scratch) {
+                  float scale, const ops::AttentionDropout& dropout, float* scratch) {
   const int64_t dp = g.padded_dim, dh = g.head_dim(), stride = g.qkv_row_stride(), kv = g.rows.qkv.group_of(h);
   const ForwardScratch s(scratch, dp);
   const int64_t t0 = qb * kBlock, rows = std::min(kBlock, g.seq_len() - t0);
@@ -273,6 +316,7 @@ void forward_tile(const Layout& g, const T* qkv, T* out, float* logsumexp, int64
     }
 #pragma omp simd simdlen(16)
     for (int64_t i = 0; i < kBlock; ++i) s.sum[i] += s.tile_sum[i];
+    if (dropout.p > 0.0f) drop_transposed_tile(dropout, b, h, t0, rows, s0, keys, s.scores_t);
     for (int64_t i = 0; i < rows; ++i) {
       float* acc = s.acc + i * dp;
       const float factor = s.factor[i];
@@ -300,8 +344,9 @@ struct BackwardScratch {
   float *grad_k, *grad_v;        // the group's key and value: [padded T, dp], summed over its heads
   float *k, *k_t, *v_t;          // one key tile
   float *p, *grad_s;             // [kBlock, kBlock]: queries × keys
+  float* mask;                   // [kBlock, kBlock]: the dropout multipliers of p
 
-  static int64_t floats(int64_t tp, int64_t dp) { return 5 * tp * dp + 3 * kBlock * dp + 2 * kBlock * kBlock; }
+  static int64_t floats(int64_t tp, int64_t dp) { return 5 * tp * dp + 3 * kBlock * dp + 3 * kBlock * kBlock; }
   BackwardScratch(float* base, int64_t tp, int64_t dp)
       : q(base),
         grad_out(q + tp * dp),
@@ -312,14 +357,40 @@ struct BackwardScratch {
         k_t(k + kBlock * dp),
         v_t(k_t + kBlock * dp),
         p(v_t + kBlock * dp),
-        grad_s(p + kBlock * kBlock) {}
+        grad_s(p + kBlock * kBlock),
+        mask(grad_s + kBlock * kBlock) {}
 };
+
+// One tile's probabilities and score gradients, row by row: p holds the
+// scaled scores and leaves with P (∘ mask under kDropout, for dV); ds holds
+// dP = dO·Vᵀ and leaves with dS = P∘(dP (∘ mask) − delta).
+template <bool kDropout>
+void tile_score_grads(const BackwardScratch& s, int64_t rows, bool diagonal, const float* lse, const float* delta) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* p = s.p + i * kBlock;
+    float* ds = s.grad_s + i * kBlock;
+    const float* mask = s.mask + i * kBlock;
+    const float row_lse = lse[i], row_delta = delta[i];
+#pragma omp simd simdlen(16)
+    for (int64_t j = 0; j < kBlock; ++j) {
+      const float prob = masked(diagonal, i, j) ? 0.0f : attention_probability(p[j], row_lse);
+      if constexpr (kDropout) {
+        p[j] = prob * mask[j];
+        ds[j] = attention_score_grad(prob, ds[j] * mask[j], row_delta);
+      } else {
+        p[j] = prob;
+        ds[j] = attention_score_grad(prob, ds[j], row_delta);
+      }
+    }
+  }
+}
 
 // Query head h's share of the backward: its dQ, written out, and its terms of
 // its group's dK and dV, added to s.grad_k and s.grad_v.
 template <typename T>
 void backward_head(const Layout& g, const BackwardScratch& s, const T* grad_out, const T* qkv, const float* logsumexp,
-                   const float* delta, T* grad_qkv, int64_t b, int64_t h, float scale) {
+                   const float* delta, T* grad_qkv, int64_t b, int64_t h, float scale,
+                   const ops::AttentionDropout& dropout) {
   const int64_t dp = g.padded_dim, dh = g.head_dim(), stride = g.qkv_row_stride(), seq = g.seq_len();
   const int64_t tiles = (seq + kBlock - 1) / kBlock, kv = g.rows.qkv.group_of(h);
   gather_rows(qkv + g.rows.query_offset(b, 0, h), stride, seq, dh, scale, s.q, dp);
@@ -343,16 +414,11 @@ void backward_head(const Layout& g, const BackwardScratch& s, const T* grad_out,
       const float* dout = s.grad_out + t0 * dp;
       gemm<false, false>(rows, kBlock, dh, q, dp, s.k_t, kBlock, s.p, kBlock);          // scaled scores S
       gemm<false, false>(rows, kBlock, dh, dout, dp, s.v_t, kBlock, s.grad_s, kBlock);  // dP = dO·Vᵀ
-      for (int64_t i = 0; i < rows; ++i) {
-        float* p = s.p + i * kBlock;
-        float* ds = s.grad_s + i * kBlock;
-        const float row_lse = lse[t0 + i], row_delta = dl[t0 + i];
-#pragma omp simd simdlen(16)
-        for (int64_t j = 0; j < kBlock; ++j) {
-          const float prob = masked(diagonal, i, j) ? 0.0f : attention_probability(p[j], row_lse);
-          p[j] = prob;
-          ds[j] = attention_score_grad(prob, ds[j], row_delta);
-        }
+      if (dropout.p > 0.0f) {
+        dropout_multipliers(dropout, b, h, t0, rows, s0, keys, s.mask);
+        tile_score_grads<true>(s, rows, diagonal, lse + t0, dl + t0);
+      } else {
+        tile_score_grads<false>(s, rows, diagonal, lse + t0, dl + t0);
       }
       gemm<true, true>(keys, dp, rows, s.p, kBlock, dout, dp, grad_v, dp);                   // dV += Pᵀ·dO
       gemm<false, true>(rows, dp, keys, s.grad_s, kBlock, s.k, dp, s.grad_q + t0 * dp, dp);  // dQ += dS·K
@@ -369,13 +435,14 @@ void backward_head(const Layout& g, const BackwardScratch& s, const T* grad_out,
 // turn, then the group's dK and dV, summed over them, written once.
 template <typename T>
 void backward_group(const Layout& g, const T* grad_out, const T* qkv, const float* logsumexp, const float* delta,
-                    T* grad_qkv, int64_t b, int64_t kv, float scale, float* scratch) {
+                    T* grad_qkv, int64_t b, int64_t kv, float scale, const ops::AttentionDropout& dropout,
+                    float* scratch) {
   const int64_t dp = g.padded_dim, dh = g.head_dim(), seq = g.seq_len(), per_group = g.rows.qkv.queries_per_group();
   const BackwardScratch s(scratch, round_up(seq, kBlock), dp);
   std::fill(s.grad_k, s.grad_k + seq * dp, 0.0f);
   std::fill(s.grad_v, s.grad_v + seq * dp, 0.0f);
   for (int64_t h = kv * per_group; h < (kv + 1) * per_group; ++h)
-    backward_head(g, s, grad_out, qkv, logsumexp, delta, grad_qkv, b, h, scale);
+    backward_head(g, s, grad_out, qkv, logsumexp, delta, grad_qkv, b, h, scale, dropout);
   for (int64_t t = 0; t < seq; ++t) {
     T* gk = grad_qkv + g.rows.key_offset(b, t, kv);
     T* gv = grad_qkv + g.rows.value_offset(b, t, kv);
@@ -386,7 +453,7 @@ void backward_group(const Layout& g, const T* grad_out, const T* qkv, const floa
 
 // One task per (b, h, query tile), costed by the key tiles it visits.
 void run_forward(const Tensor& qkv, const QkvLayout& layout, Tensor& out, Tensor& logsumexp, float scale,
-                 const char* op) {
+                 const ops::AttentionDropout& dropout, const char* op) {
   const Layout g = layout_of(qkv, layout);
   const float s = attention_scale(scale, g.head_dim());
   const int64_t tiles = (g.seq_len() + kBlock - 1) / kBlock;
@@ -399,7 +466,7 @@ void run_forward(const Tensor& qkv, const QkvLayout& layout, Tensor& out, Tensor
     float* lse = logsumexp.data<float>();
     run_tasks(qkv.context(), costs, ForwardScratch::floats(g.padded_dim), [&](int64_t task, float* scratch) {
       const int64_t bh = task / tiles;
-      forward_tile(g, x, y, lse, bh / g.heads(), bh % g.heads(), task % tiles, s, scratch);
+      forward_tile(g, x, y, lse, bh / g.heads(), bh % g.heads(), task % tiles, s, dropout, scratch);
     });
   });
 }
@@ -407,7 +474,8 @@ void run_forward(const Tensor& qkv, const QkvLayout& layout, Tensor& out, Tensor
 // delta = rowsum(dO∘O), then one task per (b, key/value group): no two tasks
 // write the same gradient, so the result is deterministic.
 void run_backward(const Tensor& grad_out, const Tensor& qkv, const QkvLayout& layout, const Tensor& out,
-                  const Tensor& logsumexp, Tensor& grad_qkv, float scale, const char* op) {
+                  const Tensor& logsumexp, Tensor& grad_qkv, float scale, const ops::AttentionDropout& dropout,
+                  const char* op) {
   const Layout g = layout_of(qkv, layout);
   const float s = attention_scale(scale, g.head_dim());
   Context& ctx = qkv.context();
@@ -426,7 +494,7 @@ void run_backward(const Tensor& grad_out, const Tensor& qkv, const QkvLayout& la
     T* dx = grad_qkv.data<T>();
     const int64_t scratch = BackwardScratch::floats(round_up(g.seq_len(), kBlock), g.padded_dim);
     run_tasks(ctx, costs, scratch, [&](int64_t task, float* area) {
-      backward_group(g, dy, x, lse, dl, dx, task / g.groups(), task % g.groups(), s, area);
+      backward_group(g, dy, x, lse, dl, dx, task / g.groups(), task % g.groups(), s, dropout, area);
     });
   });
 }
@@ -447,13 +515,16 @@ void run_with_cache(const Tensor& qkv, const QkvLayout& layout, Tensor& keys, Te
 
 }  // namespace
 
-void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale) {
-  run_forward(qkv, packed_qkv_layout(qkv.shape()), out, logsumexp, scale, "attention_forward");
+void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale,
+                                   const ops::AttentionDropout& dropout) {
+  run_forward(qkv, packed_qkv_layout(qkv.shape()), out, logsumexp, scale, dropout, "attention_forward");
 }
 
 void CpuBackend::attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out,
-                                    const Tensor& logsumexp, Tensor& grad_qkv, float scale) {
-  run_backward(grad_out, qkv, packed_qkv_layout(qkv.shape()), out, logsumexp, grad_qkv, scale, "attention_backward");
+                                    const Tensor& logsumexp, Tensor& grad_qkv, float scale,
+                                    const ops::AttentionDropout& dropout) {
+  run_backward(grad_out, qkv, packed_qkv_layout(qkv.shape()), out, logsumexp, grad_qkv, scale, dropout,
+               "attention_backward");
 }
 
 void CpuBackend::attention_with_cache(const Tensor& qkv, Tensor& keys, Tensor& values, int64_t position, Tensor& out,
@@ -461,13 +532,15 @@ void CpuBackend::attention_with_cache(const Tensor& qkv, Tensor& keys, Tensor& v
   run_with_cache(qkv, packed_qkv_layout(qkv.shape()), keys, values, position, out, scale, "attention_with_cache");
 }
 
-void CpuBackend::grouped_attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale) {
-  run_forward(qkv, grouped_qkv_layout(qkv.shape()), out, logsumexp, scale, "grouped_attention_forward");
+void CpuBackend::grouped_attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale,
+                                           const ops::AttentionDropout& dropout) {
+  run_forward(qkv, grouped_qkv_layout(qkv.shape()), out, logsumexp, scale, dropout, "grouped_attention_forward");
 }
 
 void CpuBackend::grouped_attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out,
-                                            const Tensor& logsumexp, Tensor& grad_qkv, float scale) {
-  run_backward(grad_out, qkv, grouped_qkv_layout(qkv.shape()), out, logsumexp, grad_qkv, scale,
+                                            const Tensor& logsumexp, Tensor& grad_qkv, float scale,
+                                            const ops::AttentionDropout& dropout) {
+  run_backward(grad_out, qkv, grouped_qkv_layout(qkv.shape()), out, logsumexp, grad_qkv, scale, dropout,
                "grouped_attention_backward");
 }
 

@@ -14,7 +14,9 @@
 //             over keys s ≤ t; dK, dV: warp per key row s of a key/value
 //             group, over the group's query heads and their queries t ≥ s.
 // Every output element is written by exactly one lane: no atomics,
-// deterministic results.
+// deterministic results. Dropout on the probabilities (ops::AttentionDropout)
+// is drawn inside the same row functors, the forward's mask again in the
+// backward (attention_dropout_multiplier).
 //
 //   with a cache (generation): the shared index functor appends the new keys
 //             and values (a thread per element); then each query row's cache
@@ -48,7 +50,7 @@ void dispatch_head_dim(int64_t head_dim, Fn&& fn) {
 }
 
 void run_forward(const Tensor& qkv, const QkvLayout& layout, Tensor& out, Tensor& logsumexp, float scale,
-                 const char* op) {
+                 const ops::AttentionDropout& dropout, const char* op) {
   const cudaStream_t stream = cuda::device_stream(qkv);
   const AttentionRows rows{qkv.size(0), qkv.size(1), layout};
   const int64_t n = rows.batch * layout.heads * rows.seq_len;
@@ -56,15 +58,16 @@ void run_forward(const Tensor& qkv, const QkvLayout& layout, Tensor& out, Tensor
   dispatch_float(qkv.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     dispatch_head_dim(layout.head_dim, [&](auto max_head_dim) {
-      const AttentionForwardRow<T, decltype(max_head_dim)::value> forward{qkv.data<T>(), out.data<T>(),
-                                                                          logsumexp.data<float>(), rows, s};
+      const AttentionForwardRow<T, decltype(max_head_dim)::value> forward{
+          qkv.data<T>(), out.data<T>(), logsumexp.data<float>(), rows, s, dropout};
       cuda::for_each_row(n, forward, stream);
     });
   });
 }
 
 void run_backward(const Tensor& grad_out, const Tensor& qkv, const QkvLayout& layout, const Tensor& out,
-                  const Tensor& logsumexp, Tensor& grad_qkv, float scale, const char* op) {
+                  const Tensor& logsumexp, Tensor& grad_qkv, float scale, const ops::AttentionDropout& dropout,
+                  const char* op) {
   const cudaStream_t stream = cuda::device_stream(qkv);
   const AttentionRows rows{qkv.size(0), qkv.size(1), layout};
   const int64_t query_rows = rows.batch * layout.heads * rows.seq_len;
@@ -77,8 +80,14 @@ void run_backward(const Tensor& grad_out, const Tensor& qkv, const QkvLayout& la
                          AttentionDelta<T>{grad_out.data<T>(), out.data<T>(), delta.data<float>(), rows.seq_len,
                                            layout.heads, layout.head_dim},
                          stream);
-    const AttentionBackwardArgs<T> args{
-        grad_out.data<T>(), qkv.data<T>(), logsumexp.data<float>(), delta.data<float>(), grad_qkv.data<T>(), rows, s};
+    const AttentionBackwardArgs<T> args{grad_out.data<T>(),
+                                        qkv.data<T>(),
+                                        logsumexp.data<float>(),
+                                        delta.data<float>(),
+                                        grad_qkv.data<T>(),
+                                        rows,
+                                        s,
+                                        dropout};
     dispatch_head_dim(layout.head_dim, [&](auto max_head_dim) {
       constexpr int kMaxHeadDim = decltype(max_head_dim)::value;
       cuda::for_each_row(query_rows, AttentionGradQueryRow<T, kMaxHeadDim>{args}, stream);
@@ -114,13 +123,16 @@ void run_with_cache(const Tensor& qkv, const QkvLayout& layout, Tensor& keys, Te
 
 }  // namespace
 
-void CudaBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale) {
-  run_forward(qkv, packed_qkv_layout(qkv.shape()), out, logsumexp, scale, "attention_forward");
+void CudaBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale,
+                                    const ops::AttentionDropout& dropout) {
+  run_forward(qkv, packed_qkv_layout(qkv.shape()), out, logsumexp, scale, dropout, "attention_forward");
 }
 
 void CudaBackend::attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out,
-                                     const Tensor& logsumexp, Tensor& grad_qkv, float scale) {
-  run_backward(grad_out, qkv, packed_qkv_layout(qkv.shape()), out, logsumexp, grad_qkv, scale, "attention_backward");
+                                     const Tensor& logsumexp, Tensor& grad_qkv, float scale,
+                                     const ops::AttentionDropout& dropout) {
+  run_backward(grad_out, qkv, packed_qkv_layout(qkv.shape()), out, logsumexp, grad_qkv, scale, dropout,
+               "attention_backward");
 }
 
 void CudaBackend::attention_with_cache(const Tensor& qkv, Tensor& keys, Tensor& values, int64_t position, Tensor& out,
@@ -128,13 +140,15 @@ void CudaBackend::attention_with_cache(const Tensor& qkv, Tensor& keys, Tensor& 
   run_with_cache(qkv, packed_qkv_layout(qkv.shape()), keys, values, position, out, scale, "attention_with_cache");
 }
 
-void CudaBackend::grouped_attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale) {
-  run_forward(qkv, grouped_qkv_layout(qkv.shape()), out, logsumexp, scale, "grouped_attention_forward");
+void CudaBackend::grouped_attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale,
+                                            const ops::AttentionDropout& dropout) {
+  run_forward(qkv, grouped_qkv_layout(qkv.shape()), out, logsumexp, scale, dropout, "grouped_attention_forward");
 }
 
 void CudaBackend::grouped_attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out,
-                                             const Tensor& logsumexp, Tensor& grad_qkv, float scale) {
-  run_backward(grad_out, qkv, grouped_qkv_layout(qkv.shape()), out, logsumexp, grad_qkv, scale,
+                                             const Tensor& logsumexp, Tensor& grad_qkv, float scale,
+                                             const ops::AttentionDropout& dropout) {
+  run_backward(grad_out, qkv, grouped_qkv_layout(qkv.shape()), out, logsumexp, grad_qkv, scale, dropout,
                "grouped_attention_backward");
 }
 

@@ -18,6 +18,9 @@
 // online-softmax partials (CachedAttentionBlock, a row functor), and an index
 // functor merges each row's blocks by log-sum-exp (CachedAttentionMerge), so
 // that a decode step of a dozen rows still fills the GPU.
+// Dropout on the attention probabilities (ops::AttentionDropout): the mask of
+// each (b, head, t, s) drawn on the spot from Philox (attention_dropout_*),
+// in the forward and again in the backward, by both backends.
 #pragma once
 
 #include <algorithm>
@@ -25,9 +28,12 @@
 #include <cstdint>
 
 #include "core/half.h"
+#include "core/rng.h"
 #include "core/shape.h"
+#include "kernels/functors/dropout.h"
 #include "kernels/functors/float_math.h"
 #include "kernels/functors/row_group.h"
+#include "kernels/ops.h"
 
 namespace tessera {
 
@@ -85,6 +91,38 @@ TESSERA_HD float attention_probability(float score, float logsumexp) {
 // and the row's delta = rowsum(dO∘O): dS = p·(dp − delta).
 TESSERA_HD float attention_score_grad(float p, float dp, float delta) {
   return p * (dp - delta);
+}
+
+// ---------------------------------------------------------------------------
+// Dropout on the attention probabilities (ops::AttentionDropout)
+// ---------------------------------------------------------------------------
+// The keep-mask M[b, head, t, s] of the global head = head_offset + h is a
+// pure function of (seed, offset + b, head, t, s): Philox4x32-10 under the key
+// `seed` with the counter (⌊s/4⌋, t, head, offset + b), whose four words are
+// the uniforms of keys 4·⌊s/4⌋ .. 4·⌊s/4⌋ + 3 of query t (the CPU draws a
+// tile's mask with a quarter of the calls). A key is kept when its uniform is
+// ≥ p, as ops::dropout keeps an element (dropout_keep).
+TESSERA_HD PhiloxOutput attention_dropout_bits(const ops::AttentionDropout& d, int64_t b, int64_t h, int64_t t,
+                                               int64_t s) {
+  const uint64_t head = uint64_t(d.head_offset + h) & 0xffffffffu, batch = d.offset + uint64_t(b);
+  return philox_bits(d.seed, (batch << 32) | head, (uint64_t(t) << 32) | uint64_t(s >> 2));
+}
+// Word i of a Philox output, without indexing an array by a runtime value
+// (which would move a GPU's registers to memory).
+TESSERA_HD uint32_t philox_word(const PhiloxOutput& bits, int64_t i) {
+  return i == 0 ? bits.v[0] : i == 1 ? bits.v[1] : i == 2 ? bits.v[2] : bits.v[3];
+}
+// What a probability is multiplied by, given its random word: 1/(1 − p) =
+// `scale` (dropout_scale(p)) if kept, 0 if dropped.
+TESSERA_HD float attention_dropout_multiplier(float p, float scale, uint32_t bits) {
+  return bits_to_unit_float(bits) >= p ? scale : 0.0f;
+}
+// M[b, head_offset + h, t, s]/(1 − p): the multiplier of probability (t, s) of
+// query head h (numbered within the call) of sequence b.
+TESSERA_HD float attention_dropout_multiplier(const ops::AttentionDropout& d, int64_t b, int64_t h, int64_t t,
+                                              int64_t s) {
+  return attention_dropout_multiplier(d.p, dropout_scale(d.p),
+                                      philox_word(attention_dropout_bits(d, b, h, t, s), s & 3));
 }
 
 // ---------------------------------------------------------------------------
@@ -240,7 +278,8 @@ TESSERA_HD void rescale_add_lanes(float (&acc)[kCount], float factor, float weig
 // ---------------------------------------------------------------------------
 // Forward, a row functor over the query rows row = (b·H + h)·T + t (also the
 // index of (b, h, t) in logsumexp): online softmax over the keys s ≤ t of
-// head h's group → out, logsumexp.
+// head h's group → out, logsumexp. With dropout, a key's weight enters the
+// output times its multiplier (0 or 1/(1 − p)) and the sum undropped.
 template <typename T, int kMaxHeadDim>
 struct AttentionForwardRow {
   const T* qkv;
@@ -248,6 +287,7 @@ struct AttentionForwardRow {
   float* logsumexp;
   AttentionRows rows;
   float scale;
+  ops::AttentionDropout dropout;
 
   template <typename Group>
   TESSERA_HD void operator()(const Group& g, int64_t row) const {
@@ -262,12 +302,14 @@ struct AttentionForwardRow {
     const T* key = qkv + rows.key_offset(b, 0, kv);
     const T* value = qkv + rows.value_offset(b, 0, kv);
     OnlineSoftmax softmax;
+    const bool dropping = dropout.p > 0.0f;
     for (int64_t s = 0; s <= t; ++s, key += stride, value += stride) {
       const float score = group_dot(g, q, key, dh);
       const float factor = softmax.raise_max(score);
       const float weight = softmax.weight(score);
       softmax.add(weight);
-      rescale_add_lanes<kLanes>(acc, factor, weight, value, dh, lane);
+      const float kept = dropping ? attention_dropout_multiplier(dropout, b, h, t, s) : 1.0f;
+      rescale_add_lanes<kLanes>(acc, factor, weight * kept, value, dh, lane);
     }
     store_lanes<kLanes>(out + rows.out_offset(b, t, h), dh, lane, softmax.normaliser(), acc);
     if (lane == 0) logsumexp[row] = softmax.logsumexp();
@@ -284,10 +326,11 @@ struct AttentionBackwardArgs {
   T* grad_qkv;
   AttentionRows rows;
   float scale;
+  ops::AttentionDropout dropout;  // the forward's
 };
 
 // Backward, a row functor over the query rows (numbered as the forward's):
-// dQ = scale·Σ_{s≤t} dS[t, s]·k_s.
+// dQ = scale·Σ_{s≤t} dS[t, s]·k_s, with dS = P∘(dP∘M/(1 − p) − delta) under dropout.
 template <typename T, int kMaxHeadDim>
 struct AttentionGradQueryRow {
   AttentionBackwardArgs<T> args;
@@ -307,9 +350,11 @@ struct AttentionGradQueryRow {
     const float lse = args.logsumexp[row], row_delta = args.delta[row];
     const T* key = args.qkv + rows.key_offset(b, 0, kv);
     const T* value = args.qkv + rows.value_offset(b, 0, kv);
+    const bool dropping = args.dropout.p > 0.0f;
     for (int64_t s = 0; s <= t; ++s, key += stride, value += stride) {
       const float p = attention_probability(group_dot(g, q, key, dh), lse);
-      const float ds = attention_score_grad(p, group_dot(g, dout, value, dh), row_delta);
+      const float kept = dropping ? attention_dropout_multiplier(args.dropout, b, h, t, s) : 1.0f;
+      const float ds = attention_score_grad(p, group_dot(g, dout, value, dh) * kept, row_delta);
       rescale_add_lanes<kLanes>(grad, 1.0f, ds, key, dh, lane);
     }
     store_lanes<kLanes>(args.grad_qkv + rows.query_offset(b, t, h), dh, lane, args.scale, grad);
@@ -319,7 +364,8 @@ struct AttentionGradQueryRow {
 // Backward, a row functor over the key rows row = (b·G + g)·T + s: the
 // gradients of group g's key and value at token s, summed over the group's R
 // query heads and their queries t ≥ s: dV = Σ P[t, s]·dO_t,
-// dK = scale·Σ dS[t, s]·q_t. One writer per key row: no atomics.
+// dK = scale·Σ dS[t, s]·q_t (under dropout P∘M/(1 − p) in dV, and dS as
+// AttentionGradQueryRow's). One writer per key row: no atomics.
 template <typename T, int kMaxHeadDim>
 struct AttentionGradKeyValueRow {
   AttentionBackwardArgs<T> args;
@@ -337,6 +383,7 @@ struct AttentionGradKeyValueRow {
 #pragma unroll
     for (int i = 0; i < kCount; ++i) grad_k[i] = grad_v[i] = 0.0f;
     const int64_t qkv_stride = rows.qkv.token_stride, out_stride = rows.qkv.heads * rows.qkv.head_dim;
+    const bool dropping = args.dropout.p > 0.0f;
     for (int64_t h = kv * per_group; h < (kv + 1) * per_group; ++h) {
       const T* query = args.qkv + rows.query_offset(b, s, h);
       const T* grad_out = args.grad_out + rows.out_offset(b, s, h);
@@ -349,9 +396,11 @@ struct AttentionGradKeyValueRow {
 #pragma unroll
         for (int i = 0; i < kCount; ++i) score += q[i] * k[i], dp += dout[i] * v[i];
         const float p = attention_probability(g.sum(score), args.logsumexp[stats + t]);
-        const float ds = attention_score_grad(p, g.sum(dp), args.delta[stats + t]);
+        const float kept = dropping ? attention_dropout_multiplier(args.dropout, b, h, t, s) : 1.0f;
+        const float ds = attention_score_grad(p, g.sum(dp) * kept, args.delta[stats + t]);
+        const float dropped_p = p * kept;
 #pragma unroll
-        for (int i = 0; i < kCount; ++i) grad_v[i] += p * dout[i], grad_k[i] += ds * q[i];
+        for (int i = 0; i < kCount; ++i) grad_v[i] += dropped_p * dout[i], grad_k[i] += ds * q[i];
       }
     }
     store_lanes<kLanes>(args.grad_qkv + rows.key_offset(b, s, kv), dh, lane, 1.0f, grad_k);  // q was scaled already

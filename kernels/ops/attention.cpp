@@ -78,6 +78,14 @@ void check_backward(std::string_view op, QkvKind kind, const Tensor& grad_out, c
       op, {{"grad_out", grad_out}, {"qkv", qkv}, {"out", out}, {"logsumexp", logsumexp}, {"grad_qkv", grad_qkv}});
 }
 
+// p in [0, 1) (1 would drop every probability and divide by zero), a head offset that is an index.
+void check_dropout(std::string_view op, const AttentionDropout& dropout) {
+  TESSERA_CHECK(dropout.p >= 0.0f && dropout.p < 1.0f, op, ": attention dropout probability must be in [0, 1), got ",
+                dropout.p, "; check --attention-dropout");
+  TESSERA_CHECK(dropout.head_offset >= 0, op, ": attention dropout head_offset must not be negative, got ",
+                dropout.head_offset);
+}
+
 // The cache holds one head per key/value group: [B, H, S, Dh] for packed qkv, [B, G, S, Dh] for grouped.
 void check_with_cache(std::string_view op, QkvKind kind, const Tensor& qkv, const Tensor& keys, const Tensor& values,
                       int64_t position, const Tensor& out) {
@@ -104,15 +112,18 @@ void check_with_cache(std::string_view op, QkvKind kind, const Tensor& qkv, cons
 
 }  // namespace
 
-void attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale) {
+void attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale,
+                       const AttentionDropout& dropout) {
   check_forward("attention_forward", QkvKind::packed, qkv, out, logsumexp);
-  backend_for(qkv, "attention_forward").attention_forward(qkv, out, logsumexp, scale);
+  check_dropout("attention_forward", dropout);
+  backend_for(qkv, "attention_forward").attention_forward(qkv, out, logsumexp, scale, dropout);
 }
 
 void attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out, const Tensor& logsumexp,
-                        Tensor& grad_qkv, float scale) {
+                        Tensor& grad_qkv, float scale, const AttentionDropout& dropout) {
   check_backward("attention_backward", QkvKind::packed, grad_out, qkv, out, logsumexp, grad_qkv);
-  backend_for(qkv, "attention_backward").attention_backward(grad_out, qkv, out, logsumexp, grad_qkv, scale);
+  check_dropout("attention_backward", dropout);
+  backend_for(qkv, "attention_backward").attention_backward(grad_out, qkv, out, logsumexp, grad_qkv, scale, dropout);
 }
 
 void attention_with_cache(const Tensor& qkv, Tensor& keys, Tensor& values, int64_t position, Tensor& out, float scale) {
@@ -120,16 +131,19 @@ void attention_with_cache(const Tensor& qkv, Tensor& keys, Tensor& values, int64
   backend_for(qkv, "attention_with_cache").attention_with_cache(qkv, keys, values, position, out, scale);
 }
 
-void grouped_attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale) {
+void grouped_attention_forward(const Tensor& qkv, Tensor& out, Tensor& logsumexp, float scale,
+                               const AttentionDropout& dropout) {
   check_forward("grouped_attention_forward", QkvKind::grouped, qkv, out, logsumexp);
-  backend_for(qkv, "grouped_attention_forward").grouped_attention_forward(qkv, out, logsumexp, scale);
+  check_dropout("grouped_attention_forward", dropout);
+  backend_for(qkv, "grouped_attention_forward").grouped_attention_forward(qkv, out, logsumexp, scale, dropout);
 }
 
 void grouped_attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out, const Tensor& logsumexp,
-                                Tensor& grad_qkv, float scale) {
+                                Tensor& grad_qkv, float scale, const AttentionDropout& dropout) {
   check_backward("grouped_attention_backward", QkvKind::grouped, grad_out, qkv, out, logsumexp, grad_qkv);
+  check_dropout("grouped_attention_backward", dropout);
   backend_for(qkv, "grouped_attention_backward")
-      .grouped_attention_backward(grad_out, qkv, out, logsumexp, grad_qkv, scale);
+      .grouped_attention_backward(grad_out, qkv, out, logsumexp, grad_qkv, scale, dropout);
 }
 
 void grouped_attention_with_cache(const Tensor& qkv, Tensor& keys, Tensor& values, int64_t position, Tensor& out,

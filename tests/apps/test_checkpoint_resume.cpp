@@ -71,6 +71,7 @@ app::TrainConfig gpt_config(const std::string& data, std::mt19937_64& rng) {
   c.num_heads = 2;
   c.hidden_size = 32;
   c.hidden_dropout = 0.1f;
+  c.attention_dropout = 0.1f;  // masks drawn by (seed, step, micro-batch): a resume draws the straight run's
   c.micro_batch_size = 4;
   c.global_batch_size = 8;
   c.lr = 2e-3f;
@@ -403,6 +404,9 @@ TEST(Resume, MissingPathAndBadFlagsAreNamed) {
   app::TrainConfig negative_exit = synthetic_gpt(dir / "run");
   negative_exit.exit_interval = -2;
   expect_train_error(negative_exit, {"--exit-interval", "-2"});
+  app::TrainConfig all_dropped = synthetic_gpt(dir / "run");
+  all_dropped.attention_dropout = 1.0f;
+  expect_train_error(all_dropped, {"--attention-dropout must be in [0, 1), got 1"});
 
   // Not a checkpoint at all.
   const std::string junk = dir / "junk";

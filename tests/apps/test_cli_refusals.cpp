@@ -167,6 +167,7 @@ TEST_F(Cli, SettingsTheRunWouldNotUseAreRefusedWithTheReason) {
       {{"--vocab-size", "100"}, {"--vocab-size 100", "GPT"}},
       {{"--recompute"}, {"--recompute:", "GPT"}},
       {{"--hidden-dropout", "0.1"}, {"--hidden-dropout 0.1", "GPT"}},
+      {{"--attention-dropout", "0.1"}, {"--attention-dropout 0.1", "GPT and the Llama"}},
       {{"--model", "cnn", "--num-layers", "2"}, {"--num-layers 2", "--model cnn"}},
       {{"--nesterov"}, {"--nesterov:", "--optimizer adamw (the default)", "--optimizer sgd"}},
       {{"--sequence-parallel"}, {"--sequence-parallel:", "--tensor-parallel 1"}},

@@ -584,7 +584,8 @@ TEST(HfLlamaDirectory, WritingRefusesTensorsThatDoNotFitTheConfig) {
 // A checkpoint as `tessera train --model llama` would save it: the logical tensors (and an optimizer state),
 // model.* metadata, the rotary base and norm epsilon among the flags.
 std::string save_llama_checkpoint(const std::string& dir, const io::HfLlamaConfig& c, const NamedTensors& logical,
-                                  DType dtype, const std::string& kind = "llama") {
+                                  DType dtype, const std::string& kind = "llama",
+                                  const io::CheckpointMetadata& settings = {}) {
   Context ctx;
   auto world = parallel::make_local_communicator();
   std::vector<io::TensorPiece> pieces;
@@ -599,16 +600,17 @@ std::string save_llama_checkpoint(const std::string& dir, const io::HfLlamaConfi
   io::TensorPiece state = pieces.front();
   state.name = "wte.weight.exp_avg";
   pieces.push_back(state);
-  const io::CheckpointMetadata metadata = {{"model.kind", kind},
-                                           {"model.dtype", std::string(dtype_name(dtype))},
-                                           {"model.vocab_size", std::to_string(c.vocab_size)},
-                                           {"model.seq_length", std::to_string(c.max_position_embeddings)},
-                                           {"model.num_layers", std::to_string(c.num_hidden_layers)},
-                                           {"model.num_heads", std::to_string(c.num_attention_heads)},
-                                           {"model.hidden_size", std::to_string(c.hidden_size)},
-                                           {"model.ffn_hidden_size", std::to_string(c.intermediate_size)},
-                                           {"config.rotary-base", "500000"},
-                                           {"config.norm-epsilon", "1e-05"}};
+  io::CheckpointMetadata metadata = {{"model.kind", kind},
+                                     {"model.dtype", std::string(dtype_name(dtype))},
+                                     {"model.vocab_size", std::to_string(c.vocab_size)},
+                                     {"model.seq_length", std::to_string(c.max_position_embeddings)},
+                                     {"model.num_layers", std::to_string(c.num_hidden_layers)},
+                                     {"model.num_heads", std::to_string(c.num_attention_heads)},
+                                     {"model.hidden_size", std::to_string(c.hidden_size)},
+                                     {"model.ffn_hidden_size", std::to_string(c.intermediate_size)},
+                                     {"config.rotary-base", "500000"},
+                                     {"config.norm-epsilon", "1e-05"}};
+  metadata.insert(settings.begin(), settings.end());
   return io::save_checkpoint(*world, dir, 2, pieces, metadata);
 }
 
@@ -656,6 +658,29 @@ TEST(HfLlamaExport, ALlamaCheckpointBecomesADirectoryShardedAboveTheLimit) {
                   "holds a llama (--model llama), not a GPT; export it with --format hf-llama");
   EXPECT_FALSE(fs::exists(dir.path() / "g"));
   EXPECT_FALSE(fs::exists(dir.path() / "l"));
+}
+
+// config.json's attention_dropout is the checkpoint's --attention-dropout,
+// 0 for a checkpoint from before the flag.
+TEST(HfLlamaExport, ConfigCarriesTheAttentionDropoutTrainedWith) {
+  TESSERA_SEED_TRACE();
+  std::mt19937_64 rng = make_rng();
+  TempDir dir;
+  const io::HfLlamaConfig c = splittable_llama();
+  const NamedTensors logical = random_tensors(tessera_llama_shapes(c), DType::f32, rng);
+  for (const auto& [name, settings, expected] :
+       {std::tuple{"with", io::CheckpointMetadata{{"config.attention-dropout", "0.125"}}, 0.125},
+        std::tuple{"before", io::CheckpointMetadata{}, 0.0}}) {
+    SCOPED_TRACE(name);
+    const std::string checkpoint =
+        save_llama_checkpoint(dir.file(std::string("ckpt_") + name), c, logical, DType::f32, "llama", settings);
+    io::ExportOptions options;
+    options.format = "hf-llama";
+    const fs::path out = dir.path() / (std::string("hf_") + name);
+    io::export_checkpoint(checkpoint, out.string(), options);
+    const Json config = Json::parse(std::ifstream(out / "config.json"));
+    EXPECT_EQ(config["attention_dropout"], expected);
+  }
 }
 
 }  // namespace

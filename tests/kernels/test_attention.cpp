@@ -8,7 +8,10 @@
 // the GPU's way of computing it (the cache split into blocks, partial softmaxes
 // merged by log-sum-exp) run on the CPU against the same reference. The packed
 // qkv layout all of them index through (QkvLayout), against the elements
-// walked in memory order.
+// walked in memory order. Dropout on the probabilities: forward and backward
+// against the reference with the kernels' mask, p = 0 whatever the seed the
+// plain attention bit for bit, and heads split in two calls with head_offset
+// (as tensor-parallel ranks hold them) the whole call's results bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -53,13 +56,14 @@ AttentionProblem problem_of(const Dims& g) {
       [g](int64_t b, int64_t t, int which, int64_t h, int64_t d) { return g.qkv_index(b, t, which, h, d); }};
 }
 
-AttentionReference reference_forward(const Dims& g, const std::vector<double>& qkv) {
-  return reference_attention(problem_of(g), qkv);
+AttentionReference reference_forward(const Dims& g, const std::vector<double>& qkv, const AttentionMask& mask = {}) {
+  return reference_attention(problem_of(g), qkv, mask);
 }
 
 std::vector<double> reference_backward(const Dims& g, const std::vector<double>& qkv,
-                                       const std::vector<double>& grad_out, const std::vector<double>& stored_out) {
-  return reference_attention_backward(problem_of(g), qkv, grad_out, stored_out);
+                                       const std::vector<double>& grad_out, const std::vector<double>& stored_out,
+                                       const AttentionMask& mask = {}) {
+  return reference_attention_backward(problem_of(g), qkv, grad_out, stored_out, mask);
 }
 
 // Scores of O(1) spread, so the softmax is neither flat nor one-hot.
@@ -136,25 +140,76 @@ TEST_P(Attention, GpuMatchesCpu) {
   TESSERA_REQUIRE_GPU(ctx);
   const Device gpu = Device::cuda(0);
   auto rng = make_rng();
-  for (const Dims& g : {Dims{2, 130, 3, 64}, Dims{1, 37, 2, 5, 0.4f}, Dims{1, 70, 1, 256}, Dims{2, 1, 2, 100}}) {
-    SCOPED_TRACE("T=" + std::to_string(g.seq_len) + " Dh=" + std::to_string(g.head_dim));
-    auto qkv = random_qkv(ctx, g, dtype, rng);
-    auto grad_out = random_tensor(ctx, g.out(), dtype, rng);
-    const Tensor qkv_gpu = qkv.tensor.to(gpu), grad_out_gpu = grad_out.tensor.to(gpu);
-    Tensor out_cpu = poisoned(ctx, g.out(), dtype), lse_cpu = poisoned(ctx, g.lse(), DType::f32);
-    Tensor out_gpu = poisoned(ctx, g.out(), dtype, gpu), lse_gpu = poisoned(ctx, g.lse(), DType::f32, gpu);
-    ops::attention_forward(qkv.tensor, out_cpu, lse_cpu, g.scale);
-    ops::attention_forward(qkv_gpu, out_gpu, lse_gpu, g.scale);
-    // f32: both devices carry the score rounding explained at output_tolerance.
-    const Tolerance tolerance = attention_device_tolerance(dtype);
-    EXPECT_TRUE(all_close(out_gpu, out_cpu, tolerance)) << "out";
-    EXPECT_TRUE(all_close(lse_gpu, lse_cpu, device_tolerance(DType::f32))) << "logsumexp";
-    // Both backwards from the CPU's forward results, so only the backward differs.
-    const Tensor out_gpu_in = out_cpu.to(gpu), lse_gpu_in = lse_cpu.to(gpu);
-    Tensor grad_cpu = poisoned(ctx, g.qkv(), dtype), grad_gpu = poisoned(ctx, g.qkv(), dtype, gpu);
-    ops::attention_backward(grad_out.tensor, qkv.tensor, out_cpu, lse_cpu, grad_cpu, g.scale);
-    ops::attention_backward(grad_out_gpu, qkv_gpu, out_gpu_in, lse_gpu_in, grad_gpu, g.scale);
-    EXPECT_TRUE(all_close(grad_gpu, grad_cpu, tolerance)) << "grad_qkv";
+  // Without dropout, and with it (the GPU must draw the CPU's mask).
+  for (const Dims& g : {Dims{2, 130, 3, 64}, Dims{1, 37, 2, 5, 0.4f}, Dims{1, 70, 1, 256}, Dims{2, 1, 2, 100}})
+    for (const ops::AttentionDropout& dropout : {ops::AttentionDropout{}, ops::AttentionDropout{0.3f, rng(), 2, 3}}) {
+      SCOPED_TRACE("T=" + std::to_string(g.seq_len) + " Dh=" + std::to_string(g.head_dim) +
+                   " dropout=" + std::to_string(dropout.p));
+      expect_gpu_matches_cpu(ctx, ops::attention_forward, ops::attention_backward,
+                             random_qkv(ctx, g, dtype, rng).tensor, random_tensor(ctx, g.out(), dtype, rng).tensor,
+                             g.scale, dropout, gpu);
+    }
+}
+
+// Dropout on the probabilities: out = (P∘M/(1 − p))·V, logsumexp undropped,
+// the backward with the forward's mask, over odd sizes and several 64-row
+// tiles with a custom scale, sequences and heads numbered from an offset (as
+// a part of a batch on a tensor-parallel rank); small cases against central
+// differences too.
+TEST_P(Attention, ForwardAndBackwardWithDropout) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  auto rng = make_rng();
+  for (const Dims& g : {Dims{2, 9, 2, 4}, Dims{2, 9, 3, 8}, Dims{1, 130, 2, 64}, Dims{2, 70, 2, 24, 0.3f}})
+    for (const float p : {0.1f, 0.5f}) {
+      SCOPED_TRACE("B=" + std::to_string(g.batch) + " T=" + std::to_string(g.seq_len) + " p=" + std::to_string(p));
+      expect_dropout_matches_the_reference(ctx, ops::attention_forward, ops::attention_backward, problem_of(g),
+                                           random_qkv(ctx, g, dtype, rng), random_tensor(ctx, g.out(), dtype, rng),
+                                           g.scale, ops::AttentionDropout{p, rng(), 3, 5}, g.head_dim == 4);
+    }
+}
+
+// p = 0 draws nothing: the plain attention's results bit for bit.
+TEST_P(Attention, DropoutZeroIsThePlainAttention) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  auto rng = make_rng();
+  const Dims g{2, 70, 2, 24};
+  expect_dropout_zero_is_the_plain_attention(ctx, ops::attention_forward, ops::attention_backward,
+                                             random_qkv(ctx, g, dtype, rng).tensor,
+                                             random_tensor(ctx, g.out(), dtype, rng).tensor, rng());
+}
+
+// Tensor parallelism's split: each half of the heads in a call of its own,
+// numbered from its first head (head_offset), gives the whole call's
+// outputs and gradients of those heads bit for bit: the same masks.
+TEST_P(Attention, HeadsSplitWithHeadOffsetDrawTheWholeCallsMasks) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  auto rng = make_rng();
+  const Dims g{2, 70, 4, 16};
+  const ops::AttentionDropout dropout{0.25f, rng(), 0, 0};
+  auto qkv = random_qkv(ctx, g, dtype, rng);
+  auto grad_out = random_tensor(ctx, g.out(), dtype, rng);
+  const AttentionRun whole =
+      run_attention(ctx, ops::attention_forward, ops::attention_backward, qkv.tensor, grad_out.tensor, 0.0f, dropout);
+  const int64_t half = g.heads / 2, row = g.heads * g.head_dim;  // qkv and out: rows of H heads
+  const Dims part{g.batch, g.seq_len, half, g.head_dim};
+  for (const int64_t first : {int64_t(0), half}) {
+    SCOPED_TRACE("heads from " + std::to_string(first));
+    const int64_t begin = first * g.head_dim, count = half * g.head_dim;
+    ops::AttentionDropout rank = dropout;
+    rank.head_offset = first;
+    const AttentionRun split =
+        run_attention(ctx, ops::attention_forward, ops::attention_backward,
+                      ctx.from_doubles(part.qkv(), dtype, row_range(qkv.values, row, begin, count)),
+                      ctx.from_doubles(part.out(), dtype, row_range(grad_out.values, row, begin, count)), 0.0f, rank);
+    EXPECT_TRUE(all_close(split.out, row_range(whole.out.to_doubles(), row, begin, count), Tolerance{0, 0})) << "out";
+    EXPECT_TRUE(all_close(split.grad_qkv, row_range(whole.grad_qkv.to_doubles(), row, begin, count), Tolerance{0, 0}))
+        << "grad_qkv";
   }
 }
 
@@ -242,6 +297,20 @@ TEST_P(Attention, RejectsBadArguments) {
   EXPECT_THROW(ops::attention_backward(wrong_out, qkv, out, lse, grad_qkv), Error);
   EXPECT_THROW(ops::attention_backward(out, qkv, out, lse_shape, grad_qkv), Error);
   EXPECT_THROW(ops::attention_backward(out, qkv, out, lse, qkv), Error);  // grad_qkv overwrites qkv
+
+  // The dropout probability in [0, 1) and a head offset that is an index, named.
+  for (const ops::AttentionDropout& bad :
+       {ops::AttentionDropout{1.0f}, ops::AttentionDropout{-0.1f}, ops::AttentionDropout{0.1f, 0, 0, -1}}) {
+    EXPECT_THROW(ops::attention_forward(qkv, out, lse, 0.0f, bad), Error);
+    EXPECT_THROW(ops::attention_backward(out, qkv, out, lse, grad_qkv, 0.0f, bad), Error);
+  }
+  try {
+    ops::attention_forward(qkv, out, lse, 0.0f, ops::AttentionDropout{1.0f});
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("attention_forward: attention dropout probability must be in [0, 1)"),
+              std::string::npos)
+        << error.what();
+  }
 }
 
 // The CUDA kernels hold a head in registers: Dh > 256 is refused up front.

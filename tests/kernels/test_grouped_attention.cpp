@@ -9,7 +9,11 @@
 // reference, for both qkv layouts; the cached attention fed a prefill and then
 // token by token equals the whole forward's rows, its cache holds the G
 // groups' keys and values, and the GPU's blocked version agrees; GPU against
-// CPU; argument checks; the layout's offsets against memory order.
+// CPU; argument checks; the layout's offsets against memory order. Dropout
+// on the probabilities: forward and backward against the reference with the
+// kernels' mask (the CPU's kernels and the GPU's row functors), p = 0 the
+// plain attention bit for bit, and groups split in two calls with head_offset
+// (as tensor-parallel ranks hold them) the whole call's results bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -65,13 +69,14 @@ AttentionProblem problem_of(const Dims& g) {
                           }};
 }
 
-AttentionReference reference_forward(const Dims& g, const std::vector<double>& qkv) {
-  return reference_attention(problem_of(g), qkv);
+AttentionReference reference_forward(const Dims& g, const std::vector<double>& qkv, const AttentionMask& mask = {}) {
+  return reference_attention(problem_of(g), qkv, mask);
 }
 
 std::vector<double> reference_backward(const Dims& g, const std::vector<double>& qkv,
-                                       const std::vector<double>& grad_out, const std::vector<double>& stored_out) {
-  return reference_attention_backward(problem_of(g), qkv, grad_out, stored_out);
+                                       const std::vector<double>& grad_out, const std::vector<double>& stored_out,
+                                       const AttentionMask& mask = {}) {
+  return reference_attention_backward(problem_of(g), qkv, grad_out, stored_out, mask);
 }
 
 // Scores of O(1) spread, so the softmax is neither flat nor one-hot.
@@ -141,6 +146,73 @@ TEST_P(GroupedAttention, Backward) {
   }
 }
 
+// Dropout on the probabilities, every kind of grouping, across 64-row tiles,
+// sequences and heads numbered from an offset: forward against the
+// reference with the kernels' mask (logsumexp undropped), backward against
+// its analytic backward and, on small cases, central differences.
+TEST_P(GroupedAttention, ForwardAndBackwardWithDropout) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  auto rng = make_rng();
+  for (const Dims& g : {Dims{1, 9, 2, 2, 4}, Dims{2, 6, 1, 3, 4}, Dims{2, 9, 2, 3, 8}, Dims{1, 130, 1, 4, 64},
+                        Dims{2, 67, 3, 1, 16, 0.37f}}) {
+    SCOPED_TRACE(describe(g));
+    expect_dropout_matches_the_reference(ctx, ops::grouped_attention_forward, ops::grouped_attention_backward,
+                                         problem_of(g), random_qkv(ctx, g, dtype, rng),
+                                         random_tensor(ctx, g.out(), dtype, rng), g.scale,
+                                         ops::AttentionDropout{0.4f, rng(), 2, 6}, g.head_dim == 4);
+  }
+}
+
+// p = 0 draws nothing: the plain attention's results bit for bit.
+TEST_P(GroupedAttention, DropoutZeroIsThePlainAttention) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  auto rng = make_rng();
+  const Dims g{2, 70, 2, 2, 24};
+  expect_dropout_zero_is_the_plain_attention(ctx, ops::grouped_attention_forward, ops::grouped_attention_backward,
+                                             random_qkv(ctx, g, dtype, rng).tensor,
+                                             random_tensor(ctx, g.out(), dtype, rng).tensor, rng());
+}
+
+// Tensor parallelism's split: each half of the key/value groups (with their
+// query heads) in a call of its own, heads numbered from its first query
+// head (head_offset), gives the whole call's outputs and gradients of those
+// heads bit for bit: the same masks.
+TEST_P(GroupedAttention, GroupsSplitWithHeadOffsetDrawTheWholeCallsMasks) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  auto rng = make_rng();
+  const Dims g{2, 70, 4, 2, 16};
+  const ops::AttentionDropout dropout{0.25f, rng(), 0, 0};
+  auto qkv = random_qkv(ctx, g, dtype, rng);
+  auto grad_out = random_tensor(ctx, g.out(), dtype, rng);
+  const AttentionRun whole = run_attention(ctx, ops::grouped_attention_forward, ops::grouped_attention_backward,
+                                           qkv.tensor, grad_out.tensor, 0.0f, dropout);
+  const Dims part{g.batch, g.seq_len, g.groups / 2, g.per_group, g.head_dim};
+  const int64_t group = (g.per_group + 2) * g.head_dim;  // a group's elements of a token's qkv
+  const int64_t qkv_row = g.groups * group, out_row = g.heads() * g.head_dim;
+  for (const int64_t first_group : {int64_t(0), part.groups}) {
+    SCOPED_TRACE("groups from " + std::to_string(first_group));
+    ops::AttentionDropout rank = dropout;
+    rank.head_offset = first_group * g.per_group;
+    const int64_t qkv_begin = first_group * group, out_begin = rank.head_offset * g.head_dim;
+    const AttentionRun split = run_attention(
+        ctx, ops::grouped_attention_forward, ops::grouped_attention_backward,
+        ctx.from_doubles(part.qkv(), dtype, row_range(qkv.values, qkv_row, qkv_begin, qkv_row / 2)),
+        ctx.from_doubles(part.out(), dtype, row_range(grad_out.values, out_row, out_begin, out_row / 2)), 0.0f, rank);
+    EXPECT_TRUE(
+        all_close(split.out, row_range(whole.out.to_doubles(), out_row, out_begin, out_row / 2), Tolerance{0, 0}))
+        << "out";
+    EXPECT_TRUE(all_close(split.grad_qkv, row_range(whole.grad_qkv.to_doubles(), qkv_row, qkv_begin, qkv_row / 2),
+                          Tolerance{0, 0}))
+        << "grad_qkv";
+  }
+}
+
 // qkv [B, T, G, 3, Dh] with R = 1 moved into the GPT's packed [B, T, 3, H, Dh].
 Tensor packed_from_grouped(Context& ctx, const Dims& g, const std::vector<double>& grouped, DType dtype) {
   const Shape packed{g.batch, g.seq_len, 3, g.groups, g.head_dim};
@@ -163,7 +235,7 @@ struct RowFunctorResults {
   Tensor out, lse, grad_qkv;
 };
 RowFunctorResults run_row_functors(Context& ctx, const Dims& g, const Tensor& qkv, const QkvLayout& layout,
-                                   const Tensor& grad_out) {
+                                   const Tensor& grad_out, const ops::AttentionDropout& dropout) {
   const DType dtype = qkv.dtype();
   RowFunctorResults r{poisoned(ctx, g.out(), dtype), poisoned(ctx, g.lse(), DType::f32),
                       poisoned(ctx, qkv.shape(), dtype)};
@@ -172,13 +244,20 @@ RowFunctorResults run_row_functors(Context& ctx, const Dims& g, const Tensor& qk
   const float scale = attention_scale(g.scale, g.head_dim);
   dispatch_float(dtype, "row functors", [&](auto tag) {
     using T = decltype(tag);
-    const AttentionForwardRow<T, 256> forward{qkv.data<T>(), r.out.data<T>(), r.lse.data<float>(), rows, scale};
+    const AttentionForwardRow<T, 256> forward{qkv.data<T>(), r.out.data<T>(), r.lse.data<float>(),
+                                              rows,          scale,           dropout};
     for (int64_t row = 0; row < g.batch * g.heads() * g.seq_len; ++row) forward(SerialGroup{}, row);
     const AttentionDelta<T> delta_op{grad_out.data<T>(), r.out.data<T>(), delta.data<float>(),
                                      g.seq_len,          g.heads(),       g.head_dim};
     for (int64_t row = 0; row < g.batch * g.heads() * g.seq_len; ++row) delta_op(row);
-    const AttentionBackwardArgs<T> args{
-        grad_out.data<T>(), qkv.data<T>(), r.lse.data<float>(), delta.data<float>(), r.grad_qkv.data<T>(), rows, scale};
+    const AttentionBackwardArgs<T> args{grad_out.data<T>(),
+                                        qkv.data<T>(),
+                                        r.lse.data<float>(),
+                                        delta.data<float>(),
+                                        r.grad_qkv.data<T>(),
+                                        rows,
+                                        scale,
+                                        dropout};
     const AttentionGradQueryRow<T, 256> grad_q{args};
     for (int64_t row = 0; row < g.batch * g.heads() * g.seq_len; ++row) grad_q(SerialGroup{}, row);
     const AttentionGradKeyValueRow<T, 256> grad_kv{args};
@@ -192,39 +271,42 @@ TEST_P(GroupedAttention, RowFunctorsMatchTheReference) {
   const DType dtype = GetParam();
   Context ctx;
   auto rng = make_rng();
-  for (const Dims& g : {Dims{2, 11, 2, 2, 8, 0.4f}, Dims{1, 13, 1, 3, 5}, Dims{1, 9, 3, 1, 64}}) {
-    SCOPED_TRACE(describe(g));
-    auto qkv = random_qkv(ctx, g, dtype, rng);
-    auto grad_out = random_tensor(ctx, g.out(), dtype, rng);
-    const AttentionReference ref = reference_forward(g, qkv.values);
-    const RowFunctorResults grouped =
-        run_row_functors(ctx, g, qkv.tensor, grouped_qkv_layout(qkv.tensor.shape()), grad_out.tensor);
-    EXPECT_TRUE(all_close(grouped.out, ref.out, output_tolerance(dtype))) << "out";
-    EXPECT_TRUE(all_close(grouped.lse, ref.lse, forward_tolerance(DType::f32))) << "logsumexp";
-    EXPECT_TRUE(all_close(grouped.grad_qkv,
-                          reference_backward(g, qkv.values, grad_out.values, grouped.out.to_doubles()),
-                          gradient_tolerance(dtype)))
-        << "grad_qkv";
-    if (g.per_group != 1) continue;
-    const Tensor packed = packed_from_grouped(ctx, g, qkv.values, dtype);
-    const RowFunctorResults from_packed =
-        run_row_functors(ctx, g, packed, packed_qkv_layout(packed.shape()), grad_out.tensor);
-    EXPECT_TRUE(all_close(from_packed.out, ref.out, output_tolerance(dtype))) << "packed out";
-    // The packed gradient in the grouped order: the same permutation as the inputs'.
-    std::vector<double> grad_grouped(qkv.values.size());
-    const auto grad_packed = from_packed.grad_qkv.to_doubles();
-    for (int64_t b = 0; b < g.batch; ++b)
-      for (int64_t t = 0; t < g.seq_len; ++t)
-        for (int64_t which = 0; which < 3; ++which)
-          for (int64_t h = 0; h < g.groups; ++h)
-            for (int64_t d = 0; d < g.head_dim; ++d)
-              grad_grouped[g.qkv_index(b, t, h, which, d)] =
-                  grad_packed[size_t((((b * g.seq_len + t) * 3 + which) * g.groups + h) * g.head_dim + d)];
-    EXPECT_TRUE(all_close(grad_grouped,
-                          reference_backward(g, qkv.values, grad_out.values, from_packed.out.to_doubles()),
-                          gradient_tolerance(dtype)))
-        << "packed grad_qkv";
-  }
+  // Without dropout, and with it (heads numbered from 3).
+  for (const Dims& g : {Dims{2, 11, 2, 2, 8, 0.4f}, Dims{1, 13, 1, 3, 5}, Dims{1, 9, 3, 1, 64}})
+    for (const ops::AttentionDropout& dropout : {ops::AttentionDropout{}, ops::AttentionDropout{0.3f, rng(), 1, 3}}) {
+      SCOPED_TRACE(describe(g) + " dropout=" + std::to_string(dropout.p));
+      const AttentionMask mask = dropout_mask(dropout);
+      auto qkv = random_qkv(ctx, g, dtype, rng);
+      auto grad_out = random_tensor(ctx, g.out(), dtype, rng);
+      const AttentionReference ref = reference_forward(g, qkv.values, mask);
+      const RowFunctorResults grouped =
+          run_row_functors(ctx, g, qkv.tensor, grouped_qkv_layout(qkv.tensor.shape()), grad_out.tensor, dropout);
+      EXPECT_TRUE(all_close(grouped.out, ref.out, output_tolerance(dtype))) << "out";
+      EXPECT_TRUE(all_close(grouped.lse, ref.lse, forward_tolerance(DType::f32))) << "logsumexp";
+      EXPECT_TRUE(all_close(grouped.grad_qkv,
+                            reference_backward(g, qkv.values, grad_out.values, grouped.out.to_doubles(), mask),
+                            gradient_tolerance(dtype)))
+          << "grad_qkv";
+      if (g.per_group != 1) continue;
+      const Tensor packed = packed_from_grouped(ctx, g, qkv.values, dtype);
+      const RowFunctorResults from_packed =
+          run_row_functors(ctx, g, packed, packed_qkv_layout(packed.shape()), grad_out.tensor, dropout);
+      EXPECT_TRUE(all_close(from_packed.out, ref.out, output_tolerance(dtype))) << "packed out";
+      // The packed gradient in the grouped order: the same permutation as the inputs'.
+      std::vector<double> grad_grouped(qkv.values.size());
+      const auto grad_packed = from_packed.grad_qkv.to_doubles();
+      for (int64_t b = 0; b < g.batch; ++b)
+        for (int64_t t = 0; t < g.seq_len; ++t)
+          for (int64_t which = 0; which < 3; ++which)
+            for (int64_t h = 0; h < g.groups; ++h)
+              for (int64_t d = 0; d < g.head_dim; ++d)
+                grad_grouped[g.qkv_index(b, t, h, which, d)] =
+                    grad_packed[size_t((((b * g.seq_len + t) * 3 + which) * g.groups + h) * g.head_dim + d)];
+      EXPECT_TRUE(all_close(grad_grouped,
+                            reference_backward(g, qkv.values, grad_out.values, from_packed.out.to_doubles(), mask),
+                            gradient_tolerance(dtype)))
+          << "packed grad_qkv";
+    }
 }
 
 TEST_P(GroupedAttention, GpuMatchesCpu) {
@@ -234,26 +316,15 @@ TEST_P(GroupedAttention, GpuMatchesCpu) {
   TESSERA_REQUIRE_GPU(ctx);
   const Device gpu = Device::cuda(0);
   auto rng = make_rng();
+  // Without dropout, and with it (the GPU must draw the CPU's mask).
   for (const Dims& g : {Dims{2, 130, 2, 3, 64}, Dims{1, 37, 1, 4, 8, 0.4f}, Dims{1, 70, 2, 1, 256},
-                        Dims{2, 1, 2, 2, 100}, Dims{1, 45, 4, 2, 128}}) {
-    SCOPED_TRACE(describe(g));
-    auto qkv = random_qkv(ctx, g, dtype, rng);
-    auto grad_out = random_tensor(ctx, g.out(), dtype, rng);
-    const Tensor qkv_gpu = qkv.tensor.to(gpu), grad_out_gpu = grad_out.tensor.to(gpu);
-    Tensor out_cpu = poisoned(ctx, g.out(), dtype), lse_cpu = poisoned(ctx, g.lse(), DType::f32);
-    Tensor out_gpu = poisoned(ctx, g.out(), dtype, gpu), lse_gpu = poisoned(ctx, g.lse(), DType::f32, gpu);
-    ops::grouped_attention_forward(qkv.tensor, out_cpu, lse_cpu, g.scale);
-    ops::grouped_attention_forward(qkv_gpu, out_gpu, lse_gpu, g.scale);
-    const Tolerance tolerance = attention_device_tolerance(dtype);
-    EXPECT_TRUE(all_close(out_gpu, out_cpu, tolerance)) << "out";
-    EXPECT_TRUE(all_close(lse_gpu, lse_cpu, device_tolerance(DType::f32))) << "logsumexp";
-    // Both backwards from the CPU's forward results, so only the backward differs.
-    const Tensor out_gpu_in = out_cpu.to(gpu), lse_gpu_in = lse_cpu.to(gpu);
-    Tensor grad_cpu = poisoned(ctx, g.qkv(), dtype), grad_gpu = poisoned(ctx, g.qkv(), dtype, gpu);
-    ops::grouped_attention_backward(grad_out.tensor, qkv.tensor, out_cpu, lse_cpu, grad_cpu, g.scale);
-    ops::grouped_attention_backward(grad_out_gpu, qkv_gpu, out_gpu_in, lse_gpu_in, grad_gpu, g.scale);
-    EXPECT_TRUE(all_close(grad_gpu, grad_cpu, tolerance)) << "grad_qkv";
-  }
+                        Dims{2, 1, 2, 2, 100}, Dims{1, 45, 4, 2, 128}})
+    for (const ops::AttentionDropout& dropout : {ops::AttentionDropout{}, ops::AttentionDropout{0.3f, rng(), 2, 4}}) {
+      SCOPED_TRACE(describe(g) + " dropout=" + std::to_string(dropout.p));
+      expect_gpu_matches_cpu(ctx, ops::grouped_attention_forward, ops::grouped_attention_backward,
+                             random_qkv(ctx, g, dtype, rng).tensor, random_tensor(ctx, g.out(), dtype, rng).tensor,
+                             g.scale, dropout, gpu);
+    }
 }
 
 // The sequence `qkv` of `g` fed to ops::grouped_attention_with_cache in

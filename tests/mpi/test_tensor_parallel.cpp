@@ -1,7 +1,7 @@
 // Tensor parallelism under mpiexec (2 and 4 ranks): the tensor-parallel GPT
 // against the whole GPT (no group) that every rank also builds from the same seed
 // (initial values, logits, loss and every gradient gathered whole), with and
-// without sequence parallelism, dropout and recomputation; the
+// without sequence parallelism, dropout, attention dropout and recomputation; the
 // vocabulary-parallel cross-entropy against a double-precision reference;
 // the communication each layout does per step against its formula (counted
 // by the communicator); gradient-norm counting; dp × tp training against one
@@ -36,7 +36,7 @@ namespace {
 
 constexpr int64_t kIgnore = -100;
 
-nn::ModelConfig small_gpt(float dropout = 0.0f, bool recompute = false) {
+nn::ModelConfig small_gpt(float dropout = 0.0f, bool recompute = false, float attention_dropout = 0.0f) {
   nn::ModelConfig m;
   m.kind = nn::ModelKind::gpt;
   m.vocab_size = 32;
@@ -47,6 +47,7 @@ nn::ModelConfig small_gpt(float dropout = 0.0f, bool recompute = false) {
   m.ffn_hidden_size = 24;
   m.dropout = dropout;
   m.recompute = recompute;
+  m.attention_dropout = attention_dropout;
   return m;
 }
 
@@ -110,6 +111,7 @@ struct Variant {
   bool sequence_parallel;
   float dropout;
   bool recompute;
+  float attention_dropout = 0.0f;  // each rank's heads draw the whole model's masks (head_offset)
 };
 
 // tp = K (every K the world allows) against tp = 1 from the same seed.
@@ -119,14 +121,16 @@ TEST(TensorParallelGpt, MatchesOneRankExactlyAtInitAndWithinF32InForwardAndBackw
   Context ctx(one_thread());
   const uint64_t seed = test_seed();
   for (const int k : tp_sizes(comm->size()))
-    for (const Variant variant : {Variant{false, 0.0f, false}, Variant{true, 0.0f, false}, Variant{false, 0.1f, true},
-                                  Variant{true, 0.1f, true}}) {
+    for (const Variant variant :
+         {Variant{false, 0.0f, false}, Variant{true, 0.0f, false}, Variant{false, 0.1f, true},
+          Variant{true, 0.1f, true}, Variant{false, 0.0f, false, 0.2f}, Variant{true, 0.1f, true, 0.2f}}) {
       SCOPED_TRACE("tp=" + std::to_string(k) + " sequence_parallel=" + std::to_string(variant.sequence_parallel) +
-                   " dropout=" + std::to_string(variant.dropout) + " recompute=" + std::to_string(variant.recompute));
+                   " dropout=" + std::to_string(variant.dropout) + " recompute=" + std::to_string(variant.recompute) +
+                   " attention_dropout=" + std::to_string(variant.attention_dropout));
       parallel::GridSizes sizes;
       sizes.tp = k;
       parallel::ProcessGrid grid(*comm, sizes);
-      const nn::ModelConfig m = small_gpt(variant.dropout, variant.recompute);
+      const nn::ModelConfig m = small_gpt(variant.dropout, variant.recompute, variant.attention_dropout);
       const nn::ModelSpec spec{&ctx, Device::cpu(), DType::f32, seed};
       models::Gpt reference(m, spec, parallel::TensorParallelism{});  // the whole GPT
       models::Gpt split(m, spec, parallel::TensorParallelism{&grid.tp(), variant.sequence_parallel});

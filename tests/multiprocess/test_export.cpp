@@ -255,6 +255,24 @@ TEST(Export, HfGpt2WritesTheDirectoryItIsGivenAndNothingElse) {
   EXPECT_EQ(listing(dir / "mine"), mine);
 }
 
+// GPT-2's dropouts in config.json are those the model was trained with:
+// resid_pdrop and embd_pdrop --hidden-dropout, attn_pdrop --attention-dropout
+// (0, Tessera's default, when not given).
+TEST(Export, HfGpt2ConfigCarriesTheDropoutsTrainedWith) {
+  for (const auto& [flags, hidden, attention] :
+       {std::tuple{"", 0.0, 0.0}, std::tuple{"--hidden-dropout 0.25 --attention-dropout 0.125", 0.25, 0.125}}) {
+    SCOPED_TRACE(flags);
+    ScratchDirectory dir("tessera_export_dropout_");
+    const std::string checkpoint = small_checkpoint(dir, flags);
+    const Outcome exported = export_in(dir, dir.path.string(), {checkpoint, "-o", "hf", "--format", "hf-gpt2"});
+    ASSERT_EQ(exported.status, 0) << exported.output;
+    const nlohmann::json config = nlohmann::json::parse(std::ifstream(dir / "hf/config.json"));
+    EXPECT_EQ(config["resid_pdrop"], hidden);
+    EXPECT_EQ(config["embd_pdrop"], hidden);
+    EXPECT_EQ(config["attn_pdrop"], attention);
+  }
+}
+
 // The tensors of a safetensors file, read here field by field: name → (header entry, bytes).
 std::map<std::string, std::pair<nlohmann::json, std::string>> tensors_in(const fs::path& file) {
   std::ifstream in(file, std::ios::binary);

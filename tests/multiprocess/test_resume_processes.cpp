@@ -8,7 +8,8 @@
 // signal while that checkpoint is being written. With model parallelism:
 // bit-exact resume under dp = 2 × tp = 2 (ZeRO-1 over the shards) and
 // tp = 2 × pp = 2, resharding from tp = 2 × pp = 2 and dp = 2 × tp = 2 to one
-// rank and back, and dp × tp × pp on eight ranks against one.
+// rank and back, and dp × tp × pp on eight ranks against one; dropout on the
+// attention probabilities under tensor parallelism against one rank.
 //
 // Every process is spawned in its own process group and waited for with a
 // deadline, after which the whole group is killed, so nothing can hang the
@@ -624,6 +625,40 @@ TEST(LlamaLayouts, FourTensorParallelRanksOfFourGroupsEqualOneRank) {
   std::mt19937_64 rng = make_rng();
   const auto args = llama_args(write_text_dataset(dir.path, 4000, rng), rng(), "8", "4");
   expect_llama_layouts_equal_one_rank(args, {{"tp 4", 4, {"--micro-batch-size", "4", "--tp", "4"}}}, dir);
+}
+
+// Dropout on the attention probabilities (--attention-dropout 0.1): with the
+// heads split over 2 tensor-parallel ranks (also under sequence parallelism
+// with recomputation) each rank draws for its heads the one-rank masks, so
+// the losses are one rank's, for the GPT (hidden dropout too) and the Llama;
+// and the flag is on (the one-rank losses differ from those without it).
+TEST(AttentionDropoutLayouts, GptAndLlamaUnderTensorParallelismEqualOneRank) {
+  TESSERA_SEED_TRACE();
+  ScratchDirectory dir("tessera_processes_");
+  std::mt19937_64 rng = make_rng();
+  const std::string data = write_text_dataset(dir.path, 4000, rng);
+  const auto plain_gpt = joined(gpt_args(data, rng()), {"--train-steps", "6"});
+  const auto gpt = joined(plain_gpt, {"--attention-dropout", "0.1"});
+  run_training(1, joined(gpt, {"--metrics", dir / "gpt_one.jsonl"}), dir / "gpt_one.log");
+  run_training(1, joined(plain_gpt, {"--metrics", dir / "gpt_plain.jsonl"}), dir / "gpt_plain.log");
+  const std::vector<double> expected = losses(dir / "gpt_one.jsonl", 1, 6);
+  ASSERT_EQ(expected.size(), 6u);
+  EXPECT_FALSE(all_close(losses(dir / "gpt_plain.jsonl", 1, 6), expected, Tolerance{1e-5, 1e-5}))
+      << "--attention-dropout 0.1 changed nothing";
+  for (const auto& [name, layout] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"gpt_tp2", {"--tp", "2"}}, {"gpt_tp2_sp", {"--tp", "2", "--sequence-parallel", "--recompute"}}}) {
+    SCOPED_TRACE(name);
+    const std::string metrics = dir / (name + ".jsonl");
+    const std::string output = run_training(2, joined(joined(gpt, layout), {"--metrics", metrics}), metrics + ".log");
+    EXPECT_TRUE(all_close(losses(metrics, 1, 6), expected, Tolerance{1e-5, 1e-5})) << output;
+  }
+  expect_llama_layouts_equal_one_rank(
+      joined(llama_args(data, rng()), {"--attention-dropout", "0.1"}),
+      {{"llama tp 2", 2, {"--micro-batch-size", "4", "--tp", "2"}},
+       {"llama tp 2 sequence parallel, recompute",
+        2,
+        {"--micro-batch-size", "4", "--tp", "2", "--sequence-parallel", "--recompute"}}},
+      dir);
 }
 
 // Saved under tp 2 x pp 2 and resumed on one rank, and the reverse; and a

@@ -608,7 +608,7 @@ TEST_P(TransformerBlock, Forward) {
   Context ctx;
   auto rng = make_rng();
   parallel::ParallelTransformerBlock block(spec_for(ctx, DType::f32, rng), "blocks.0", {}, kHidden, kHeads, kFfn, 0.0f,
-                                          GetParam());
+                                          0.0f, GetParam());
   const auto names = names_of(block);
   auto x = random_tensor(ctx, Shape{kBatch, kTokens, kHidden}, DType::f32, rng);
   check_forward(
@@ -625,7 +625,7 @@ TEST_P(TransformerBlock, Backward) {
   Context ctx;
   auto rng = make_rng();
   parallel::ParallelTransformerBlock block(spec_for(ctx, DType::f32, rng), "blocks.0", {}, kHidden, kHeads, kFfn, 0.0f,
-                                          GetParam());
+                                          0.0f, GetParam());
   const auto names = names_of(block);
   auto x = random_tensor(ctx, Shape{kBatch, kTokens, kHidden}, DType::f32, rng);
   check_backward(
@@ -642,16 +642,17 @@ INSTANTIATE_TEST_SUITE_P(Recompute, TransformerBlock, ::testing::Bool(),
                            return param_info.param ? "on" : "off";
                          });
 
-// With dropout active, recomputation re-draws the same masks: the input
-// gradient and every parameter gradient are bit-identical.
+// With dropout active (after attention and MLP, and on the attention
+// probabilities), recomputation re-draws the same masks: the input gradient
+// and every parameter gradient are bit-identical.
 TEST(TransformerBlockRecompute, BitIdenticalGradients) {
   TESSERA_SEED_TRACE();
   Context ctx;
   auto rng = make_rng();
   for (const DType dtype : {DType::f32, DType::bf16}) {
     const nn::ModelSpec spec = spec_for(ctx, dtype, rng);
-    parallel::ParallelTransformerBlock plain(spec, "blocks.3", {}, kHidden, kHeads, kFfn, 0.2f, false);
-    parallel::ParallelTransformerBlock recomputed(spec, "blocks.3", {}, kHidden, kHeads, kFfn, 0.2f, true);
+    parallel::ParallelTransformerBlock plain(spec, "blocks.3", {}, kHidden, kHeads, kFfn, 0.2f, 0.2f, false);
+    parallel::ParallelTransformerBlock recomputed(spec, "blocks.3", {}, kHidden, kHeads, kFfn, 0.2f, 0.2f, true);
     randomize(ctx, plain, rng);
     const auto params = recomputed.parameters();
     for (size_t k = 0; k < params.size(); ++k) params[k]->value.copy_(plain.parameters()[k]->value);
@@ -702,7 +703,8 @@ TEST(SequentialLayer, ForwardBackward) {
 TEST(Module, TrainEvalReachesChildren) {
   Context ctx;
   auto rng = make_rng();
-  parallel::ParallelTransformerBlock block(spec_for(ctx, DType::f32, rng), "b", {}, kHidden, kHeads, kFfn, 0.1f, false);
+  parallel::ParallelTransformerBlock block(spec_for(ctx, DType::f32, rng), "b", {}, kHidden, kHeads, kFfn, 0.1f, 0.1f,
+                                          false);
   EXPECT_TRUE(block.training());
   block.eval();
   EXPECT_FALSE(block.training());

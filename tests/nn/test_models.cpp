@@ -316,6 +316,57 @@ TEST(GptRecompute, BitIdenticalGradients) {
   }
 }
 
+// Dropout on the attention probabilities (--attention-dropout) of the GPT and
+// the Llama: recomputation re-draws the same masks (bit-identical logits,
+// loss and gradients); the dropout is on (the gradients differ from the model
+// without it); another step draws other masks; evaluation has none (the
+// logits of the model without it, exactly).
+TEST(AttentionDropout, RecomputedBitIdenticallyOnInTrainingOffInEvaluation) {
+  TESSERA_SEED_TRACE();
+  Context ctx;
+  auto rng = make_rng();
+  for (nn::ModelConfig config : {tiny_gpt(), tiny_llama(2, true)}) {
+    SCOPED_TRACE(std::string(nn::model_name(config.kind)));
+    const nn::ModelSpec spec = spec_for(ctx, DType::f32, rng());
+    nn::ModelConfig without = config;
+    config.attention_dropout = 0.2f;
+    auto plain = models::build_model(config, spec);
+    config.recompute = true;
+    auto recomputed = models::build_model(config, spec);  // same seed: the same initial values
+    auto off = models::build_model(without, spec);
+    auto ids = random_indices(ctx, Shape{3, 7}, DType::i32, rng, 0, config.vocab_size);
+    auto targets = random_indices(ctx, Shape{3, 7}, DType::i32, rng, 0, config.vocab_size);
+    const nn::Pass pass{rng(), 5, 1};
+    const StepResult a = train_step(*plain, ids.tensor, targets.tensor, pass);
+    const StepResult b = train_step(*recomputed, ids.tensor, targets.tensor, pass);
+    const StepResult c = train_step(*off, ids.tensor, targets.tensor, pass);
+    EXPECT_EQ(a.logits.to_vector<float>(), b.logits.to_vector<float>());
+    EXPECT_EQ(a.loss.loss, b.loss.loss);
+    EXPECT_NE(a.logits.to_vector<float>(), c.logits.to_vector<float>()) << "attention dropout is off";
+    const auto pa = plain->parameters(), pb = recomputed->parameters(), pc = off->parameters();
+    ASSERT_EQ(pa.size(), pb.size());
+    bool gradients_differ = false;
+    for (size_t k = 0; k < pa.size(); ++k) {
+      EXPECT_EQ(pa[k]->grad.to_vector<float>(), pb[k]->grad.to_vector<float>()) << pa[k]->name;
+      gradients_differ = gradients_differ || pa[k]->grad.to_vector<float>() != pc[k]->grad.to_vector<float>();
+    }
+    EXPECT_TRUE(gradients_differ);
+
+    Saved again, next;
+    EXPECT_EQ(plain->forward(ids.tensor, again, pass).to_vector<float>(), a.logits.to_vector<float>());
+    EXPECT_NE(plain->forward(ids.tensor, next, nn::Pass{pass.seed, 6, 1}).to_vector<float>(),
+              a.logits.to_vector<float>())
+        << "step 6 drew the masks of step 5";
+
+    plain->eval();
+    off->eval();
+    Saved on_saved, off_saved;
+    EXPECT_EQ(plain->forward(ids.tensor, on_saved, pass).to_vector<float>(),
+              off->forward(ids.tensor, off_saved, pass).to_vector<float>())
+        << "evaluation dropped attention probabilities";
+  }
+}
+
 // Peak bytes allocated during one forward + loss + backward, above what was
 // allocated before (parameters, gradients, the batch).
 size_t peak_activation_bytes(bool recompute, int64_t& parameter_bytes) {
@@ -610,6 +661,12 @@ TEST(ModelConfig, ValidationNamesTheFlag) {
   c = gpt;
   c.dropout = 1.0f;
   expect_rejected(c, "--dropout 1");
+  c = gpt;
+  c.attention_dropout = 1.0f;
+  expect_rejected(c, "--attention-dropout 1");
+  c = gpt;
+  c.attention_dropout = -0.5f;
+  expect_rejected(c, "--attention-dropout -0.5");
   c = gpt;
   c.ffn_hidden_size = -1;
   expect_rejected(c, "--ffn-hidden-size -1");

@@ -31,9 +31,14 @@ Heads per_head(const AttentionProblem& p, const std::vector<double>& qkv) {
   return x;
 }
 
+double multiplier(const AttentionMask& mask, int64_t b, int64_t h, int64_t t, int64_t s) {
+  return mask ? mask(b, h, t, s) : 1.0;
+}
+
 }  // namespace
 
-AttentionReference reference_attention(const AttentionProblem& p, const std::vector<double>& qkv) {
+AttentionReference reference_attention(const AttentionProblem& p, const std::vector<double>& qkv,
+                                       const AttentionMask& mask) {
   const int64_t T = p.seq_len, D = p.head_dim, H = p.heads;
   const Heads x = per_head(p, qkv);
   AttentionReference ref{std::vector<double>(size_t(p.batch * T * H * D)), std::vector<double>(size_t(p.batch * H * T)),
@@ -56,7 +61,8 @@ AttentionReference reference_attention(const AttentionProblem& p, const std::vec
         ref.lse[p.lse_index(b, h, t)] = max + std::log(sum);
         for (int64_t d = 0; d < D; ++d) {
           double acc = 0;
-          for (int64_t s = 0; s <= t; ++s) acc += probs[s] * x.v[head_index(p, b, h, s, d)];
+          for (int64_t s = 0; s <= t; ++s)
+            acc += probs[s] * multiplier(mask, b, h, t, s) * x.v[head_index(p, b, h, s, d)];
           ref.out[p.out_index(b, t, h, d)] = acc;
         }
       }
@@ -65,9 +71,9 @@ AttentionReference reference_attention(const AttentionProblem& p, const std::vec
 
 std::vector<double> reference_attention_backward(const AttentionProblem& p, const std::vector<double>& qkv,
                                                  const std::vector<double>& grad_out,
-                                                 const std::vector<double>& stored_out) {
+                                                 const std::vector<double>& stored_out, const AttentionMask& mask) {
   const int64_t T = p.seq_len, D = p.head_dim, H = p.heads;
-  const AttentionReference ref = reference_attention(p, qkv);
+  const AttentionReference ref = reference_attention(p, qkv, mask);
   const Heads x = per_head(p, qkv);
   Heads grad{std::vector<double>(x.q.size(), 0.0), std::vector<double>(x.q.size(), 0.0),
              std::vector<double>(x.q.size(), 0.0)};
@@ -79,16 +85,17 @@ std::vector<double> reference_attention_backward(const AttentionProblem& p, cons
         for (int64_t s = 0; s <= t; ++s) {
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += grad_out[p.out_index(b, t, h, d)] * x.v[head_index(p, b, h, s, d)];
-          dp[size_t(s)] = dot;
+          dp[size_t(s)] = dot * multiplier(mask, b, h, t, s);
         }
         double row = 0;
         for (int64_t d = 0; d < D; ++d) row += grad_out[p.out_index(b, t, h, d)] * stored_out[p.out_index(b, t, h, d)];
         for (int64_t s = 0; s <= t; ++s) {
           const double ds = probs[s] * (dp[size_t(s)] - row);
+          const double dropped = probs[s] * multiplier(mask, b, h, t, s);
           for (int64_t d = 0; d < D; ++d) {
             grad.q[head_index(p, b, h, t, d)] += p.scale * ds * x.k[head_index(p, b, h, s, d)];
             grad.k[head_index(p, b, h, s, d)] += p.scale * ds * x.q[head_index(p, b, h, t, d)];
-            grad.v[head_index(p, b, h, s, d)] += probs[s] * grad_out[p.out_index(b, t, h, d)];
+            grad.v[head_index(p, b, h, s, d)] += dropped * grad_out[p.out_index(b, t, h, d)];
           }
         }
       }
@@ -104,6 +111,16 @@ std::vector<double> reference_attention_backward(const AttentionProblem& p, cons
           grad_qkv[p.qkv_index(b, t, 2, h, d)] += grad.v[head_index(p, b, h, t, d)];
         }
   return grad_qkv;
+}
+
+std::vector<double> stored_output_rounding(const AttentionProblem& p, const std::vector<double>& qkv,
+                                           const std::vector<double>& grad_out, const std::vector<double>& stored_out,
+                                           const AttentionMask& mask) {
+  std::vector<double> change = reference_attention_backward(p, qkv, grad_out, stored_out, mask);
+  const std::vector<double> exact =
+      reference_attention_backward(p, qkv, grad_out, reference_attention(p, qkv, mask).out, mask);
+  for (size_t i = 0; i < change.size(); ++i) change[i] -= exact[i];
+  return change;
 }
 
 }  // namespace tessera::testing

@@ -6,7 +6,8 @@
 // through `qkv_index`; for grouped projections it points every query head of
 // a group at the group's key and value, so the reference first copies them
 // out per head (Hugging Face's repeat_kv) and, in the backward, adds each
-// copy's gradient back into its group.
+// copy's gradient back into its group. Dropout on the probabilities enters
+// through an AttentionMask, the multiplier of each probability.
 #pragma once
 
 #include <cstdint>
@@ -30,20 +31,36 @@ struct AttentionProblem {
   }
 };
 
+// Dropout: the multiplier of probability (t, s) of query head h of sequence
+// b, M[b, h, t, s]/(1 − p) (0 or 1/(1 − p)); empty: no dropout (every multiplier 1).
+using AttentionMask = std::function<double(int64_t b, int64_t h, int64_t t, int64_t s)>;
+
 struct AttentionReference {
   std::vector<double> out, lse;  // [B, T, H, Dh], [B, H, T]
-  std::vector<double> probs;     // [B, H, T, T], zero above the diagonal
+  std::vector<double> probs;     // [B, H, T, T], zero above the diagonal (undropped)
 };
 
-AttentionReference reference_attention(const AttentionProblem& problem, const std::vector<double>& qkv);
+// out = (P∘mask)·V; lse and probs those of the undropped softmax.
+AttentionReference reference_attention(const AttentionProblem& problem, const std::vector<double>& qkv,
+                                       const AttentionMask& mask = {});
 
 // The gradient with respect to qkv (its layout) of Σ grad_out·out:
-//   dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P∘(dP − rowsum(dO∘O)), dQ = scale·dS·K, dK = scale·dSᵀ·Q
+//   dV = (P∘mask)ᵀ·dO, dP = (dO·Vᵀ)∘mask, dS = P∘(dP − rowsum(dO∘O)), dQ = scale·dS·K, dK = scale·dSᵀ·Q
 // per head, summed into the elements each head read. `stored_out` is the
 // forward output as the operator's backward receives it (rounded to the
 // dtype): the operator computes rowsum(dO∘O) from it, so the reference does too.
 std::vector<double> reference_attention_backward(const AttentionProblem& problem, const std::vector<double>& qkv,
                                                  const std::vector<double>& grad_out,
-                                                 const std::vector<double>& stored_out);
+                                                 const std::vector<double>& stored_out, const AttentionMask& mask = {});
+
+// What reading rowsum(dO∘O) from `stored_out` (the output rounded to the
+// operator's dtype) instead of the exact output changes in the gradient:
+// reference_attention_backward from stored_out minus from the exact output.
+// Central differences of the exact forward plus this are what an operator
+// that reads its stored output computes; it matters for bf16/f16 under
+// dropout, where 1/(1 − p)·v rounds even in a row of one key.
+std::vector<double> stored_output_rounding(const AttentionProblem& problem, const std::vector<double>& qkv,
+                                           const std::vector<double>& grad_out, const std::vector<double>& stored_out,
+                                           const AttentionMask& mask);
 
 }  // namespace tessera::testing
