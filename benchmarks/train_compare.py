@@ -1,21 +1,24 @@
 #!/usr/bin/env python3
 """Training step time, Tessera beside PyTorch, in one run on this machine.
 
-For each case (MLP batch 256, CNN batch 128, GPT batch 16; f32 and bf16) it
+For each case (MLP batch 256, CNN batch 128, GPT and Llama batch 16; f32 and bf16) it
 runs `tessera train --synthetic` and benchmarks/train_torch.py with the same
 model, batch, optimizer and thread count, alternating the two programs
---rounds times, and prints per case
+--rounds times (and which goes first), and prints per case
 
-    train case=mlp_f32 tessera_ms=21.3 pytorch_ms=24.9 ratio=0.856
+    train case=mlp_f32 tessera_ms=21.3 pytorch_ms=24.9 ratio=0.856 round_ratios=0.83,0.86,0.91
 
 where each *_ms is the median step time over the rounds (each round's figure
 being the median of its timed steps, warm-up excluded) and ratio =
-tessera_ms / pytorch_ms (< 1: Tessera is faster). A header line says which
+tessera_ms / pytorch_ms (< 1: Tessera is faster); round_ratios are each
+round's tessera/pytorch, sorted (their spread shows how noisy the machine
+was: on a shared machine quote the median of several rounds). A header line says which
 BLAS kernel runs (OpenBLAS core, OPENBLAS_CORETYPE) and the thread count;
 both programs run under the same environment.
 
 Usage: benchmarks/train_compare.py [--tessera build/bin/tessera] [--cases mlp_f32,gpt_bf16] [--rounds 3]
-(needs Debian's python3-torch: scripts/install-deps.sh --with-benchmarks)
+(needs Debian's python3-torch: scripts/install-deps.sh --with-benchmarks; or run it with another PyTorch's
+interpreter, e.g. /opt/tessera-tools/torch/bin/python: the PyTorch side runs under the same interpreter)
 """
 import argparse
 import json
@@ -33,6 +36,10 @@ CASES = {
     "cnn": (["--model", "cnn"], 128, ["--optimizer", "sgd", "--sgd-momentum", "0.9", "--lr", "0.01"], 20),
     "gpt": (["--model", "gpt", "--vocab-size", "256", "--seq-length", "256", "--num-layers", "4", "--num-heads", "4",
              "--hidden-size", "256"], 16, ["--optimizer", "adamw", "--lr", "3e-4", "--weight-decay", "0.1"], 8),
+    # Llama's defaults (RMSNorm, rope, SwiGLU, no biases, untied head) with 8 query heads in 2 key/value groups.
+    "llama": (["--model", "llama", "--vocab-size", "256", "--seq-length", "256", "--num-layers", "4",
+               "--num-heads", "8", "--group-query-attention", "--num-query-groups", "2", "--hidden-size", "256",
+               "--ffn-hidden-size", "704"], 16, ["--optimizer", "adamw", "--lr", "3e-4", "--weight-decay", "0.1"], 8),
 }
 WARMUP = 3
 
@@ -69,7 +76,7 @@ def pytorch_ms(case, threads):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tessera", default=os.path.join(HERE, "..", "build", "bin", "tessera"))
-    parser.add_argument("--cases", default="mlp_f32,mlp_bf16,cnn_f32,cnn_bf16,gpt_f32,gpt_bf16")
+    parser.add_argument("--cases", default="mlp_f32,mlp_bf16,cnn_f32,cnn_bf16,gpt_f32,gpt_bf16,llama_f32,llama_bf16")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
@@ -86,11 +93,16 @@ def main():
           f"{os.environ.get('OPENBLAS_CORETYPE', 'unset')} {blas.strip()}", flush=True)
     for case in args.cases.split(","):
         ours, theirs = [], []
-        for _ in range(args.rounds):
+        for round_index in range(args.rounds):
+            if round_index % 2:
+                theirs.append(pytorch_ms(case, args.threads))
             ours.append(tessera_ms(args.tessera, case, args.threads))
-            theirs.append(pytorch_ms(case, args.threads))
+            if not round_index % 2:
+                theirs.append(pytorch_ms(case, args.threads))
         a, b = statistics.median(ours), statistics.median(theirs)
-        print(f"train case={case} tessera_ms={a:.2f} pytorch_ms={b:.2f} ratio={a / b:.3f}", flush=True)
+        rounds = ",".join(f"{x / y:.2f}" for x, y in sorted(zip(ours, theirs), key=lambda pair: pair[0] / pair[1]))
+        print(f"train case={case} tessera_ms={a:.2f} pytorch_ms={b:.2f} ratio={a / b:.3f} round_ratios={rounds}",
+              flush=True)
 
 
 if __name__ == "__main__":

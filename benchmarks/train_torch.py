@@ -12,6 +12,12 @@ Models:
   mlp  784-1024-1024-10, ReLU
   cnn  conv5x5 32 (pad 2) - ReLU - maxpool 2 - conv5x5 64 (pad 2) - ReLU - maxpool 2 - fc 1024 - ReLU - fc 10
   gpt  decoder-only, pre-LN, learned positions, tied embedding, GELU (tanh), no dropout
+  llama  decoder-only as Hugging Face's LlamaForCausalLM (models/llama.cpp): RMSNorm (eps 1e-5, weight only),
+         rotary embeddings (base 10000, rotate_half's half-split pairs), grouped-query attention (8 query heads,
+         2 key/value groups, K/V repeated as Hugging Face's repeat_kv), SwiGLU MLP (gate, up, down), no biases,
+         untied head, no dropout
+Attention (gpt, llama): F.scaled_dot_product_attention where the PyTorch has it (2.0 on; Hugging Face's "sdpa"),
+else softmax(q k^T / sqrt(d) + causal mask) v written out (1.13; Hugging Face's "eager").
 bf16 runs under torch.autocast("cpu", dtype=torch.bfloat16), PyTorch's mixed
 precision on the CPU (f32 weights, bf16 matrix products).
 """
@@ -41,17 +47,19 @@ class Block(nn.Module):
         q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
         shape = (b, t, self.heads, c // self.heads)
         q, k, v = (z.view(shape).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True) if hasattr(F, "scaled_dot_product_attention") \
-            else self._attention(q, k, v)
+        y = causal_attention(q, k, v)
         x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
         return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
-    @staticmethod
-    def _attention(q, k, v):
-        t = q.shape[-2]
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
-        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
-        return scores.masked_fill(mask, float("-inf")).softmax(-1) @ v
+
+def causal_attention(q, k, v):
+    """q, k, v [B, heads, T, Dh] -> [B, heads, T, Dh], causal."""
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    t = q.shape[-2]
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+    return scores.masked_fill(mask, float("-inf")).softmax(-1) @ v
 
 
 class Gpt(nn.Module):
@@ -67,6 +75,106 @@ class Gpt(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.ln_f(x) @ self.wte.weight.t()
+
+
+class RmsNorm(nn.Module):
+    """Hugging Face's LlamaRMSNorm: in f32, the weight applied in the input's dtype."""
+
+    def __init__(self, hidden, eps=1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden))
+        self.eps = eps
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotary_cos_sin(seq, head_dim, base, dtype):
+    """cos, sin [T, Dh] of Hugging Face's LlamaRotaryEmbedding (angles in f32): pairs (i, i + Dh/2)."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(seq, dtype=torch.float32), inv_freq)
+    emb = torch.cat((angles, angles), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, hidden, heads, groups):
+        super().__init__()
+        self.heads, self.groups, self.head_dim = heads, groups, hidden // heads
+        self.q_proj = nn.Linear(hidden, heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, groups * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, groups * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.groups, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.groups, self.head_dim).transpose(1, 2)
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        repeats = self.heads // self.groups  # Hugging Face's repeat_kv: query head h uses group h // repeats
+        k = k.repeat_interleave(repeats, dim=1)
+        v = v.repeat_interleave(repeats, dim=1)
+        y = causal_attention(q, k, v)
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+
+class LlamaMlp(nn.Module):
+    def __init__(self, hidden, ffn):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, ffn, bias=False)
+        self.up_proj = nn.Linear(hidden, ffn, bias=False)
+        self.down_proj = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, hidden, heads, groups, ffn):
+        super().__init__()
+        self.input_layernorm = RmsNorm(hidden)
+        self.self_attn = LlamaAttention(hidden, heads, groups)
+        self.post_attention_layernorm = RmsNorm(hidden)
+        self.mlp = LlamaMlp(hidden, ffn)
+
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, vocab, layers, heads, groups, hidden, ffn):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab, hidden)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(hidden, heads, groups, ffn) for _ in range(layers))
+        self.norm = RmsNorm(hidden)
+
+
+class Llama(nn.Module):
+    """Parameter names are LlamaForCausalLM's, so its state_dict loads into Hugging Face's model as it is."""
+
+    def __init__(self, vocab, layers, heads, groups, hidden, ffn, rotary_base=10000.0):
+        super().__init__()
+        self.head_dim, self.rotary_base = hidden // heads, rotary_base
+        self.model = LlamaModel(vocab, layers, heads, groups, hidden, ffn)
+        self.lm_head = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, ids):
+        x = self.model.embed_tokens(ids)
+        cos, sin = rotary_cos_sin(ids.shape[1], self.head_dim, self.rotary_base, torch.float32)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin)
+        return self.lm_head(self.model.norm(x))
 
 
 def build(case, batch, seq, generator):
@@ -89,6 +197,11 @@ def build(case, batch, seq, generator):
         inputs = torch.randint(0, 256, (batch, seq), generator=generator)
         targets = torch.randint(0, 256, (batch, seq), generator=generator)
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    elif model_name == "llama":
+        model = Llama(256, 4, 8, 2, 256, 704)
+        inputs = torch.randint(0, 256, (batch, seq), generator=generator)
+        targets = torch.randint(0, 256, (batch, seq), generator=generator)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
     else:
         raise SystemExit(f"unknown case {case}")
     return model, inputs, targets, optimizer
@@ -96,7 +209,8 @@ def build(case, batch, seq, generator):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", required=True, help="mlp_f32, mlp_bf16, cnn_f32, cnn_bf16, gpt_f32, gpt_bf16")
+    parser.add_argument("--case", required=True,
+                        help="mlp_f32, mlp_bf16, cnn_f32, cnn_bf16, gpt_f32, gpt_bf16, llama_f32, llama_bf16")
     parser.add_argument("--batch", type=int, required=True)
     parser.add_argument("--seq-length", type=int, default=256)
     parser.add_argument("--steps", type=int, default=20, help="timed steps (after --warmup)")

@@ -61,24 +61,27 @@ TESSERA_HD_INLINE float sigmoid(float x) {
 }
 
 // y[r, f] = silu(gate)·up with gate = x[r, f], up = x[r, F + f]: an index
-// functor over the elements i = r·F + f of y [R, F]; x [R, 2F].
+// functor over the elements i = r·F + f of y [R, F]; x [R, 2F]. element(i,
+// r·2F + f) is the same work for a launcher that walks rows (the CPU's: a
+// row's f are contiguous, so its loop vectorises, where i / F would not).
 template <typename T>
 struct SwigluForward {
   const T* x;
   T* y;
   int64_t width;  // F
 
-  TESSERA_HD void operator()(int64_t i) const {
-    const int64_t gate = i + (i / width) * width;  // r·2F + f
+  TESSERA_HD_INLINE void element(int64_t i, int64_t gate) const {
     const float a = to_float(x[gate]);
     y[i] = from_float<T>(a * sigmoid(a) * to_float(x[gate + width]));
   }
+  TESSERA_HD void operator()(int64_t i) const { element(i, i + (i / width) * width); }  // gate = r·2F + f
 };
 
 // The gradients of y = silu(a)·u for dy = grad_y[r, f]:
 //   d gate = dy·u·silu'(a), silu'(a) = σ(a)·(1 + a·(1 − σ(a))),   d up = dy·silu(a).
-// An index functor over the elements of grad_y [R, F]; x, grad_x [R, 2F], and
-// grad_x may be x (each pair is read before it is written, by one thread).
+// An index functor over the elements of grad_y [R, F] (element(i, gate) as
+// SwigluForward's); x, grad_x [R, 2F], and grad_x may be x (each pair is read
+// before it is written, by one thread).
 template <typename T>
 struct SwigluBackward {
   const T* x;
@@ -86,13 +89,13 @@ struct SwigluBackward {
   T* grad_x;
   int64_t width;  // F
 
-  TESSERA_HD void operator()(int64_t i) const {
-    const int64_t gate = i + (i / width) * width;
+  TESSERA_HD_INLINE void element(int64_t i, int64_t gate) const {
     const float a = to_float(x[gate]), u = to_float(x[gate + width]), dy = to_float(grad_y[i]);
     const float s = sigmoid(a);
     grad_x[gate] = from_float<T>(dy * u * s * (1.0f + a * (1.0f - s)));
     grad_x[gate + width] = from_float<T>(dy * a * s);
   }
+  TESSERA_HD void operator()(int64_t i) const { element(i, i + (i / width) * width); }
 };
 
 }  // namespace tessera

@@ -27,6 +27,7 @@
 #include "core/half.h"
 #include "core/host_device.h"
 #include "core/tensor.h"
+#include "kernels/functors/float_math.h"
 
 namespace tessera {
 
@@ -41,7 +42,11 @@ TESSERA_HD float rotary_inverse_frequency(int64_t i, int64_t head_dim, float bas
 
 // out = the rotation of in by direction·angle (direction +1: forward; −1: the
 // backward, the transpose). An index functor over n = (b·T + t)·Dh/2 + i;
-// in and out [B, T, G, R + 2, Dh] may be the same tensor.
+// in and out [B, T, G, R + 2, Dh] may be the same tensor. Its parts serve a
+// launcher that walks the pairs otherwise (the CPU's: the angles of each
+// (t, i) once, then the pairs of a slot in a vectorised loop over i):
+// angle(t, i) gives the cosine and the signed sine, rotate and copy_value
+// move one pair of the slot starting at element `slot`.
 template <typename T, typename Index>
 struct RotaryPairs {
   const T* in;
@@ -50,22 +55,33 @@ struct RotaryPairs {
   int64_t tokens, groups, slots, head_dim;  // T, G, R + 2, Dh
   float base, direction;
 
+  TESSERA_HD_INLINE void angle(int64_t t, int64_t i, float& c, float& s) const {
+    const float a = float(positions[t]) * rotary_inverse_frequency(i, head_dim, base);
+    c = cosf(a);
+    s = direction * sinf(a);
+  }
+  TESSERA_HD_INLINE void rotate(int64_t slot, int64_t i, float c, float s) const {
+    const int64_t at = slot + i, half = head_dim / 2;
+    const float x1 = to_float(in[at]), x2 = to_float(in[at + half]);
+    out[at] = from_float<T>(x1 * c - x2 * s);
+    out[at + half] = from_float<T>(x2 * c + x1 * s);
+  }
+  TESSERA_HD_INLINE void copy_value(int64_t slot, int64_t i) const {
+    out[slot + i] = in[slot + i];
+    out[slot + i + head_dim / 2] = in[slot + i + head_dim / 2];
+  }
+  // The first element of slot `slot` of group g of token (b·T + t).
+  TESSERA_HD_INLINE int64_t slot_start(int64_t token, int64_t g, int64_t slot) const {
+    return ((token * groups + g) * slots + slot) * head_dim;
+  }
+
   TESSERA_HD void operator()(int64_t n) const {
-    const int64_t half = head_dim / 2, i = n % half, token = n / half, t = token % tokens;
-    const float angle = float(positions[t]) * rotary_inverse_frequency(i, head_dim, base);
-    const float c = cosf(angle), s = direction * sinf(angle);
-    const int64_t first = token * groups * slots * head_dim + i;
+    const int64_t half = head_dim / 2, i = n % half, token = n / half;
+    float c, s;
+    angle(token % tokens, i, c, s);
     for (int64_t g = 0; g < groups; ++g) {
-      const int64_t group = first + g * slots * head_dim;
-      for (int64_t slot = 0; slot + 1 < slots; ++slot) {  // the queries and the key
-        const int64_t at = group + slot * head_dim;
-        const float x1 = to_float(in[at]), x2 = to_float(in[at + half]);
-        out[at] = from_float<T>(x1 * c - x2 * s);
-        out[at + half] = from_float<T>(x2 * c + x1 * s);
-      }
-      const int64_t value = group + (slots - 1) * head_dim;
-      out[value] = in[value];
-      out[value + half] = in[value + half];
+      for (int64_t slot = 0; slot + 1 < slots; ++slot) rotate(slot_start(token, g, slot), i, c, s);  // queries, key
+      copy_value(slot_start(token, g, slots - 1), i);
     }
   }
 };

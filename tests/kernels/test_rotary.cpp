@@ -98,10 +98,12 @@ std::vector<int64_t> scattered(int64_t count, std::mt19937_64& rng) {
   return all;
 }
 
-// Multi-query, grouped and multi-head groupings; Dh 64 and 8; positions from 0,
-// from a later chunk, and scattered; Llama 2's base and Llama 3's.
+// Multi-query, grouped and multi-head groupings; Dh 64, 16 and 8; positions
+// from 0, from a later chunk, and scattered; Llama 2's base and Llama 3's; a
+// batch of tokens across the CPU's threading grain (split between threads).
 std::vector<Case> cases(std::mt19937_64& rng) {
   return {
+      Case{Dims{3, 67, 2, 3, 16}, contiguous(5, 67), 10000.0f},
       Case{Dims{2, 13, 1, 4, 64}, contiguous(0, 13), 10000.0f},
       Case{Dims{1, 7, 2, 3, 8}, contiguous(1000, 7), 10000.0f},
       Case{Dims{2, 5, 3, 1, 64}, scattered(5, rng), 500000.0f},
