@@ -14,6 +14,8 @@ import re
 import subprocess
 import sys
 
+import failures as failures_report  # tests/benchmarks/failures.py, beside this file
+
 SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(SOURCE, "benchmarks"))
 import gemm_compare  # noqa: E402  (the cases to check)
@@ -70,10 +72,7 @@ def main():
         check_refused(torch_script, failures)
     else:
         print("PyTorch not installed (scripts/install-deps.sh --with-benchmarks): gemm_torch.py not checked")
-    for failure in failures:
-        print("FAIL:", failure)
-    print(f"gemm benchmark shapes: {len(failures)} failures")
-    return 1 if failures else 0
+    return failures_report.report(failures, "gemm benchmark shapes")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ import re
 import subprocess
 import sys
 
+import failures as failures_report  # tests/benchmarks/failures.py, beside this file
+
 SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SKIP = 77  # ctest's SKIP_RETURN_CODE for this test
 
@@ -130,10 +132,7 @@ def inside(build_dir):
         check_llama_is_hugging_faces(failures)
     else:
         print("transformers not installed (scripts/install-hf.sh): train_torch.py's Llama not checked against it")
-    for failure in failures:
-        print("FAIL:", failure)
-    print(f"train benchmark models: {len(failures)} failures")
-    return 1 if failures else 0
+    return failures_report.report(failures, "train benchmark models")
 
 
 def main():
