@@ -69,11 +69,22 @@ CLI::Validator a_finite_number() {
 }
 
 // --model's words and the kinds they name (nn/model_kind.h's table): the one place --model is parsed.
-std::map<std::string, nn::ModelKind> model_kinds() {
-  std::map<std::string, nn::ModelKind> kinds;
-  for (const nn::ModelKind kind : {nn::ModelKind::mlp, nn::ModelKind::cnn, nn::ModelKind::gpt, nn::ModelKind::llama})
-    kinds.emplace(std::string(nn::model_name(kind)), kind);
-  return kinds;
+// A word outside the table is refused as the other choices are: "--model: resnet not in {mlp,cnn,gpt,llama}".
+CLI::Validator model_kinds() {
+  constexpr nn::ModelKind kinds[] = {nn::ModelKind::mlp, nn::ModelKind::cnn, nn::ModelKind::gpt, nn::ModelKind::llama};
+  std::string choices;
+  for (const nn::ModelKind kind : kinds) choices += (choices.empty() ? "{" : ",") + std::string(nn::model_name(kind));
+  choices += "}";
+  return CLI::Validator(
+      [kinds, choices](std::string& word) -> std::string {
+        for (const nn::ModelKind kind : kinds)
+          if (word == nn::model_name(kind)) {
+            word = std::to_string(static_cast<int>(kind));
+            return "";
+          }
+        return word + " not in " + choices;
+      },
+      choices);
 }
 
 std::string model_text(const TrainConfig& c) {
@@ -116,7 +127,7 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
 
   const std::string model = "Model";
   command.add_option("--model", c.model, "Model: mlp, cnn, gpt or llama")
-      ->transform(CLI::CheckedTransformer(model_kinds()))
+      ->transform(model_kinds())
       ->group(model);
   command.add_option("--hidden", c.hidden, "MLP hidden sizes, e.g. 1024,1024")
       ->delimiter(',')

@@ -22,7 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string fixture(const std::string& name) {
-  return (fs::path(__FILE__).parent_path().parent_path() / "fixtures" / "topology" / name).string();
+  return (fs::path(TESSERA_TOPOLOGY_FIXTURES) / name).string();
 }
 
 struct CliRun {

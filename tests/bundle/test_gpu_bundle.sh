@@ -99,6 +99,10 @@ source "$bundle/env.sh" || fail "env.sh found problems ($TESSERA_BUNDLE_PROBLEMS
 [[ $(command -v mpirun) == "$bundle/bin/mpirun" ]] || fail "mpirun on PATH is $(command -v mpirun)"
 tessera --version
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+# A bare GPU machine has none of the Python tools install-deps.sh puts under
+# /opt/tessera-tools (transformers, over the system's libraries hidden here):
+# the tests that run them skip, as they do there.
+export TESSERA_TOOLS_DIR=$work/no-tools
 
 # The CPU tests of the packed binaries (GPU and CUDA tests need a GPU).
 no_gpu='-*Gpu*:*Cuda*:*Nccl*'

@@ -184,7 +184,7 @@ TEST_F(BadInput, RanksStartedWithDifferentFlagsOrData) {
 }
 
 TEST_F(BadInput, UnknownModel) {
-  expect_refused({"--model", "resnet"}, {"[rank 0] bad command line", "--model: resnet not in {mlp,cnn,gpt}"});
+  expect_refused({"--model", "resnet"}, {"[rank 0] bad command line", "--model: resnet not in {mlp,cnn,gpt,llama}"});
 }
 
 // --- Data files ------------------------------------------------------------

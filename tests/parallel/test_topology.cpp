@@ -21,7 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string fixture(const std::string& name) {
-  return (fs::path(__FILE__).parent_path().parent_path() / "fixtures" / "topology" / name).string();
+  return (fs::path(TESSERA_TOPOLOGY_FIXTURES) / name).string();
 }
 
 // Fixtures only: NVML, if this machine had it, must not decide their GPUs.
