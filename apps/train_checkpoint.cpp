@@ -35,6 +35,7 @@ struct ModelField {
   std::string key;    // metadata key "model.<field>"
   std::string value;  // as built
   std::string what;   // "--hidden-size", "the image shape of --data", ...
+  std::string absent = {};  // what a checkpoint that predates the field holds ("": every checkpoint has it)
 };
 
 std::vector<ModelField> model_fields(const nn::ModelConfig& m, DType dtype) {
@@ -46,13 +47,8 @@ std::vector<ModelField> model_fields(const nn::ModelConfig& m, DType dtype) {
     fields.push_back({"model.num_heads", std::to_string(m.num_heads), "--num-heads"});
     fields.push_back({"model.hidden_size", std::to_string(m.hidden_size), "--hidden-size"});
     fields.push_back({"model.ffn_hidden_size", std::to_string(m.ffn()), "--ffn-hidden-size"});
-    if (m.kind == nn::ModelKind::llama) {
-      fields.push_back({"model.num_query_groups", std::to_string(m.query_groups()), "--num-query-groups"});
-      fields.push_back({"model.rotary_base", shortest_text(m.rotary_base), "--rotary-base"});
-      fields.push_back({"model.norm_epsilon", shortest_text(m.norm_epsilon), "--norm-epsilon"});
-      fields.push_back({"model.untie_embeddings", m.untie_embeddings ? "1" : "0",
-                        "--untie-embeddings-and-output-weights"});
-    }
+    for (const io::DecoderField& field : io::decoder_fields(m)) fields.push_back({field.key, field.value, field.flag,
+                                                                                   field.absent});
   } else {
     if (m.kind == nn::ModelKind::mlp) fields.push_back({"model.hidden", list(m.hidden), "--hidden"});
     fields.push_back({"model.input_shape",
@@ -390,7 +386,8 @@ Resumed load_training_checkpoint(const TrainState& s, const std::string& path) {
 
   // The same model, or a refusal naming what differs.
   for (const ModelField& field : model_fields(*s.model, s.dtype)) {
-    const std::optional<std::string> saved = meta.find(field.key);
+    std::optional<std::string> saved = meta.find(field.key);
+    if (!saved && !field.absent.empty()) saved = field.absent;
     TESSERA_CHECK(saved.has_value(), "--resume: checkpoint ", path, " has no '", field.key,
                   "' entry; it was not written by `tessera train` of this version");
     TESSERA_CHECK(*saved == field.value, "--resume: checkpoint ", path, " holds another model: ", field.what, " is ",

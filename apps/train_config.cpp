@@ -91,28 +91,28 @@ std::string model_text(const TrainConfig& c) {
   return std::string(nn::model_name(c.model));
 }
 
-// The Llama family's choices, with Megatron-LM's flag names.
+// The decoder's switches, with Megatron-LM's flag names (docs/models.md).
 void add_llama_options(CLI::App& command, TrainConfig& c, const std::string& group) {
-  command.add_option("--normalization", c.normalization, "LayerNorm (gpt) or RMSNorm (llama)")
+  command.add_option("--normalization", c.normalization, "LayerNorm (gpt's) or RMSNorm (llama's), for either model")
       ->check(CLI::IsMember({"LayerNorm", "RMSNorm"}))
       ->group(group);
-  command.add_option("--norm-epsilon", c.norm_epsilon, "RMSNorm's epsilon (llama; default 1e-5)")->group(group);
+  command.add_option("--norm-epsilon", c.norm_epsilon, "The norms' epsilon (LayerNorm or RMSNorm; default 1e-5)")->group(group);
   command.add_option("--position-embedding-type", c.position_embedding_type,
-                     "learned_absolute (gpt) or rope (llama: rotary embeddings)")
+                     "learned_absolute (gpt's) or rope (llama's: rotary embeddings), for either model")
       ->check(CLI::IsMember({"learned_absolute", "rope"}))
       ->group(group);
-  command.add_option("--rotary-base", c.rotary_base, "RoPE's base (llama; 10000, Llama 3: 500000)")->group(group);
-  command.add_flag("--swiglu", c.swiglu, "SwiGLU MLP (llama's)")->group(group);
+  command.add_option("--rotary-base", c.rotary_base, "RoPE's base (with rope; 10000, Llama 3: 500000)")->group(group);
+  command.add_flag("--swiglu", c.swiglu, "SwiGLU MLP (llama's; for gpt too)")->group(group);
   command.add_flag("--group-query-attention", c.group_query_attention,
-                   "Grouped-query attention with --num-query-groups key/value heads (llama)")
+                   "Grouped-query attention with --num-query-groups key/value heads (gpt or llama)")
       ->group(group);
   command.add_option("--num-query-groups", c.num_query_groups,
                      "Key/value heads with --group-query-attention (divides --num-heads; 1: multi-query)")
       ->group(group);
-  command.add_flag("--disable-bias-linear", c.disable_bias_linear, "No biases in linear layers (llama's)")
+  command.add_flag("--disable-bias-linear", c.disable_bias_linear, "No biases in linear layers (llama's; for gpt too)")
       ->group(group);
   command.add_flag("--untie-embeddings-and-output-weights", c.untie_embeddings,
-                   "An LM head of its own instead of the embedding table (llama's)")
+                   "An LM head of its own instead of the embedding table (llama's; for gpt too)")
       ->group(group);
 }
 
@@ -756,32 +756,37 @@ ConfigFileLines apply_config_file(CLI::App& command, TrainConfig& config) {
   return applied;
 }
 
-// The Llama family's switches: --model llama has them all (a contrary one is
-// refused naming both flags); the other models have none of them.
+// The decoder's switches (Megatron's names): each works on its own for
+// either language model (--model gpt or llama, whose defaults they change); a
+// combination that cannot work is refused naming both flags; the MLP and the
+// CNN have none of them.
 template <typename Given, typename Refuse>
-void refuse_llama_choices(nn::ModelKind kind, const TrainConfig& c, const Given& given, const Refuse& refuse_if) {
-  if (kind == nn::ModelKind::llama) {
-    refuse_if("--normalization", c.normalization == "LayerNorm",
-              "--model llama normalises with RMSNorm; drop --normalization LayerNorm (or use --model gpt)");
-    refuse_if("--position-embedding-type", c.position_embedding_type == "learned_absolute",
-              "--model llama places tokens with rotary embeddings (rope); drop --position-embedding-type "
-              "learned_absolute (or use --model gpt)");
-    refuse_if("--num-query-groups", !c.group_query_attention,
-              "sets the key/value heads of grouped-query attention, which --group-query-attention turns on; add "
-              "--group-query-attention, or drop it");
-    if (c.group_query_attention && !given("--num-query-groups"))
-      TESSERA_THROW("--group-query-attention needs --num-query-groups G (key/value heads, dividing --num-heads ",
-                    c.num_heads, "; 1: multi-query)");
+void refuse_decoder_choices(nn::ModelKind kind, const TrainConfig& c, const Given& given, const Refuse& refuse_if) {
+  if (!nn::model_traits(kind).reads_tokens) {
+    const std::string why = "a choice of the language models' layers, and --model " + model_text(c) +
+                            " has none; use --model gpt or llama";
+    for (const char* flag : {"--normalization", "--position-embedding-type", "--norm-epsilon", "--rotary-base",
+                             "--num-query-groups"})
+      refuse_if(flag, true, why);
+    refuse_if("--swiglu", c.swiglu, why);
+    refuse_if("--group-query-attention", c.group_query_attention, why);
+    refuse_if("--disable-bias-linear", c.disable_bias_linear, why);
+    refuse_if("--untie-embeddings-and-output-weights", c.untie_embeddings, why);
     return;
   }
-  const std::string why = "a Llama-family choice, and --model " + model_text(c) + " does not have it; use --model llama";
-  refuse_if("--normalization", c.normalization == "RMSNorm" || kind != nn::ModelKind::gpt, why);
-  refuse_if("--position-embedding-type", c.position_embedding_type == "rope" || kind != nn::ModelKind::gpt, why);
-  for (const char* flag : {"--norm-epsilon", "--rotary-base", "--num-query-groups"}) refuse_if(flag, true, why);
-  refuse_if("--swiglu", c.swiglu, why);
-  refuse_if("--group-query-attention", c.group_query_attention, why);
-  refuse_if("--disable-bias-linear", c.disable_bias_linear, why);
-  refuse_if("--untie-embeddings-and-output-weights", c.untie_embeddings, why);
+  const bool rope = c.position_embedding_type.empty() ? nn::decoder_defaults(kind).rotary
+                                                      : c.position_embedding_type == "rope";
+  refuse_if("--rotary-base", !rope,
+            "sets the base of rotary embeddings, and the positions are learned (--position-embedding-type " +
+                std::string(given("--position-embedding-type") ? "learned_absolute" : "learned_absolute, --model " +
+                                                                                         model_text(c) + "'s default") +
+                "); add --position-embedding-type rope, or drop --rotary-base");
+  refuse_if("--num-query-groups", !c.group_query_attention,
+            "sets the key/value heads of grouped-query attention, which --group-query-attention turns on; add "
+            "--group-query-attention, or drop it");
+  if (c.group_query_attention && !given("--num-query-groups"))
+    TESSERA_THROW("--group-query-attention needs --num-query-groups G (key/value heads, dividing --num-heads ",
+                  c.num_heads, "; 1: multi-query)");
 }
 
 void record_given_flags(const CLI::App& command, TrainConfig& c) {
@@ -812,7 +817,7 @@ void refuse_unused_settings(const CLI::App& command, const TrainConfig& c, const
   };
 
   const bool language_model = nn::model_traits(kind).reads_tokens;
-  refuse_llama_choices(kind, c, given, refuse_if);
+  refuse_decoder_choices(kind, c, given, refuse_if);
   if (!language_model) {
     const std::string model = setting("--model", model_text(c));
     const bool mlp = kind == nn::ModelKind::mlp;
@@ -1032,10 +1037,16 @@ std::string describe(const TrainConfig& c) {
   out << "model=" << c.model;
   const nn::ModelKind kind = c.model;
   if (kind == nn::ModelKind::mlp) out << " hidden=" << list(c.hidden);
-  if (kind == nn::ModelKind::llama)
-    out << " num_query_groups=" << (c.num_query_groups ? c.num_query_groups : c.num_heads)
-        << " rotary_base=" << c.rotary_base << " norm_epsilon=" << c.norm_epsilon
-        << " untie_embeddings_and_output_weights=" << c.untie_embeddings;
+  if (nn::model_traits(kind).reads_tokens) {  // the decoder's switches in force
+    const nn::DecoderChoices d = nn::decoder_defaults(kind);
+    const bool rope = c.position_embedding_type.empty() ? d.rotary : c.position_embedding_type == "rope";
+    out << " normalization=" << (c.normalization.empty() ? nn::normalization_name(d.normalization) : c.normalization)
+        << " position_embedding_type=" << (rope ? "rope" : "learned_absolute") << " swiglu=" << (c.swiglu || d.swiglu)
+        << " bias=" << (d.bias && !c.disable_bias_linear)
+        << " num_query_groups=" << (c.group_query_attention ? c.num_query_groups : c.num_heads)
+        << " untie_embeddings_and_output_weights=" << (c.untie_embeddings || d.untie_embeddings);
+    if (rope) out << " rotary_base=" << c.rotary_base;
+  }
   if (nn::model_traits(kind).reads_tokens)
     out << " vocab_size=" << (c.vocab_size ? std::to_string(c.vocab_size) : "auto") << " seq_length=" << c.seq_length
         << " num_layers=" << c.num_layers << " num_heads=" << c.num_heads << " hidden_size=" << c.hidden_size

@@ -120,6 +120,9 @@ void take_hf_llama_dimensions(const TrainConfig& c, nn::ModelConfig& m) {
                   value, " in ", file, ": the weights are of that size; drop ", flag, " (it is taken from there)");
     field = Field(value);
   };
+  TESSERA_CHECK(c.normalization != "LayerNorm" && c.position_embedding_type != "learned_absolute",
+                c.normalization == "LayerNorm" ? "--normalization LayerNorm" : "--position-embedding-type learned_absolute",
+                " disagrees with ", file, ": a Hugging Face Llama has RMSNorm and rotary embeddings; drop the flag");
   take("--hidden-size", "hidden_size", m.hidden_size, hf.hidden_size);
   take("--num-layers", "num_hidden_layers", m.num_layers, hf.num_hidden_layers);
   take("--num-heads", "num_attention_heads", m.num_heads, hf.num_attention_heads);
@@ -155,6 +158,13 @@ nn::ModelConfig model_config(const TrainConfig& c, const std::optional<io::Datas
   m.num_query_groups = c.group_query_attention ? c.num_query_groups : 0;
   m.rotary_base = c.rotary_base;
   m.norm_epsilon = c.norm_epsilon;
+  // The decoder's switches given (each on its own); the others keep the model's defaults.
+  if (!c.normalization.empty())
+    m.normalization = c.normalization == "RMSNorm" ? nn::Normalization::rms_norm : nn::Normalization::layer_norm;
+  if (!c.position_embedding_type.empty()) m.rotary = c.position_embedding_type == "rope";
+  if (c.swiglu) m.swiglu = true;
+  if (c.disable_bias_linear) m.bias = false;
+  if (c.untie_embeddings) m.untie_embeddings = true;
   if (init_from_hf_llama(c)) take_hf_llama_dimensions(c, m);
   if (!data) return m;
   const bool wants_tokens = nn::model_traits(m.kind).reads_tokens;

@@ -63,13 +63,6 @@ std::vector<std::byte> transposed(const std::vector<std::byte>& bytes, int64_t r
   return out;
 }
 
-const std::string& metadata_value(const CheckpointReader& reader, const std::string& key) {
-  const auto found = reader.metadata().find(key);
-  TESSERA_CHECK(found != reader.metadata().end(), "export: checkpoint ", reader.path(), " has no '", key,
-                "' entry; it was not written by `tessera train`");
-  return found->second;
-}
-
 struct Prepared {
   std::vector<std::string> names;
   std::vector<DType> dtypes;
@@ -89,6 +82,40 @@ struct Prepared {
   }
 };
 
+// Why the model cannot be written as `format` (hf-gpt2: GPT2LMHeadModel,
+// hf-llama: LlamaForCausalLM), naming the switch that differs and the format
+// it fits; empty when it can. Which --model trained it does not matter.
+std::string hugging_face_problem(const nn::ModelConfig& m, const std::string& format) {
+  const nn::DecoderChoices d = m.decoder();
+  if (!nn::model_traits(m.kind).reads_tokens)
+    return std::string("a ") + std::string(nn::model_name(m.kind)) + " (--model " + std::string(nn::model_name(m.kind)) +
+           "), not a language model; export it with --format tessera";
+  const bool llama = d.normalization == nn::Normalization::rms_norm && d.rotary && d.swiglu && !d.bias;
+  const bool gpt2 = d.normalization == nn::Normalization::layer_norm && !d.rotary && !d.swiglu && d.bias &&
+                    !d.untie_embeddings && m.query_groups() == m.num_heads;
+  const std::string elsewhere = llama  ? "export it with --format hf-llama"
+                                : gpt2 ? "export it with --format hf-gpt2"
+                                       : "export it with --format tessera";
+  std::string differs;
+  const auto note = [&](bool bad, const std::string& what) {
+    if (bad) differs += (differs.empty() ? "" : ", ") + what;
+  };
+  if (format == "hf-gpt2") {
+    note(d.normalization != nn::Normalization::layer_norm, "RMSNorm (--normalization RMSNorm)");
+    note(d.rotary, "rotary embeddings (--position-embedding-type rope)");
+    note(d.swiglu, "a SwiGLU MLP (--swiglu)");
+    note(!d.bias, "no biases (--disable-bias-linear)");
+    note(d.untie_embeddings, "an LM head of its own (--untie-embeddings-and-output-weights)");
+    note(m.query_groups() != m.num_heads, "grouped-query attention (--num-query-groups)");
+    return differs.empty() ? "" : "a model with " + differs + ", which GPT2LMHeadModel does not have; " + elsewhere;
+  }
+  note(d.normalization != nn::Normalization::rms_norm, "LayerNorm (--normalization LayerNorm)");
+  note(!d.rotary, "learned positions (--position-embedding-type learned_absolute)");
+  note(!d.swiglu, "a GELU MLP (no --swiglu)");
+  note(d.bias, "biases (no --disable-bias-linear)");
+  return differs.empty() ? "" : "a model with " + differs + ", which LlamaForCausalLM does not have; " + elsewhere;
+}
+
 // The GPT's config.json for transformers' GPT2LMHeadModel.
 nlohmann::json hf_gpt2_config(const CheckpointReader& reader, DType dtype) {
   const nn::ModelConfig model = checkpoint_model(reader).config;
@@ -103,7 +130,7 @@ nlohmann::json hf_gpt2_config(const CheckpointReader& reader, DType dtype) {
           {"n_head", model.num_heads},
           {"n_inner", model.ffn()},
           {"activation_function", "gelu_new"},
-          {"layer_norm_epsilon", 1e-5},
+          {"layer_norm_epsilon", double(model.norm_epsilon)},
           {"resid_pdrop", p},
           {"embd_pdrop", p},
           {"attn_pdrop", checkpoint_dropout(reader, "attention-dropout")},
@@ -483,14 +510,11 @@ ExportResult export_checkpoint(const std::string& checkpoint, const std::string&
                 " is not one of tessera, hf-gpt2, hf-llama");
   const bool hugging_face = options.format != "tessera";
   const CheckpointReader reader(checkpoint);
-  const std::string& kind = metadata_value(reader, "model.kind");
-  const std::string& wanted = kinds.at(options.format);
-  TESSERA_CHECK(!hugging_face || kind == wanted, "export --format ", options.format, ": checkpoint ", reader.path(),
-                " holds a ", kind, " (--model ", kind, "), not a ", wanted == "gpt" ? "GPT" : "Llama",
-                "; export it with --format ",
-                kind == "gpt"     ? "hf-gpt2"
-                : kind == "llama" ? "hf-llama"
-                                  : "tessera");
+  if (hugging_face) {
+    const std::string problem = hugging_face_problem(checkpoint_model(reader).config, options.format);
+    TESSERA_CHECK(problem.empty(), "export --format ", options.format, ": checkpoint ", reader.path(), " holds ",
+                  problem);
+  }
   // Everything that can refuse comes before the first byte is written.
   const TokenizerToWrite tokenizer =
       hugging_face ? tokenizer_to_write(reader, options.tokenizer_data) : TokenizerToWrite{};

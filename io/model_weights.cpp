@@ -6,6 +6,7 @@
 #include "io/model_weights.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -14,6 +15,7 @@
 
 #include "core/context.h"
 #include "core/error.h"
+#include "core/number_text.h"
 #include "core/units.h"
 #include "io/export.h"
 #include "io/safetensors.h"
@@ -226,6 +228,73 @@ TensorPiece parameter_piece(const nn::Parameter& parameter) {
   return piece;
 }
 
+std::vector<DecoderField> decoder_fields(const nn::ModelConfig& m) {
+  nn::ModelConfig before;  // what a checkpoint without the fields was trained with
+  before.kind = m.kind;
+  before.num_heads = m.num_heads;
+  const auto flag = [](bool on) { return std::string(on ? "1" : "0"); };
+  const auto fields = [&](const nn::ModelConfig& c) {
+    const nn::DecoderChoices d = c.decoder();
+    return std::vector<std::array<std::string, 3>>{
+        {"model.normalization", std::string(nn::normalization_name(d.normalization)), "--normalization"},
+        {"model.position_embedding_type", d.rotary ? "rope" : "learned_absolute", "--position-embedding-type"},
+        {"model.swiglu", flag(d.swiglu), "--swiglu"},
+        {"model.bias", flag(d.bias), "--disable-bias-linear"},
+        {"model.untie_embeddings", flag(d.untie_embeddings), "--untie-embeddings-and-output-weights"},
+        {"model.num_query_groups", std::to_string(c.query_groups()), "--num-query-groups"},
+        {"model.rotary_base", shortest_text(c.rotary_base), "--rotary-base"},
+        {"model.norm_epsilon", shortest_text(c.norm_epsilon), "--norm-epsilon"}};
+  };
+  const auto now = fields(m), then = fields(before);
+  std::vector<DecoderField> out;
+  for (size_t i = 0; i < now.size(); ++i) out.push_back({now[i][0], now[i][1], now[i][2], then[i][1]});
+  return out;
+}
+
+namespace {
+
+// The choices of decoder_fields back from a checkpoint's metadata (a missing
+// entry: the value checkpoints held before it was written).
+void read_decoder_fields(const CheckpointReader& reader, nn::ModelConfig& c) {
+  const auto text = [&](const DecoderField& field) {
+    const auto found = reader.metadata().find(field.key);
+    return found == reader.metadata().end() ? field.absent : found->second;
+  };
+  const auto damaged = [&](const DecoderField& field) {
+    return "checkpoint " + reader.path() + ": entry '" + field.key + "' is '" + text(field) + "'; it is damaged";
+  };
+  for (const DecoderField& field : decoder_fields(c)) {
+    const std::string value = text(field);
+    if (field.key == "model.normalization") {
+      TESSERA_CHECK(value == "LayerNorm" || value == "RMSNorm", damaged(field));
+      c.normalization = value == "RMSNorm" ? nn::Normalization::rms_norm : nn::Normalization::layer_norm;
+    } else if (field.key == "model.position_embedding_type") {
+      TESSERA_CHECK(value == "rope" || value == "learned_absolute", damaged(field));
+      c.rotary = value == "rope";
+    } else if (field.key == "model.num_query_groups" || field.key == "model.rotary_base" ||
+               field.key == "model.norm_epsilon") {
+      size_t used = 0;
+      double number = 0;
+      try {
+        number = std::stod(value, &used);
+      } catch (const std::exception&) {
+      }
+      TESSERA_CHECK(used == value.size() && used > 0, damaged(field));
+      if (field.key == "model.num_query_groups") c.num_query_groups = int64_t(number);
+      if (field.key == "model.rotary_base") c.rotary_base = float(number);
+      if (field.key == "model.norm_epsilon") c.norm_epsilon = float(number);
+    } else {
+      TESSERA_CHECK(value == "0" || value == "1", damaged(field));
+      const bool on = value == "1";
+      if (field.key == "model.swiglu") c.swiglu = on;
+      if (field.key == "model.bias") c.bias = on;
+      if (field.key == "model.untie_embeddings") c.untie_embeddings = on;
+    }
+  }
+}
+
+}  // namespace
+
 CheckpointModel checkpoint_model(const CheckpointReader& reader) {
   CheckpointModel model;
   nn::ModelConfig& c = model.config;
@@ -238,12 +307,7 @@ CheckpointModel checkpoint_model(const CheckpointReader& reader) {
   c.num_heads = checkpoint_integer(reader, "model.num_heads");
   c.hidden_size = checkpoint_integer(reader, "model.hidden_size");
   c.ffn_hidden_size = checkpoint_integer(reader, "model.ffn_hidden_size");
-  if (c.kind == nn::ModelKind::llama) {
-    c.num_query_groups = checkpoint_integer(reader, "model.num_query_groups");
-    c.rotary_base = std::stof(checkpoint_metadata(reader, "model.rotary_base"));
-    c.norm_epsilon = std::stof(checkpoint_metadata(reader, "model.norm_epsilon"));
-    c.untie_embeddings = checkpoint_integer(reader, "model.untie_embeddings") != 0;
-  }
+  read_decoder_fields(reader, c);
   c.validate();
   return model;
 }

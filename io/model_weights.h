@@ -77,6 +77,15 @@ std::optional<double> checkpoint_real(const CheckpointReader& reader, const std:
 // checkpoint predates the flag.
 double checkpoint_dropout(const CheckpointReader& reader, const std::string& flag);
 
+// A language model's architectural choices as checkpoint metadata (beyond its
+// sizes): key "model.<field>", the value as built, the flag that sets it, and
+// the value a checkpoint written before the field existed holds (the kind's
+// default then).
+struct DecoderField {
+  std::string key, value, flag, absent;
+};
+std::vector<DecoderField> decoder_fields(const nn::ModelConfig& m);
+
 // The model a checkpoint holds (from its model.* metadata) and its dtype.
 struct CheckpointModel {
   nn::ModelConfig config;

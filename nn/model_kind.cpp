@@ -14,7 +14,8 @@ constexpr ModelTraits kModels[] = {
     {"mlp", false, true, false, "layers"},
     {"cnn", false, false, false, "layers"},
     {"gpt", true, true, true, "blocks"},
-    {"llama", true, true, true, "blocks"},
+    {"llama", true, true, true, "blocks",
+     {Normalization::rms_norm, /*rotary=*/true, /*swiglu=*/true, /*bias=*/false, /*untie_embeddings=*/true}},
 };
 
 }  // namespace
@@ -34,6 +35,10 @@ ModelKind parse_model_kind(std::string_view text) {
     known += std::string(i == 0 ? "" : i + 1 == std::size(kModels) ? " or " : ", ") + std::string(kModels[i].name);
   }
   TESSERA_THROW("--model '", text, "' is not a model this build knows; use ", known);
+}
+
+std::string_view normalization_name(Normalization n) {
+  return n == Normalization::rms_norm ? "RMSNorm" : "LayerNorm";
 }
 
 }  // namespace tessera::nn

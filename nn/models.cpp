@@ -25,16 +25,18 @@ void check_at_most(const char* flag, int64_t value, int64_t limit, const char* w
                 " Tessera accepts; check the value for a typo");
 }
 
-// Grouped-query attention, rotary embeddings and RMSNorm: what makes them work.
-void validate_llama_choices(const ModelConfig& m) {
+// Grouped-query attention, rotary embeddings and the norms: what makes them work.
+void validate_decoder_choices(const ModelConfig& m) {
   const int64_t groups = m.query_groups();
   TESSERA_CHECK(groups >= 1 && m.num_heads % groups == 0, "--num-query-groups ", groups, " must divide --num-heads ",
                 m.num_heads, " (each key/value head serves the same number of query heads); use e.g. "
                 "--num-query-groups ", nearest_divisor(m.num_heads, groups));
-  TESSERA_CHECK((m.hidden_size / m.num_heads) % 2 == 0, "--position-embedding-type rope rotates pairs of features: "
-                "the head width --hidden-size / --num-heads = ", m.hidden_size / m.num_heads, " must be even");
-  TESSERA_CHECK(m.rotary_base > 1.0f, "--rotary-base ", m.rotary_base, " must be larger than 1 (Llama: 10000, "
-                "Llama 3: 500000)");
+  if (m.decoder().rotary) {
+    TESSERA_CHECK((m.hidden_size / m.num_heads) % 2 == 0, "--position-embedding-type rope rotates pairs of features: "
+                  "the head width --hidden-size / --num-heads = ", m.hidden_size / m.num_heads, " must be even");
+    TESSERA_CHECK(m.rotary_base > 1.0f, "--rotary-base ", m.rotary_base, " must be larger than 1 (Llama: 10000, "
+                  "Llama 3: 500000)");
+  }
   TESSERA_CHECK(m.norm_epsilon > 0.0f, "--norm-epsilon ", m.norm_epsilon, " must be positive (Llama: 1e-5 or 1e-6)");
 }
 
@@ -55,9 +57,24 @@ int64_t nearest_divisor(int64_t n, int64_t target) {
   return nearest;
 }
 
+
+DecoderChoices ModelConfig::decoder() const {
+  DecoderChoices c = decoder_defaults(kind);
+  c.normalization = normalization.value_or(c.normalization);
+  c.rotary = rotary.value_or(c.rotary);
+  c.swiglu = swiglu.value_or(c.swiglu);
+  c.bias = bias.value_or(c.bias);
+  c.untie_embeddings = untie_embeddings.value_or(c.untie_embeddings);
+  return c;
+}
+
+bool ModelConfig::grouped_attention() const {
+  return kind == ModelKind::llama || decoder().rotary || query_groups() != num_heads;
+}
+
 int64_t ModelConfig::ffn() const {
   if (ffn_hidden_size > 0) return ffn_hidden_size;
-  if (kind == ModelKind::llama) return (8 * hidden_size / 3 + 255) / 256 * 256;
+  if (decoder().swiglu) return (8 * hidden_size / 3 + 255) / 256 * 256;
   return 4 * hidden_size;
 }
 
@@ -102,7 +119,7 @@ void ModelConfig::validate() const {
     TESSERA_CHECK(attention_dropout >= 0.0f && attention_dropout < 1.0f, "--attention-dropout ", attention_dropout,
                   " must be in [0, 1)");
   }
-  if (kind == ModelKind::llama) validate_llama_choices(*this);
+  if (model_traits(kind).reads_tokens) validate_decoder_choices(*this);
 }
 
 int64_t parameter_count(Module& model) {

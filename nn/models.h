@@ -8,7 +8,7 @@
 //   cnn  (LeNet-style, for 28×28-ish images) InputCast → conv1 5×5·32 pad 2 →
 //        ReLU → maxpool 2 → conv2 5×5·64 pad 2 → ReLU → maxpool 2 → Flatten →
 //        fc1 1024 + fused ReLU → fc2 num_classes; PyTorch's default init.
-//   gpt  (models/gpt.h, over the tensor-parallel layers of parallel/)
+//   gpt  (models/decoder.h with GPT-2's choices, over the layers of parallel/)
 //        ids [B, T] (i32/i64) → wte [V, C] + wpe [T, C] → dropout → blocks.<i>
 //        (pre-LN blocks) → ln_f → logits [B, T, V] = x·wteᵀ (tied:
 //        wte gets gradients from both uses). GPT-2 init: normal(0, 0.02) for
@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,6 +33,7 @@
 #include "nn/module.h"
 
 namespace tessera::nn {
+
 
 struct ModelConfig {
   ModelKind kind = ModelKind::mlp;  // --model
@@ -54,21 +56,31 @@ struct ModelConfig {
   // --attention-dropout: dropout on the attention probabilities (training only; GPT-2's attn_pdrop)
   float attention_dropout = 0.0f;
 
-  // llama: grouped-query attention (--num-query-groups G: key/value heads,
-  // G divides --num-heads; 0 means G = heads), rotary position embeddings
-  // (--rotary-base), RMSNorm (--norm-epsilon), a SwiGLU MLP, no biases, and
-  // an LM head of its own unless tied (--untie-embeddings-and-output-weights,
-  // on by default for llama).
+  // The decoder's choices (Megatron's switches, each working on its own for
+  // either language model; unset: the model's own, decoder_defaults):
+  // --normalization, --position-embedding-type rope, --swiglu,
+  // --disable-bias-linear (bias false), --untie-embeddings-and-output-weights.
+  std::optional<Normalization> normalization;
+  std::optional<bool> rotary, swiglu, bias, untie_embeddings;
+  // Grouped-query attention (--num-query-groups G: key/value heads, G divides
+  // --num-heads; 0 means G = heads), RoPE's base (--rotary-base), the norms'
+  // epsilon (--norm-epsilon).
   int64_t num_query_groups = 0;
   float rotary_base = 10000.0f;
   float norm_epsilon = 1e-5f;
-  bool untie_embeddings = true;
 
-  // The MLP's width: --ffn-hidden-size, else GPT's 4·hidden, or Llama's
+  // The choices in force: those set, else the model's defaults.
+  DecoderChoices decoder() const;
+  bool untied() const { return decoder().untie_embeddings; }
+  // The MLP's width: --ffn-hidden-size, else 4·hidden, or for SwiGLU
   // 8/3·hidden rounded up to a multiple of 256 (Meta's multiple_of).
   int64_t ffn() const;
   // Key/value heads: --num-query-groups, or one per head.
   int64_t query_groups() const { return num_query_groups > 0 ? num_query_groups : num_heads; }
+  // Whether attention keeps its qkv rows in the grouped layout [G, R+2, Dh]
+  // (parallel::ParallelGroupedAttention: the Llama's, and any model with
+  // rotary embeddings or G < H) rather than GPT-2's [3, H, Dh].
+  bool grouped_attention() const;
   // Throws tessera::Error naming the flag and the value at fault.
   void validate() const;
 };

@@ -23,7 +23,7 @@ Tensor empty_like(const Tensor& t) {
 // ---------------------------------------------------------------------------
 ParallelGroupedAttention::ParallelGroupedAttention(const nn::ModelSpec& spec, std::string name, TensorParallelism tp,
                                                    int64_t hidden, int64_t heads, int64_t groups, float rotary_base,
-                                                   float dropout, float attention_dropout)
+                                                   float dropout, float attention_dropout, bool bias)
     : Module(spec, std::move(name)), hidden_(hidden), rotary_base_(rotary_base), attention_dropout_(attention_dropout) {
   TESSERA_CHECK(attention_dropout_ >= 0.0f && attention_dropout_ < 1.0f, this->name(),
                 ": the attention dropout probability must be in [0, 1), got ", attention_dropout_,
@@ -41,8 +41,8 @@ ParallelGroupedAttention::ParallelGroupedAttention(const nn::ModelSpec& spec, st
   first_head_ = tp.rank() * local_groups_ * per_group_;
   const int64_t qkv_features = groups * (per_group_ + 2) * head_dim_;
   // A plain split of the grouped layout's rows is a split by whole groups.
-  qkv_ = &add_child<ColumnParallelLinear>(spec, child_name("qkv"), tp, hidden_, qkv_features, false);
-  proj_ = &add_child<RowParallelLinear>(spec, child_name("proj"), tp, heads * head_dim_, hidden_, false);
+  qkv_ = &add_child<ColumnParallelLinear>(spec, child_name("qkv"), tp, hidden_, qkv_features, bias);
+  proj_ = &add_child<RowParallelLinear>(spec, child_name("proj"), tp, heads * head_dim_, hidden_, bias);
   dropout_ = &add_child<TensorParallelDropout>(spec, child_name("dropout"), tp, dropout);
 }
 
@@ -60,8 +60,11 @@ Tensor ParallelGroupedAttention::forward_impl(const Tensor& input, nn::Saved& sa
   const Tensor qkv = packed.view(Shape{batch, tokens, local_groups_, per_group_ + 2, head_dim_});
   const int64_t first = pass.kv_cache ? pass.kv_cache->position() : 0;
   const Tensor where = positions(first, tokens);
-  Tensor rotated = empty_like(qkv);
-  ops::rotary_forward(qkv, where, rotated, rotary_base_);
+  Tensor rotated = qkv;
+  if (rotary_base_ > 0.0f) {
+    rotated = empty_like(qkv);
+    ops::rotary_forward(qkv, where, rotated, rotary_base_);
+  }
   if (pass.kv_cache) return attend_with_cache(rotated, saved, pass);
   Tensor out = context().empty(Shape{batch, tokens, heads, head_dim_}, spec().dtype, spec().device);
   Tensor logsumexp = context().empty(Shape{batch, heads, tokens}, DType::f32, spec().device);
@@ -97,7 +100,7 @@ Tensor ParallelGroupedAttention::backward_impl(const Tensor& grad_output, nn::Sa
   Tensor grad_rotated = empty_like(rotated);
   ops::grouped_attention_backward(grad.view(out.shape()), rotated, out, logsumexp, grad_rotated, 0.0f,
                                   attention_dropout);
-  ops::rotary_backward(grad_rotated, where, grad_rotated, rotary_base_);  // in place: the rotation undone
+  if (rotary_base_ > 0.0f) ops::rotary_backward(grad_rotated, where, grad_rotated, rotary_base_);  // in place
   const int64_t batch = rotated.size(0), tokens = rotated.size(1);
   Tensor dx = qkv_->backward(grad_rotated.view(Shape{batch, tokens, rotated.numel() / (batch * tokens)}),
                              saved.child(0));
@@ -109,14 +112,14 @@ Tensor ParallelGroupedAttention::backward_impl(const Tensor& grad_output, nn::Sa
 // ParallelGatedMlp
 // ---------------------------------------------------------------------------
 ParallelGatedMlp::ParallelGatedMlp(const nn::ModelSpec& spec, std::string name, TensorParallelism tp, int64_t hidden,
-                                   int64_t ffn_hidden, float dropout)
+                                   int64_t ffn_hidden, float dropout, bool bias)
     : Module(spec, std::move(name)) {
   TESSERA_CHECK(ffn_hidden % tp.size() == 0, this->name(), ": --ffn-hidden-size ", ffn_hidden,
                 " is not divisible by --tensor-parallel ", tp.size());
   // [gate; up] split as two groups of F rows: each rank holds F/K rows of each.
-  fc_ = &add_child<ColumnParallelLinear>(spec, child_name("fc"), tp, hidden, 2 * ffn_hidden, false,
+  fc_ = &add_child<ColumnParallelLinear>(spec, child_name("fc"), tp, hidden, 2 * ffn_hidden, bias,
                                          ops::Activation::none, OutputSplit{2, ffn_hidden});
-  proj_ = &add_child<RowParallelLinear>(spec, child_name("proj"), tp, ffn_hidden, hidden, false);
+  proj_ = &add_child<RowParallelLinear>(spec, child_name("proj"), tp, ffn_hidden, hidden, bias);
   dropout_ = &add_child<TensorParallelDropout>(spec, child_name("dropout"), tp, dropout);
 }
 

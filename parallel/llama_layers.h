@@ -1,5 +1,7 @@
-// The tensor-parallel layers of the Llama family (Llama 2/3, Mistral, Qwen
-// without biases), usable by any model built on them:
+// The tensor-parallel layers of the Llama family (Llama 2/3, Mistral, Qwen),
+// usable by any model built on them (biases optional: `bias`, off by default
+// as in the Llama; rotary embeddings off with rotary_base 0, for a model
+// with learned positions and G < H):
 //
 //   ParallelGroupedAttention  grouped-query attention with rotary position
 //       embeddings: qkv column-parallel with no bias, its output features in
@@ -32,7 +34,7 @@ class ParallelGroupedAttention : public nn::Module {
  public:
   ParallelGroupedAttention(const nn::ModelSpec& spec, std::string name, TensorParallelism tp, int64_t hidden,
                            int64_t heads, int64_t groups, float rotary_base, float dropout,
-                           float attention_dropout = 0.0f);
+                           float attention_dropout = 0.0f, bool bias = false);
   Tensor forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, nn::Saved& saved) override;
   ColumnParallelLinear& qkv() { return *qkv_; }
@@ -53,7 +55,7 @@ class ParallelGroupedAttention : public nn::Module {
 class ParallelGatedMlp : public nn::Module {
  public:
   ParallelGatedMlp(const nn::ModelSpec& spec, std::string name, TensorParallelism tp, int64_t hidden,
-                   int64_t ffn_hidden, float dropout);
+                   int64_t ffn_hidden, float dropout, bool bias = false);
   Tensor forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, nn::Saved& saved) override;
   ColumnParallelLinear& fc() { return *fc_; }

@@ -404,7 +404,8 @@ void SequenceParallelGradients::end() {
 // Attention, MLP, block
 // ---------------------------------------------------------------------------
 ParallelSelfAttention::ParallelSelfAttention(const nn::ModelSpec& spec, std::string name, TensorParallelism tp,
-                                             int64_t hidden, int64_t heads, float dropout, float attention_dropout)
+                                             int64_t hidden, int64_t heads, float dropout, float attention_dropout,
+                                             bool bias)
     : Module(spec, std::move(name)), hidden_(hidden), attention_dropout_(attention_dropout) {
   TESSERA_CHECK(attention_dropout_ >= 0.0f && attention_dropout_ < 1.0f, this->name(),
                 ": the attention dropout probability must be in [0, 1), got ", attention_dropout_,
@@ -416,9 +417,9 @@ ParallelSelfAttention::ParallelSelfAttention(const nn::ModelSpec& spec, std::str
   local_heads_ = heads / tp.size();
   first_head_ = tp.rank() * local_heads_;
   head_dim_ = hidden_ / heads;
-  qkv_ = &add_child<ColumnParallelLinear>(spec, child_name("qkv"), tp, hidden_, 3 * hidden_, true,
+  qkv_ = &add_child<ColumnParallelLinear>(spec, child_name("qkv"), tp, hidden_, 3 * hidden_, bias,
                                           ops::Activation::none, OutputSplit{3, heads});
-  proj_ = &add_child<RowParallelLinear>(spec, child_name("proj"), tp, hidden_, hidden_);
+  proj_ = &add_child<RowParallelLinear>(spec, child_name("proj"), tp, hidden_, hidden_, bias);
   dropout_ = &add_child<TensorParallelDropout>(spec, child_name("dropout"), tp, dropout);
 }
 
@@ -438,10 +439,10 @@ Tensor ParallelSelfAttention::backward_impl(const Tensor& grad_output, nn::Saved
 }
 
 ParallelMlp::ParallelMlp(const nn::ModelSpec& spec, std::string name, TensorParallelism tp, int64_t hidden,
-                         int64_t ffn_hidden, float dropout)
+                         int64_t ffn_hidden, float dropout, bool bias)
     : Module(spec, std::move(name)) {
-  fc_ = &add_child<ColumnParallelLinear>(spec, child_name("fc"), tp, hidden, ffn_hidden, true, ops::Activation::gelu);
-  proj_ = &add_child<RowParallelLinear>(spec, child_name("proj"), tp, ffn_hidden, hidden);
+  fc_ = &add_child<ColumnParallelLinear>(spec, child_name("fc"), tp, hidden, ffn_hidden, bias, ops::Activation::gelu);
+  proj_ = &add_child<RowParallelLinear>(spec, child_name("proj"), tp, ffn_hidden, hidden, bias);
   dropout_ = &add_child<TensorParallelDropout>(spec, child_name("dropout"), tp, dropout);
 }
 
@@ -457,30 +458,6 @@ Tensor ParallelMlp::backward_impl(const Tensor& grad_output, nn::Saved& saved) {
   grad = fc_->backward(grad, saved.child(0));
   saved.clear();
   return grad;
-}
-
-ParallelTransformerBlock::ParallelTransformerBlock(const nn::ModelSpec& spec, std::string name, TensorParallelism tp,
-                                                   int64_t hidden, int64_t heads, int64_t ffn_hidden, float dropout,
-                                                   float attention_dropout, bool recompute)
-    : PreLnBlock(spec, std::move(name), recompute), tp_(tp) {
-  ln1_ = &add_child<nn::LayerNorm>(spec, child_name("ln1"), hidden);
-  attn_ = &add_child<ParallelSelfAttention>(spec, child_name("attn"), tp, hidden, heads, dropout, attention_dropout);
-  ln2_ = &add_child<nn::LayerNorm>(spec, child_name("ln2"), hidden);
-  mlp_ = &add_child<ParallelMlp>(spec, child_name("mlp"), tp, hidden, ffn_hidden, dropout);
-  set_parts(*ln1_, *attn_, *ln2_, *mlp_);
-  if (tp_.sequence_parallel && tp_.size() > 1)
-    partial_ = std::make_unique<SequenceParallelGradients>(
-        std::vector<nn::Parameter*>{&ln1_->weight(), ln1_->bias(), &ln2_->weight(), ln2_->bias(), attn_->proj().bias(),
-                                    mlp_->proj().bias()},
-        *tp_.group);
-}
-
-void ParallelTransformerBlock::before_backward() {
-  if (partial_) partial_->begin();
-}
-
-void ParallelTransformerBlock::after_backward() {
-  if (partial_) partial_->end();
 }
 
 // ---------------------------------------------------------------------------
@@ -502,7 +479,7 @@ std::string tensor_parallel_problem(const nn::ModelConfig& config, int tp, bool 
     out << "--vocab-size " << config.vocab_size << " is not divisible by --tensor-parallel " << tp
         << ": the embedding is split by vocabulary rows; pad the vocabulary to --vocab-size "
         << (config.vocab_size + tp - 1) / tp * tp;
-  } else if (config.kind == nn::ModelKind::llama && config.query_groups() % tp != 0) {
+  } else if (config.query_groups() % tp != 0) {
     out << "--num-query-groups " << config.query_groups() << " is not divisible by --tensor-parallel " << tp
         << ": each rank holds whole key/value groups (fewer groups than ranks would replicate them, which "
         << "Tessera does not do); use --tensor-parallel " << nn::nearest_divisor(config.query_groups(), tp)

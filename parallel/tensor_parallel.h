@@ -213,7 +213,7 @@ class SequenceParallelGradients {
 class ParallelSelfAttention : public nn::Module {
  public:
   ParallelSelfAttention(const nn::ModelSpec& spec, std::string name, TensorParallelism tp, int64_t hidden,
-                        int64_t heads, float dropout, float attention_dropout = 0.0f);
+                        int64_t heads, float dropout, float attention_dropout = 0.0f, bool bias = true);
   Tensor forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, nn::Saved& saved) override;
   ColumnParallelLinear& qkv() { return *qkv_; }
@@ -233,7 +233,7 @@ class ParallelSelfAttention : public nn::Module {
 class ParallelMlp : public nn::Module {
  public:
   ParallelMlp(const nn::ModelSpec& spec, std::string name, TensorParallelism tp, int64_t hidden, int64_t ffn_hidden,
-              float dropout);
+              float dropout, bool bias = true);
   Tensor forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, nn::Saved& saved) override;
   ColumnParallelLinear& fc() { return *fc_; }
@@ -243,29 +243,6 @@ class ParallelMlp : public nn::Module {
   ColumnParallelLinear* fc_;
   RowParallelLinear* proj_;
   TensorParallelDropout* dropout_;
-};
-
-// The GPT's pre-LN block (nn::PreLnBlock, recomputation included) over the
-// parallel attention and MLP: children "<name>.ln1", "<name>.attn",
-// "<name>.ln2", "<name>.mlp". Under sequence parallelism its input and
-// output are [B, T/K, C].
-class ParallelTransformerBlock : public nn::PreLnBlock {
- public:
-  ParallelTransformerBlock(const nn::ModelSpec& spec, std::string name, TensorParallelism tp, int64_t hidden,
-                           int64_t heads, int64_t ffn_hidden, float dropout, float attention_dropout, bool recompute);
-  ParallelSelfAttention& attn() { return *attn_; }
-  ParallelMlp& mlp() { return *mlp_; }
-
- private:
-  void before_backward() override;
-  void after_backward() override;
-
-  TensorParallelism tp_;
-  nn::LayerNorm* ln1_;
-  ParallelSelfAttention* attn_;
-  nn::LayerNorm* ln2_;
-  ParallelMlp* mlp_;
-  std::unique_ptr<SequenceParallelGradients> partial_;  // sequence parallelism only
 };
 
 // Why a model configuration cannot be split K ways (empty: it can). Names the

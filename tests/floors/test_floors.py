@@ -29,7 +29,7 @@ PLANTS = [
     ("core", '#include "kernels/ops/matmul.h"', "includes kernels/ops/matmul.h of floor kernels/"),
     ("kernels", '#include "nn/module.h"', "includes nn/module.h of floor nn/"),
     ("nn", '#include "parallel/communicator.h"', "includes parallel/communicator.h of floor parallel/"),
-    ("parallel", '#include "models/gpt.h"', "includes models/gpt.h of floor models/"),
+    ("parallel", '#include "models/decoder.h"', "includes models/decoder.h of floor models/"),
     ("models", '#include "io/checkpoint.h"', "includes io/checkpoint.h of floor io/"),
     ("io", '#include "apps/train_config.h"', "includes apps/train_config.h of floor apps/"),
     ("core", '#include "apps/trainer.h"', "includes apps/trainer.h of floor apps/"),

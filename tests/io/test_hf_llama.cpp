@@ -651,11 +651,16 @@ TEST(HfLlamaExport, ALlamaCheckpointBecomesADirectoryShardedAboveTheLimit) {
                   "hf-llama writes a directory");
   const std::string gpt = save_llama_checkpoint(dir.file("gpt"), c, logical, DType::bf16, "gpt");
   EXPECT_CONTAINS(error_of([&] { io::export_checkpoint(gpt, dir.file("g"), llama); }),
-                  "holds a gpt (--model gpt), not a Llama; export it with --format hf-gpt2");
+                  "holds a model with LayerNorm (--normalization LayerNorm), learned positions "
+                  "(--position-embedding-type learned_absolute), a GELU MLP (no --swiglu), biases (no "
+                  "--disable-bias-linear), which LlamaForCausalLM does not have; export it with --format ");
   io::ExportOptions gpt2;
   gpt2.format = "hf-gpt2";
   EXPECT_CONTAINS(error_of([&] { io::export_checkpoint(checkpoint, dir.file("l"), gpt2); }),
-                  "holds a llama (--model llama), not a GPT; export it with --format hf-llama");
+                  "holds a model with RMSNorm (--normalization RMSNorm), rotary embeddings (--position-embedding-type "
+                  "rope), a SwiGLU MLP (--swiglu), no biases (--disable-bias-linear)");
+  EXPECT_CONTAINS(error_of([&] { io::export_checkpoint(checkpoint, dir.file("l"), gpt2); }),
+                  "which GPT2LMHeadModel does not have; export it with --format hf-llama");
   EXPECT_FALSE(fs::exists(dir.path() / "g"));
   EXPECT_FALSE(fs::exists(dir.path() / "l"));
 }

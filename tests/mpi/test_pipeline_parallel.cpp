@@ -27,7 +27,7 @@
 #include "parallel/mpi_communicator.h"
 #include "parallel/pipeline.h"
 #include "parallel/process_grid.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "models/stage_model.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/train_step.h"
@@ -99,7 +99,7 @@ Stage build_stage(const nn::ModelConfig& m, const nn::ModelSpec& spec, parallel:
   Stage stage;
   if (m.kind == nn::ModelKind::gpt) {
     auto gpt =
-        std::make_unique<models::Gpt>(m, spec, parallel::TensorParallelism{&grid.tp(), false}, layers);
+        std::make_unique<models::Decoder>(m, spec, parallel::TensorParallelism{&grid.tp(), false}, layers);
     stage.tied = gpt->embedding_table();
     stage.input_shape = gpt->hidden_shape(batch, m.seq_length);
     stage.loss = std::make_unique<parallel::VocabParallelCrossEntropy>(grid.tp(), 0, m.vocab_size);

@@ -19,7 +19,7 @@
 
 #include "apps/trainer.h"
 #include "core/context.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "nn/loss.h"
 #include "nn/models.h"
 #include "nn/optimizer.h"
@@ -132,8 +132,8 @@ TEST(TensorParallelGpt, MatchesOneRankExactlyAtInitAndWithinF32InForwardAndBackw
       parallel::ProcessGrid grid(*comm, sizes);
       const nn::ModelConfig m = small_gpt(variant.dropout, variant.recompute, variant.attention_dropout);
       const nn::ModelSpec spec{&ctx, Device::cpu(), DType::f32, seed};
-      models::Gpt reference(m, spec, parallel::TensorParallelism{});  // the whole GPT
-      models::Gpt split(m, spec, parallel::TensorParallelism{&grid.tp(), variant.sequence_parallel});
+      models::Decoder reference(m, spec, parallel::TensorParallelism{});  // the whole GPT
+      models::Decoder split(m, spec, parallel::TensorParallelism{&grid.tp(), variant.sequence_parallel});
 
       std::mt19937_64 rng(seed ^ 0x5eedull);
       const Batch batch = random_batch(ctx, m, 3, rng);
@@ -299,7 +299,7 @@ TEST(TensorParallelGpt, CommunicationPerStepMatchesTheFormula) {
       sizes.tp = k;
       parallel::ProcessGrid grid(*comm, sizes);
       const nn::ModelConfig m = small_gpt();
-      models::Gpt split(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, seed},
+      models::Decoder split(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, seed},
                                         parallel::TensorParallelism{&grid.tp(), sequence_parallel});
       const parallel::VocabParallelCrossEntropy loss(grid.tp(), split.vocab_begin(), m.vocab_size, kIgnore);
       std::mt19937_64 rng(seed);

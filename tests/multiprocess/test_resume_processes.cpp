@@ -619,6 +619,42 @@ TEST(LlamaLayouts, TensorSequencePipelineInterleavedAndZeroThreeEqualOneRank) {
       dir);
 }
 
+// The decoder's switches on their own, under layouts: the GPT with rotary
+// embeddings (its biases kept, so the grouped attention's output bias is
+// summed over the sequence-parallel group), and the GPT with the rest of the
+// Llama's switches (RMSNorm, SwiGLU, 2 key/value groups of 4 heads, no
+// biases, an untied head), each equal to one rank.
+TEST(DecoderSwitchLayouts, GptWithLlamaSwitchesEqualsOneRank) {
+  TESSERA_SEED_TRACE();
+  std::mt19937_64 rng = make_rng();
+  {
+    SCOPED_TRACE("gpt --position-embedding-type rope");
+    ScratchDirectory dir("tessera_processes_");
+    const auto args = joined(without(gpt_args(write_text_dataset(dir.path, 4000, rng), rng()), "--micro-batch-size"),
+                             {"--position-embedding-type", "rope", "--train-steps", "6"});
+    expect_llama_layouts_equal_one_rank(
+        args,
+        {{"tp 2 sequence parallel", 2, {"--micro-batch-size", "4", "--tp", "2", "--sequence-parallel"}},
+         {"pp 2 1f1b", 2, {"--micro-batch-size", "4", "--pp", "2"}}},
+        dir);
+  }
+  {
+    SCOPED_TRACE("gpt with the Llama's other switches");
+    ScratchDirectory dir("tessera_processes_");
+    auto gpt = gpt_args(write_text_dataset(dir.path, 4000, rng), rng());
+    for (const char* flag : {"--micro-batch-size", "--num-heads", "--bucket-size-mb", "--hidden-dropout"})
+      gpt = without(gpt, flag);  // (dropout: a dp layout draws other masks than one rank does)
+    const auto args = joined(gpt,
+                             {"--num-heads", "4", "--normalization", "RMSNorm", "--swiglu", "--ffn-hidden-size", "48",
+                              "--group-query-attention", "--num-query-groups", "2", "--disable-bias-linear",
+                              "--untie-embeddings-and-output-weights", "--train-steps", "6"});
+    expect_llama_layouts_equal_one_rank(args,
+                                        {{"tp 2", 2, {"--micro-batch-size", "4", "--tp", "2"}},
+                                         {"dp 2 zero 3", 2, {"--micro-batch-size", "2", "--zero", "3"}}},
+                                        dir);
+  }
+}
+
 TEST(LlamaLayouts, FourTensorParallelRanksOfFourGroupsEqualOneRank) {
   TESSERA_SEED_TRACE();
   ScratchDirectory dir("tessera_processes_");

@@ -15,6 +15,7 @@
 #include "kernels/ops.h"
 #include "nn/layers.h"
 #include "parallel/tensor_parallel.h"
+#include "parallel/transformer_block.h"
 #include "tests/kernels/dtype_params.h"
 #include "tests/support/gradcheck.h"
 #include "tests/support/reference_nn.h"

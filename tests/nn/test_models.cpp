@@ -198,6 +198,20 @@ nn::ModelConfig tiny_llama(int64_t groups, bool untied) {
   return config;
 }
 
+// The reference's description of a decoder with `config`'s choices.
+ref::LlamaShape reference_shape(const nn::ModelConfig& config) {
+  const nn::DecoderChoices d = config.decoder();
+  ref::LlamaShape shape{config.vocab_size, config.num_layers, config.num_heads, config.query_groups(),
+                        config.hidden_size, config.ffn(), config.rotary_base, config.norm_epsilon,
+                        !d.untie_embeddings};
+  shape.layer_norm = d.normalization == nn::Normalization::layer_norm;
+  shape.learned_positions = !d.rotary;
+  shape.gelu = !d.swiglu;
+  shape.bias = d.bias;
+  shape.gpt2_qkv = !config.grouped_attention();
+  return shape;
+}
+
 void expect_llama_matches_reference(const nn::ModelConfig& config) {
   Context ctx;
   auto rng = make_rng();
@@ -210,9 +224,7 @@ void expect_llama_matches_reference(const nn::ModelConfig& config) {
   auto targets = random_indices(ctx, Shape{batch, tokens}, DType::i64, rng, 0, config.vocab_size);
   targets.values[2] = -100;  // an ignored position
   targets.tensor = ctx.from_doubles(targets.tensor.shape(), DType::i64, targets.values);
-  ref::LlamaShape shape{config.vocab_size, config.num_layers, config.num_heads, config.query_groups(),
-                        config.hidden_size, config.ffn(), config.rotary_base, config.norm_epsilon,
-                        !config.untie_embeddings};
+  const ref::LlamaShape shape = reference_shape(config);
   const ref::Ids id_values = as_ids(ids.values), target_values = as_ids(targets.values);
   nn::zero_grads(model->parameters());
   const StepResult step = train_step(*model, ids.tensor, targets.tensor, nn::Pass{});
@@ -239,6 +251,48 @@ TEST(Llama, MultiQueryAndMultiHeadTiedMatchReference) {
   TESSERA_SEED_TRACE();
   expect_llama_matches_reference(tiny_llama(1, true));
   expect_llama_matches_reference(tiny_llama(4, false));
+}
+
+// Megatron's switches each work on their own: the GPT with one of the
+// Llama's choices, the Llama with one of GPT-2's, each against the reference
+// in logits, loss and every parameter's gradient.
+TEST(DecoderSwitches, EachWorksOnItsOwnInTheGptAndTheLlama) {
+  TESSERA_SEED_TRACE();
+  const auto gpt_with = [](const std::function<void(nn::ModelConfig&)>& change) {
+    nn::ModelConfig config = tiny_llama(4, false);
+    config.kind = nn::ModelKind::gpt;
+    config.num_query_groups = 0;
+    change(config);
+    return config;
+  };
+  const std::vector<std::pair<std::string, nn::ModelConfig>> cases = {
+      {"gpt --normalization RMSNorm", gpt_with([](auto& m) { m.normalization = nn::Normalization::rms_norm; })},
+      {"gpt --position-embedding-type rope", gpt_with([](auto& m) { m.rotary = true; })},
+      {"gpt --swiglu", gpt_with([](auto& m) { m.swiglu = true; })},
+      {"gpt --disable-bias-linear", gpt_with([](auto& m) { m.bias = false; })},
+      {"gpt --untie-embeddings-and-output-weights", gpt_with([](auto& m) { m.untie_embeddings = true; })},
+      {"gpt --group-query-attention --num-query-groups 2", gpt_with([](auto& m) { m.num_query_groups = 2; })},
+      {"gpt with every Llama switch", gpt_with([](auto& m) {
+         m.normalization = nn::Normalization::rms_norm;
+         m.rotary = m.swiglu = m.untie_embeddings = true;
+         m.bias = false;
+         m.num_query_groups = 2;
+       })},
+      {"llama --normalization LayerNorm",
+       [] {
+         nn::ModelConfig m = tiny_llama(2, true);
+         m.normalization = nn::Normalization::layer_norm;
+         return m;
+       }()},
+      {"llama --position-embedding-type learned_absolute", [] {
+         nn::ModelConfig m = tiny_llama(2, true);
+         m.rotary = false;
+         return m;
+       }()}};
+  for (const auto& [what, config] : cases) {
+    SCOPED_TRACE(what);
+    expect_llama_matches_reference(config);
+  }
 }
 
 TEST(Llama, ParametersAreTheDocumentedNamesAndShapes) {

@@ -15,7 +15,7 @@
 
 #include "core/context.h"
 #include "nn/kv_cache.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "models/generation.h"
 #include "parallel/tensor_parallel.h"
 #include "tests/support/error_text.h"
@@ -205,7 +205,7 @@ TEST(Generation, TheSameSeedGivesTheSameSample) {
 TEST(Generation, WhatDoesNotFitIsRefusedWithTheNumbers) {
   Context ctx;
   const nn::ModelConfig m = small_gpt();
-  models::Gpt model(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, 7}, {});
+  models::Decoder model(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, 7}, {});
   models::GenerationOptions options;
   options.max_new_tokens = 20;
   const std::vector<int32_t> prompt(10, 1);
@@ -219,7 +219,7 @@ TEST(Generation, WhatDoesNotFitIsRefusedWithTheNumbers) {
   nn::StageLayers first_stage;
   first_stage.stages = 2;
   first_stage.end = 1;
-  models::Gpt stage(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, 7}, {}, first_stage);
+  models::Decoder stage(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, 7}, {}, first_stage);
   EXPECT_CONTAINS(error_of([&] { models::generate(stage, prompt, options); }), "--pipeline-parallel 1");
 }
 
@@ -227,7 +227,7 @@ TEST(Generation, WhatDoesNotFitIsRefusedWithTheNumbers) {
 // read (a [V] or [T, V] tensor has no size(2): that read would be the error).
 TEST(Generation, LogitsOfTheWrongRankAreNamedBeforeTheirSizesAreRead) {
   Context ctx;
-  models::Gpt model(small_gpt(), nn::ModelSpec{&ctx, Device::cpu(), DType::f32, 7}, {});
+  models::Decoder model(small_gpt(), nn::ModelSpec{&ctx, Device::cpu(), DType::f32, 7}, {});
   for (const Shape& shape : {Shape{97}, Shape{5, 97}, Shape{2, 5, 97}, Shape{1, 5, 97, 1}}) {
     const Tensor logits = ctx.zeros(shape, DType::f32);
     EXPECT_CONTAINS(error_of([&] { models::last_position_logits(model, logits); }),

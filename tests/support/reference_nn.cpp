@@ -252,15 +252,29 @@ void rotate(Vec& x, int64_t b, int64_t t, int64_t n, int64_t dh, double base) {
       }
 }
 
+// The linear layer "<prefix>.weight" (and "<prefix>.bias" when the model has biases).
+Vec linear_of(const LlamaShape& s, const Params& p, const std::string& prefix, const Vec& x, int64_t rows, int64_t in,
+              int64_t out) {
+  return linear(x, get(p, prefix + ".weight"), s.bias ? get(p, prefix + ".bias") : Vec{}, rows, in, out);
+}
+
 Vec llama_attention(const LlamaShape& s, const Params& p, const std::string& prefix, const Vec& x, int64_t b,
                     int64_t t) {
   const int64_t c = s.hidden, dh = c / s.heads, r = s.heads / s.groups;
+  if (s.gpt2_qkv) {  // GPT-2's layout: multi-head, no rotation
+    const Vec qkv = linear_of(s, p, prefix + ".qkv", x, b * t, c, 3 * c);
+    return linear_of(s, p, prefix + ".proj", attention(qkv, b, t, s.heads, dh), b * t, c, c);
+  }
   const Projections w = split_grouped_qkv(get(p, prefix + ".qkv.weight"), s.heads, s.groups, dh, c);
-  Vec q = linear(x, w.q, {}, b * t, c, s.heads * dh);
-  Vec k = linear(x, w.k, {}, b * t, c, s.groups * dh);
-  const Vec v = linear(x, w.v, {}, b * t, c, s.groups * dh);
-  rotate(q, b, t, s.heads, dh, s.rotary_base);
-  rotate(k, b, t, s.groups, dh, s.rotary_base);
+  const Projections bias = s.bias ? split_grouped_qkv(get(p, prefix + ".qkv.bias"), s.heads, s.groups, dh, 1)
+                                  : Projections{};
+  Vec q = linear(x, w.q, bias.q, b * t, c, s.heads * dh);
+  Vec k = linear(x, w.k, bias.k, b * t, c, s.groups * dh);
+  const Vec v = linear(x, w.v, bias.v, b * t, c, s.groups * dh);
+  if (!s.learned_positions) {
+    rotate(q, b, t, s.heads, dh, s.rotary_base);
+    rotate(k, b, t, s.groups, dh, s.rotary_base);
+  }
   // repeat_kv, packed as attention() reads it: [b, t, 3, heads, dh].
   Vec qkv(size_t(b * t * 3 * s.heads * dh));
   for (int64_t row = 0; row < b * t; ++row)
@@ -272,16 +286,29 @@ Vec llama_attention(const LlamaShape& s, const Params& p, const std::string& pre
         qkv[at + 2 * step] = v[size_t((row * s.groups + h / r) * dh + d)];
       }
   const Vec out = attention(qkv, b, t, s.heads, dh);
-  return linear(out, get(p, prefix + ".proj.weight"), {}, b * t, s.heads * dh, c);
+  return linear_of(s, p, prefix + ".proj", out, b * t, s.heads * dh, c);
 }
 
-Vec swiglu_mlp(const LlamaShape& s, const Params& p, const std::string& prefix, const Vec& x, int64_t rows) {
+Vec llama_mlp(const LlamaShape& s, const Params& p, const std::string& prefix, const Vec& x, int64_t rows) {
+  if (s.gelu) {
+    const Vec hidden = gelu(linear_of(s, p, prefix + ".fc", x, rows, s.hidden, s.ffn));
+    return linear_of(s, p, prefix + ".proj", hidden, rows, s.ffn, s.hidden);
+  }
   const Vec& fc = get(p, prefix + ".fc.weight");
-  const Vec gate = linear(x, rows_of(fc, 0, s.ffn, s.hidden), {}, rows, s.hidden, s.ffn);
-  const Vec up = linear(x, rows_of(fc, s.ffn, s.ffn, s.hidden), {}, rows, s.hidden, s.ffn);
+  const Vec fc_bias = s.bias ? get(p, prefix + ".fc.bias") : Vec{};
+  const auto part = [&](int64_t first) {
+    return linear(x, rows_of(fc, first, s.ffn, s.hidden), s.bias ? rows_of(fc_bias, first, s.ffn, 1) : Vec{}, rows,
+                  s.hidden, s.ffn);
+  };
+  const Vec gate = part(0), up = part(s.ffn);
   Vec hidden(gate.size());
   for (size_t i = 0; i < gate.size(); ++i) hidden[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
-  return linear(hidden, get(p, prefix + ".proj.weight"), {}, rows, s.ffn, s.hidden);
+  return linear_of(s, p, prefix + ".proj", hidden, rows, s.ffn, s.hidden);
+}
+
+Vec llama_norm(const LlamaShape& s, const Params& p, const std::string& prefix, const Vec& x) {
+  if (s.layer_norm) return layernorm(x, get(p, prefix + ".weight"), get(p, prefix + ".bias"), s.hidden, s.eps);
+  return rmsnorm(x, get(p, prefix + ".weight"), s.hidden, s.eps);
 }
 
 }  // namespace
@@ -289,14 +316,17 @@ Vec swiglu_mlp(const LlamaShape& s, const Params& p, const std::string& prefix, 
 Vec llama_logits(const LlamaShape& shape, const Params& p, const Ids& ids, int64_t b, int64_t t) {
   const int64_t c = shape.hidden;
   Vec x = embedding(ids, get(p, "wte.weight"), c);
+  if (shape.learned_positions) {
+    const Vec& wpe = get(p, "wpe.weight");
+    for (int64_t row = 0; row < b * t; ++row)
+      for (int64_t d = 0; d < c; ++d) x[size_t(row * c + d)] += wpe[size_t((row % t) * c + d)];
+  }
   for (int64_t l = 0; l < shape.layers; ++l) {
     const std::string prefix = "blocks." + std::to_string(l);
-    const Vec a = rmsnorm(x, get(p, prefix + ".ln1.weight"), c, shape.eps);
-    const Vec h = add(x, llama_attention(shape, p, prefix + ".attn", a, b, t));
-    const Vec m = rmsnorm(h, get(p, prefix + ".ln2.weight"), c, shape.eps);
-    x = add(h, swiglu_mlp(shape, p, prefix + ".mlp", m, b * t));
+    const Vec h = add(x, llama_attention(shape, p, prefix + ".attn", llama_norm(shape, p, prefix + ".ln1", x), b, t));
+    x = add(h, llama_mlp(shape, p, prefix + ".mlp", llama_norm(shape, p, prefix + ".ln2", h), b * t));
   }
-  x = rmsnorm(x, get(p, "ln_f.weight"), c, shape.eps);
+  x = llama_norm(shape, p, "ln_f", x);
   return linear(x, get(p, shape.tied ? "wte.weight" : "lm_head.weight"), {}, b * t, c, shape.vocab);
 }
 

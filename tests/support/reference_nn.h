@@ -60,14 +60,22 @@ Vec gpt_logits(const GptShape& shape, const Params& p, const Ids& ids, int64_t b
 double gpt_loss(const GptShape& shape, const Params& p, const Ids& ids, const Ids& targets, int64_t b, int64_t t,
                 int64_t ignore_index = -100);
 
-// The Llama (models/llama.h), written as Hugging Face's LlamaForCausalLM
+// The Llama (models/decoder.h with the Llama's choices), written as Hugging Face's LlamaForCausalLM
 // computes it: q, k, v projections (cut from the grouped qkv weight's rows),
 // rotate_half rotary embeddings at positions 0..t-1, repeat_kv, causal
 // softmax attention, o_proj, SiLU(gate)·up, RMSNorm; no biases.
+//
+// Each of the Llama's choices can be switched to GPT-2's on its own (the
+// decoder's switches, models/decoder.h): LayerNorm with its bias instead of
+// RMSNorm, learned positions wpe [seq_length, C] added to the embedding
+// instead of rotary embeddings, a GELU MLP (fc [F, C]) instead of SwiGLU,
+// biases in every linear layer (the grouped qkv's bias in the weight's row
+// order), and qkv stored in GPT-2's layout [3, H, Dh] instead of the grouped one.
 struct LlamaShape {
   int64_t vocab, layers, heads, groups, hidden, ffn;
   double rotary_base = 10000.0, eps = 1e-5;
   bool tied = false;
+  bool layer_norm = false, learned_positions = false, gelu = false, bias = false, gpt2_qkv = false;
 };
 // ids [b, t] → logits [b, t, vocab].
 Vec llama_logits(const LlamaShape& shape, const Params& p, const Ids& ids, int64_t b, int64_t t);
