@@ -19,7 +19,7 @@
 #include "io/model_weights.h"
 #include "io/tokenizer.h"
 #include "models/generation.h"
-#include "parallel/process_grid.h"
+#include "parallel/layout.h"
 #include "parallel/process_group.h"
 #include "models/stage_model.h"
 #include "parallel/tensor_parallel.h"
@@ -139,11 +139,11 @@ void run_generate(const GenerateArguments& args, const parallel::MpiEnv& env) {
 
   std::unique_ptr<parallel::Communicator> world =
       parallel::make_communicator(MPI_COMM_WORLD, "world", ctx, device, parallel::CommBackend::automatic);
-  parallel::GridSizes sizes;
+  parallel::LayoutSizes sizes;
   sizes.tp = tp;
-  parallel::ProcessGrid grid(*world, sizes);
+  parallel::Layout layout(*world, sizes);
   nn::ModelSpec spec{&ctx, device, saved.dtype, 0};
-  models::StageModel stage = models::build_stage_model(saved.config, spec, grid, false, "");
+  models::StageModel stage = models::build_stage_model(saved.config, spec, layout, false, "");
   io::read_parameters(reader, stage.module->parameters());
   TESSERA_CHECK(stage.causal_lm != nullptr, "generate: ", path, " holds --model ", nn::model_name(saved.config.kind),
                 ", which does not generate text; only language models do (gpt, llama)");

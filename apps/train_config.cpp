@@ -216,6 +216,11 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
                   "(micro-batch x dp)")
       ->check(whole_number_at_least(1))
       ->group(parallel);
+  command
+      .add_option("--rank-order", c.rank_order,
+                  "The layout's axes from the fastest-varying to the slowest (Megatron-Core's default tp-cp-ep-dp-pp: "
+                  "tensor-parallel ranks are neighbours on a node); axes of size 1 may be left out")
+      ->group(parallel);
   command.add_option("--pipeline-schedule", c.pipeline_schedule, "gpipe or 1f1b (at most P micro-batches in flight)")
       ->check(CLI::IsMember({"gpipe", "1f1b"}))
       ->group(parallel);
@@ -1059,7 +1064,8 @@ std::string describe(const TrainConfig& c) {
       << " weight_decay=" << c.weight_decay << " clip_grad=" << c.clip_grad << "\nprecision=" << c.precision
       << " device=" << c.device << " threads=" << c.threads << " seed=" << c.seed
       << "\ntensor_parallel=" << c.tensor_parallel << " sequence_parallel=" << c.sequence_parallel
-      << " pipeline_parallel=" << c.pipeline_parallel << " pipeline_schedule=" << c.pipeline_schedule
+      << " pipeline_parallel=" << c.pipeline_parallel << " rank_order=" << c.rank_order
+      << " pipeline_schedule=" << c.pipeline_schedule
       << " pipeline_split=" << c.pipeline_split << " virtual_pipeline_stages=" << c.virtual_pipeline_stages
       << " zero=" << c.zero << " zero_prefetch=" << c.zero_prefetch
       << " bucket_size_mb=" << c.bucket_size_mb << " comm_backend=" << c.comm_backend
@@ -1142,6 +1148,7 @@ std::vector<std::pair<std::string, std::string>> settings(const TrainConfig& c) 
       {"tensor-parallel", std::to_string(c.tensor_parallel)},
       {"sequence-parallel", flag(c.sequence_parallel)},
       {"pipeline-parallel", std::to_string(c.pipeline_parallel)},
+      {"rank-order", c.rank_order},
       {"pipeline-schedule", c.pipeline_schedule},
       {"pipeline-split", c.pipeline_split},
       {"virtual-pipeline-stages", std::to_string(c.virtual_pipeline_stages)},

@@ -80,6 +80,7 @@ struct TrainConfig {
   int tensor_parallel = 1;         // --tensor-parallel/--tp K: split each GPT layer over K ranks (Megatron-style)
   bool sequence_parallel = false;  // --sequence-parallel: shard norms/dropout along the sequence (tp > 1)
   int pipeline_parallel = 1;       // --pipeline-parallel/--pp P: consecutive layers on P stages
+  std::string rank_order = "tp-cp-ep-dp-pp";  // --rank-order: the layout's axes, fastest-varying first
   std::string pipeline_schedule = "1f1b";  // --pipeline-schedule gpipe|1f1b
   std::string pipeline_split;              // --pipeline-split 0,5,9,12: stage boundaries (empty: balanced)
   int virtual_pipeline_stages = 1;         // --virtual-pipeline-stages V: model chunks per stage (interleaved 1F1B)

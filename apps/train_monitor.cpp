@@ -126,15 +126,15 @@ double or_nan(const std::optional<double>& value) {
 
 }  // namespace
 
-TrainingMonitor::TrainingMonitor(const TrainConfig& c, parallel::ProcessGrid& grid, Context& context, Device device,
+TrainingMonitor::TrainingMonitor(const TrainConfig& c, parallel::Layout& layout, Context& context, Device device,
                                  std::function<void(const std::string&)> say, const std::string& endpoint_host)
-    : config_(c), grid_(grid), context_(context), device_(device), say_(std::move(say)) {
-  std::vector<std::string> nodes = gather_host_names(grid.world(), context);
+    : config_(c), layout_(layout), context_(context), device_(device), say_(std::move(say)) {
+  std::vector<std::string> nodes = gather_host_names(layout.world(), context);
   if (device.is_cuda()) {
     const std::optional<std::array<unsigned char, 16>> uuid = cuda_runtime::uuid(device.index);
     gpu_ = GpuMonitor(uuid ? parallel::uuid_text(*uuid) : "");
   }
-  if (grid.world().rank() != 0) return;
+  if (layout.world().rank() != 0) return;
   if (!gpu_.note().empty()) say_("GPU metrics: " + device.to_string() + " " + gpu_.note());
   nodes_ = std::move(nodes);
   job_id_ = launcher_job_id();
@@ -191,17 +191,17 @@ std::vector<double> TrainingMonitor::local_figures() const {
   f[kComputeSeconds] = std::max(0.0, (window_step_s_ - window_data_s_ - window_sync_s_) / steps);
   f[kGradNorm] = last_record_.grad_norm.value_or(NAN);
   f[kSkippedTotal] = skipped_total_;
-  f[kDpBytes] = double(grid_.dp().counters().total_bytes());
-  f[kTpBytes] = double(grid_.tp().counters().total_bytes());
-  f[kPpBytes] = double(grid_.pp().counters().total_bytes());
+  f[kDpBytes] = double(layout_.group("dp").counters().total_bytes());
+  f[kTpBytes] = double(layout_.group("tp").counters().total_bytes());
+  f[kPpBytes] = double(layout_.group("pp").counters().total_bytes());
   f[kCheckpointStallTotal] = checkpoint_stall_total_;
   const AllocatorStats stats = context_.allocator(device_).stats();
   f[kAllocated] = double(stats.allocated_bytes);
   f[kReserved] = double(stats.reserved_bytes);
   f[kPeak] = double(stats.peak_allocated_bytes);
-  f[kDpSeconds] = grid_.dp().counters().seconds;
-  f[kTpSeconds] = grid_.tp().counters().seconds;
-  f[kPpSeconds] = grid_.pp().counters().seconds;
+  f[kDpSeconds] = layout_.group("dp").counters().seconds;
+  f[kTpSeconds] = layout_.group("tp").counters().seconds;
+  f[kPpSeconds] = layout_.group("pp").counters().seconds;
   f[kCheckpointWriteSeconds] = checkpoint_write_s_;
   const std::vector<double> gpu = gpu_.figures();
   std::copy(gpu.begin(), gpu.end(), f.begin() + kGpuFirst);
@@ -220,7 +220,7 @@ std::optional<Straggler> TrainingMonitor::find_straggler(const std::vector<std::
 
 std::vector<std::pair<std::string, double>> TrainingMonitor::exchange(int64_t step, bool last) {
   if (!(last || step % config_.log_interval == 0)) return {};
-  parallel::Communicator& world = grid_.world();
+  parallel::Communicator& world = layout_.world();
   // Doubles travel as their bits in int64 (there is no f64 tensor; nothing is rounded).
   std::vector<int64_t> mine;
   for (const double value : local_figures()) mine.push_back(std::bit_cast<int64_t>(value));
@@ -325,8 +325,8 @@ std::string TrainingMonitor::prometheus(const std::vector<std::vector<double>>& 
                       "The run",
                       "gauge",
                       {{{{"model", std::string(nn::model_name(config_.model))},
-                         {"layout", "dp=" + std::to_string(grid_.dp_size()) + " tp=" + std::to_string(grid_.tp_size()) +
-                                        " pp=" + std::to_string(grid_.pp_size())},
+                         {"layout", "dp=" + std::to_string(layout_.size("dp")) + " tp=" + std::to_string(layout_.size("tp")) +
+                                        " pp=" + std::to_string(layout_.size("pp"))},
                          {"version", TESSERA_VERSION},
                          {"job_id", job_id_}},
                         1.0}}});

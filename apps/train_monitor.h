@@ -33,7 +33,7 @@
 #include "io/prometheus.h"
 #include "io/training_events.h"
 #include "parallel/nvml.h"
-#include "parallel/process_grid.h"
+#include "parallel/layout.h"
 
 namespace tessera::app {
 
@@ -97,7 +97,7 @@ class TrainingMonitor : public io::TrainingComponent {
   // Prometheus scrapes it (http://`endpoint_host`:port/metrics), and pusher
   // (--metrics-push); `say` prints a line for people (rank 0's progress
   // output). A rank training on a CUDA device reads it through NVML.
-  TrainingMonitor(const TrainConfig& config, parallel::ProcessGrid& grid, Context& context, Device device,
+  TrainingMonitor(const TrainConfig& config, parallel::Layout& layout, Context& context, Device device,
                   std::function<void(const std::string&)> say, const std::string& endpoint_host = "localhost");
   ~TrainingMonitor() override;
 
@@ -124,7 +124,7 @@ class TrainingMonitor : public io::TrainingComponent {
                          const std::optional<Straggler>& straggler) const;
 
   const TrainConfig& config_;
-  parallel::ProcessGrid& grid_;
+  parallel::Layout& layout_;
   Context& context_;
   Device device_;
   std::function<void(const std::string&)> say_;

@@ -81,12 +81,12 @@ void StepMemory::on_step_end(io::StepEnd& end) {
 }
 
 void TensorParallelTraffic::on_step_begin(const io::StepBegin&) {
-  bytes_before_ = grid_.tp().counters().total_bytes();
+  bytes_before_ = layout_.group("tp").counters().total_bytes();
 }
 
 void TensorParallelTraffic::on_step_end(io::StepEnd& end) {
-  if (grid_.tp_size() > 1)
-    end.record.extra.emplace_back("tp_comm_bytes", double(grid_.tp().counters().total_bytes() - bytes_before_));
+  if (layout_.size("tp") > 1)
+    end.record.extra.emplace_back("tp_comm_bytes", double(layout_.group("tp").counters().total_bytes() - bytes_before_));
 }
 
 MetricsLog::MetricsLog(const TrainConfig& c, bool root, bool resumed, Device device, int data_parallel,

@@ -16,7 +16,7 @@
 #include "io/progress.h"
 #include "io/trace.h"
 #include "io/training_events.h"
-#include "parallel/process_grid.h"
+#include "parallel/layout.h"
 
 namespace tessera::app {
 
@@ -41,12 +41,12 @@ class StepMemory : public io::TrainingComponent {
 // moved in the step (tp_comm_bytes, counted by the communicator).
 class TensorParallelTraffic : public io::TrainingComponent {
  public:
-  explicit TensorParallelTraffic(parallel::ProcessGrid& grid) : grid_(grid) {}
+  explicit TensorParallelTraffic(parallel::Layout& layout) : layout_(layout) {}
   void on_step_begin(const io::StepBegin&) override;
   void on_step_end(io::StepEnd& end) override;
 
  private:
-  parallel::ProcessGrid& grid_;
+  parallel::Layout& layout_;
   int64_t bytes_before_ = 0;
 };
 

@@ -1,4 +1,4 @@
-// The training run: set-up from TrainConfig (MPI world, process grid,
+// The training run: set-up from TrainConfig (MPI world, process layout,
 // data-parallel replica, sharded loader, resuming from a checkpoint), the
 // run's features registered as components of the training loop
 // (io/training_events.h: metrics, progress, Prometheus and stragglers,
@@ -60,7 +60,7 @@
 #include "parallel/memory_plan.h"
 #include "parallel/mpi_env.h"
 #include "parallel/pipeline.h"
-#include "parallel/process_grid.h"
+#include "parallel/layout.h"
 #include "parallel/process_group.h"
 #include "models/stage_model.h"
 #include "parallel/tensor_parallel.h"
@@ -427,25 +427,6 @@ World open_world(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Co
   return out;
 }
 
-// Under pipeline parallelism (collective over the world, so every rank makes
-// them): `model`, the ranks of one replica's model (tp x pp, for the gradient
-// norm), and `embedding`, the first and last stage of one tensor-parallel
-// rank (the tied embedding). Both null without pipelining.
-struct PipelineGroups {
-  std::unique_ptr<parallel::Communicator> model, embedding;
-};
-PipelineGroups split_pipeline_groups(parallel::Communicator& world, parallel::ProcessGrid& grid,
-                                     const nn::StageLayers& stage) {
-  PipelineGroups groups;
-  if (grid.pp_size() == 1) return groups;
-  groups.model = world.split(grid.dp_rank(), world.rank(), "model");
-  const bool end_stage = stage.first() || stage.last();
-  const int color =
-      end_stage ? grid.dp_rank() * grid.tp_size() + grid.tp_rank() : grid.dp_size() * grid.tp_size() + world.rank();
-  groups.embedding = world.split(color, world.rank(), "embedding");
-  return groups;
-}
-
 nn::OptimizerConfig optimizer_config(const TrainConfig& c) {
   nn::OptimizerConfig opt;
   opt.kind = nn::parse_optimizer_kind(c.optimizer);
@@ -482,7 +463,7 @@ int64_t micro_batches_per_step(const TrainConfig& c, int data_parallel, int stag
 // The replica's options: --zero, its units and --zero-prefetch, --bucket-size-mb, the norm's groups and
 // rule (a tied copy counts nowhere, a replicated parameter on tp rank 0), the
 // tied table reduced after its two copies are summed, events into the trace.
-parallel::DataParallelOptions data_parallel_options(const TrainConfig& c, parallel::ProcessGrid& grid,
+parallel::DataParallelOptions data_parallel_options(const TrainConfig& c, parallel::Layout& layout,
                                                     parallel::Communicator* model_group,
                                                     const nn::Parameter* tied_table, nn::Module& model,
                                                     io::TraceWriter& trace) {
@@ -491,8 +472,8 @@ parallel::DataParallelOptions data_parallel_options(const TrainConfig& c, parall
   options.bucket_size_mb = c.bucket_size_mb;
   if (c.zero >= 2) options.units = nn::sharding_units(model);  // blocks, embeddings, ln_f; the MLP's/CNN's layers
   options.prefetch = int(c.zero_prefetch);
-  options.model_parallel = model_group ? model_group : &grid.tp();
-  const int tp_rank = grid.tp_rank();
+  options.model_parallel = model_group ? model_group : &layout.group("tp");
+  const int tp_rank = layout.rank("tp");
   options.counts_in_norm = [tp_rank](const nn::Parameter& p) {
     return !p.tied_copy && (p.shard.split || tp_rank == 0);
   };
@@ -705,28 +686,28 @@ std::vector<std::array<int64_t, 3>> estimate_memory(const TrainConfig& c, nn::Mo
 // (placeholders: nothing is allocated or initialised), so a model of any
 // size is estimated at once, on any machine.
 TrainResult estimate_only(const TrainConfig& c, const nn::ModelConfig& model_cfg, const nn::ModelSpec& spec,
-                          parallel::ProcessGrid& grid, int64_t micro_batches, parallel::Communicator& world,
+                          parallel::Layout& layout, int64_t micro_batches, parallel::Communicator& world,
                           Context& ctx) {
   nn::ModelSpec shapes = spec;
   shapes.shapes_only = true;
   const models::StageModel stage_model = models::build_stage_model(
-      model_cfg, shapes, grid, c.sequence_parallel, c.pipeline_split, c.virtual_pipeline_stages);
+      model_cfg, shapes, layout, c.sequence_parallel, c.pipeline_split, c.virtual_pipeline_stages);
   TrainResult estimate;
-  estimate.data_parallel_size = grid.dp_size();
+  estimate.data_parallel_size = layout.size("dp");
   estimate.memory_estimate =
-      estimate_memory(c, *stage_model.module, grid.dp_size(), micro_batches, spec.dtype, world, ctx);
+      estimate_memory(c, *stage_model.module, layout.size("dp"), micro_batches, spec.dtype, world, ctx);
   return estimate;
 }
 
 // --zero 1/2/3 shards over the data-parallel ranks: with one it only adds
 // memory (the flat buffers and, at 2/3, the units' gathers), so it is refused.
-void check_zero_has_ranks(const TrainConfig& c, const parallel::ProcessGrid& grid) {
-  if (c.zero == 0 || grid.dp_size() > 1) return;
-  const int64_t model_ranks = int64_t(grid.tp_size()) * grid.pp_size();
+void check_zero_has_ranks(const TrainConfig& c, const parallel::Layout& layout) {
+  if (c.zero == 0 || layout.size("dp") > 1) return;
+  const int64_t model_ranks = int64_t(layout.size("tp")) * layout.size("pp");
   TESSERA_THROW("--zero ", c.zero, " shards ", c.zero == 1 ? "the optimizer state" : c.zero == 2
                     ? "the optimizer state and gradients" : "the parameters, gradients and optimizer state",
                 " over the data-parallel ranks, and this layout has one (", model_ranks, " rank(s) = --tensor-parallel ",
-                grid.tp_size(), " x --pipeline-parallel ", grid.pp_size(),
+                layout.size("tp"), " x --pipeline-parallel ", layout.size("pp"),
                 "): it would only add memory; drop --zero, or start a multiple of ", model_ranks,
                 " ranks (e.g. mpirun -np ", 2 * model_ranks, " for 2 data-parallel ranks)");
 }
@@ -745,7 +726,7 @@ std::string describe_libraries_and_topology(const parallel::MpiEnv& env) {
 // What checkpoints save and restore, and the layout they are written under.
 TrainState train_state(const TrainConfig& c, const nn::ModelConfig& model, DType dtype,
                        const std::vector<nn::Parameter*>& parameters, parallel::DataParallel& replica,
-                       nn::GradScaler& scaler, parallel::Communicator& world, parallel::ProcessGrid& grid) {
+                       nn::GradScaler& scaler, parallel::Communicator& world, parallel::Layout& layout) {
   TrainState state;
   state.config = &c;
   state.model = &model;
@@ -754,14 +735,14 @@ TrainState train_state(const TrainConfig& c, const nn::ModelConfig& model, DType
   state.parameters = parameters;
   state.scaler = &scaler;
   state.world = &world;
-  state.dp = grid.dp_size();
-  state.tp = grid.tp_size();
-  state.pp = grid.pp_size();
+  state.dp = layout.size("dp");
+  state.tp = layout.size("tp");
+  state.pp = layout.size("pp");
   state.virtual_stages = c.virtual_pipeline_stages;
-  state.dp_rank = grid.dp_rank();
-  state.tp_rank = grid.tp_rank();
-  state.pp_rank = grid.pp_rank();
-  state.global_micro_batch = c.micro_batch_size * grid.dp_size();
+  state.dp_rank = layout.rank("dp");
+  state.tp_rank = layout.rank("tp");
+  state.pp_rank = layout.rank("pp");
+  state.global_micro_batch = c.micro_batch_size * layout.size("dp");
   return state;
 }
 
@@ -786,10 +767,11 @@ void lock_save_directory(const TrainConfig& c, std::optional<io::SaveDirectoryLo
   lock.emplace(c.save);
 }
 
-parallel::GridSizes grid_sizes(const TrainConfig& c) {
-  parallel::GridSizes sizes;
+parallel::LayoutSizes layout_sizes(const TrainConfig& c) {
+  parallel::LayoutSizes sizes;
   sizes.tp = c.tensor_parallel;
   sizes.pp = c.pipeline_parallel;
+  sizes.order = c.rank_order;
   return sizes;
 }
 
@@ -839,8 +821,8 @@ io::TraceOptions trace_options(const TrainConfig& c, const parallel::Communicato
 // it talks to, and the pipeline's schedule.
 parallel::TrainStepParts train_step_parts(const TrainConfig& c, Context& ctx, Device device,
                                           const models::StageModel& stage_model, parallel::DataParallel& replica,
-                                          nn::GradScaler& scaler, parallel::ProcessGrid& grid,
-                                          const PipelineGroups& groups, io::TraceWriter& trace) {
+                                          nn::GradScaler& scaler, parallel::Layout& layout,
+                                          const parallel::PipelineGroups& groups, io::TraceWriter& trace) {
   parallel::TrainStepParts parts;
   parts.context = &ctx;
   parts.device = device;
@@ -849,25 +831,25 @@ parallel::TrainStepParts train_step_parts(const TrainConfig& c, Context& ctx, De
   parts.loss = stage_model.loss.get();
   parts.replica = &replica;
   parts.scaler = &scaler;
-  parts.pipeline = &grid.pp();
-  parts.data_parallel = &grid.dp();
+  parts.pipeline = &layout.group("pp");
+  parts.data_parallel = &layout.group("dp");
   parts.embedding_group = groups.embedding.get();
   parts.tied_table = stage_model.tied_table;
   parts.seed = c.seed;
   parts.clip_grad = c.clip_grad;
-  parts.pipeline_options = pipeline_options(c, grid.pp_size(), trace);
+  parts.pipeline_options = pipeline_options(c, layout.size("pp"), trace);
   return parts;
 }
 
 // What the run is, for MLflow's tags (apps/train_tracking.h).
-RunFacts run_facts(const TrainConfig& c, parallel::ProcessGrid& grid, Device device, const parallel::MpiEnv* env,
+RunFacts run_facts(const TrainConfig& c, parallel::Layout& layout, Device device, const parallel::MpiEnv* env,
                    const std::optional<Resumed>& resumed) {
   RunFacts facts;
-  facts.layout = "dp=" + std::to_string(grid.dp_size()) + " tp=" + std::to_string(grid.tp_size()) +
-                 " pp=" + std::to_string(grid.pp_size());
+  facts.layout = "dp=" + std::to_string(layout.size("dp")) + " tp=" + std::to_string(layout.size("tp")) +
+                 " pp=" + std::to_string(layout.size("pp"));
   facts.device = device.to_string();
   facts.precision = c.precision;
-  facts.world_size = grid.world().size();
+  facts.world_size = layout.world().size();
   facts.mpi_library = env ? mpi_library_version() : "";
   if (!resumed) return facts;
   facts.resumed_step = resumed->counters.step;
@@ -1043,11 +1025,11 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   std::optional<io::SaveDirectoryLock> save_lock;
   if (world->rank() == 0) lock_save_directory(c, save_lock);
 
-  parallel::ProcessGrid grid(*world, grid_sizes(c));
-  parallel::Communicator& dp = grid.dp();
+  parallel::Layout layout(*world, layout_sizes(c));
+  parallel::Communicator& dp = layout.group("dp");
   const bool root = world->rank() == 0;
-  check_zero_has_ranks(c, grid);
-  const std::string layout =
+  check_zero_has_ranks(c, layout);
+  const std::string placement =
       env ? env->describe_layout()  // collective over MPI_COMM_WORLD
           : std::to_string(world->size()) + " rank(s) of the communicator '" + world->name() + "'";
 
@@ -1057,30 +1039,31 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   spec.device = device;
   spec.dtype = dtype;
   spec.seed = c.seed;
-  const int64_t accumulation = micro_batches_per_step(c, dp.size(), grid.pp_size());
-  if (c.estimate_memory) return estimate_only(c, model_cfg, spec, grid, accumulation, *world, ctx);
+  const int64_t accumulation = micro_batches_per_step(c, dp.size(), layout.size("pp"));
+  if (c.estimate_memory) return estimate_only(c, model_cfg, spec, layout, accumulation, *world, ctx);
   // This rank's part of the model: the layers of its pipeline stage, split
   // over its tensor-parallel group, with its loss (models/stage_model.h).
-  models::StageModel stage_model = models::build_stage_model(model_cfg, spec, grid, c.sequence_parallel,
+  models::StageModel stage_model = models::build_stage_model(model_cfg, spec, layout, c.sequence_parallel,
                                                                  c.pipeline_split, c.virtual_pipeline_stages);
   const std::unique_ptr<nn::Module>& model = stage_model.module;
   std::vector<nn::Parameter*> parameters = model->parameters();
   inject_start_up_fault(world->rank());
   if (!c.init_from.empty()) load_initial_weights(c, parameters, model_cfg, root);
   TrainingSamples samples(c, stage_model.causal_lm);
-  const PipelineGroups groups = split_pipeline_groups(*world, grid, stage_model.layers);
+  const parallel::PipelineGroups groups =
+      parallel::pipeline_groups(layout, stage_model.layers.first() || stage_model.layers.last());
 
   // The trace first: the data-parallel reducer writes its communication into it.
   io::TraceWriter trace(trace_options(c, *world));
   parallel::DataParallel replica(
       parameters, dp, optimizer_config(c),
-      data_parallel_options(c, grid, groups.model.get(), stage_model.tied_table, *model, trace));
+      data_parallel_options(c, layout, groups.model, stage_model.tied_table, *model, trace));
   nn::GradScaler scaler = nn::GradScaler::for_dtype(dtype);
   // The step: the same driver for every layout (one stage is the degenerate pipeline).
-  parallel::TrainStep train_step(train_step_parts(c, ctx, device, stage_model, replica, scaler, grid, groups, trace));
-  parallel::PipelineEngine* engine = grid.pp_size() > 1 ? &train_step.engine() : nullptr;
+  parallel::TrainStep train_step(train_step_parts(c, ctx, device, stage_model, replica, scaler, layout, groups, trace));
+  parallel::PipelineEngine* engine = layout.size("pp") > 1 ? &train_step.engine() : nullptr;
 
-  TrainState state = train_state(c, model_cfg, dtype, parameters, replica, scaler, *world, grid);
+  TrainState state = train_state(c, model_cfg, dtype, parameters, replica, scaler, *world, layout);
   state.save_lock = save_lock ? &*save_lock : nullptr;
   const std::optional<Resumed> resumed = resume_if_asked(c, state, *world, ctx, device);
   Counters counters = resumed ? resumed->counters : Counters{};
@@ -1099,7 +1082,7 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   const std::string replica_description = replica.describe();  // collective-free, but every rank computes it
   if (root) {
     std::printf("tessera train: %s\n%s\n", ctx.describe().c_str(), describe(c).c_str());
-    std::printf("ranks: %s; %s; communicator %s; data parallel: %s\n", layout.c_str(), grid.describe().c_str(),
+    std::printf("ranks: %s; %s; communicator %s; data parallel: %s\n", placement.c_str(), layout.describe().c_str(),
                 opened.backend.c_str(), replica_description.c_str());
     if (const std::string stages = describe_stages(c, stage_model, model_cfg.kind); !stages.empty())
       std::printf("%s\n", stages.c_str());
@@ -1128,15 +1111,15 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   events.add(std::make_unique<ExitInterval>(c));
   events.add(std::make_unique<StepMemory>(ctx, device, result));
   events.add(std::make_unique<CheckpointCadence>(state, counters, result, trace, say));
-  events.add(std::make_unique<TensorParallelTraffic>(grid));
-  events.add(std::make_unique<TrainingMonitor>(c, grid, ctx, device, say, env ? env->hostname() : "localhost"));
+  events.add(std::make_unique<TensorParallelTraffic>(layout));
+  events.add(std::make_unique<TrainingMonitor>(c, layout, ctx, device, say, env ? env->hostname() : "localhost"));
   events.add(std::move(metrics));
   events.add(std::make_unique<ProgressReport>(c, root, progress, result, trace, world->size()));
   const RunTracking& tracking =
-      events.add(std::make_unique<RunTracking>(c, root, run_facts(c, grid, device, env, resumed), result));
+      events.add(std::make_unique<RunTracking>(c, root, run_facts(c, layout, device, env, resumed), result));
   if (root && !c.mlflow_uri.empty()) state.tracking_run_id = [&tracking] { return tracking.run_id(); };
   const EvalModel eval_model{ctx,    *model,     *stage_model.loss,      device, dtype, dp,
-                             engine, &grid.pp(), stage_model.input_shape};
+                             engine, &layout.group("pp"), stage_model.input_shape};
   events.add(std::make_unique<EvaluationCadence>(c, eval_model, trace, tokens_per_byte(eval_info, tokens_of(model_cfg)),
                                                  source.batches_per_epoch(), accumulation, events, result));
   events.add(std::make_unique<SamplesDuringTraining>(samples, say));

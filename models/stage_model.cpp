@@ -9,7 +9,7 @@
 namespace tessera::models {
 namespace {
 
-using parallel::ProcessGrid;
+using parallel::Layout;
 using parallel::TensorParallelism;
 
 // Pipeline stage boundaries: --pipeline-split, or balanced by parameter count.
@@ -49,27 +49,27 @@ nn::StageLayers chunk_layers(const StageModel& stage, int v, int p, int s, int c
 
 // The loss of the last stage: a causal LM split over tp or pp takes the
 // vocabulary-parallel cross-entropy (over the tp group), anything else the plain one.
-std::unique_ptr<nn::Loss> stage_loss(const ModelRow& row, const nn::ModelConfig& config, ProcessGrid& grid) {
-  if (!row.causal_lm || (grid.tp_size() == 1 && grid.pp_size() == 1)) return std::make_unique<nn::CrossEntropyLoss>();
-  const int64_t local_vocab = config.vocab_size / grid.tp_size();
-  return std::make_unique<parallel::VocabParallelCrossEntropy>(grid.tp(), grid.tp_rank() * local_vocab,
+std::unique_ptr<nn::Loss> stage_loss(const ModelRow& row, const nn::ModelConfig& config, Layout& layout) {
+  if (!row.causal_lm || (layout.size("tp") == 1 && layout.size("pp") == 1)) return std::make_unique<nn::CrossEntropyLoss>();
+  const int64_t local_vocab = config.vocab_size / layout.size("tp");
+  return std::make_unique<parallel::VocabParallelCrossEntropy>(layout.group("tp"), layout.rank("tp") * local_vocab,
                                                                config.vocab_size);
 }
 
-void check_layout_fits(const nn::ModelConfig& config, const ModelRow& row, ProcessGrid& grid, bool sequence_parallel,
+void check_layout_fits(const nn::ModelConfig& config, const ModelRow& row, Layout& layout, bool sequence_parallel,
                        int virtual_stages) {
-  const std::string tp_problem = parallel::tensor_parallel_problem(config, grid.tp_size(), sequence_parallel);
+  const std::string tp_problem = parallel::tensor_parallel_problem(config, layout.size("tp"), sequence_parallel);
   TESSERA_CHECK(tp_problem.empty(), tp_problem);
-  TESSERA_CHECK(grid.pp().rank() == grid.pp_rank(), "process grid: pipeline rank ", grid.pp().rank(), " is not stage ",
-                grid.pp_rank());
+  TESSERA_CHECK(layout.group("pp").rank() == layout.rank("pp"), "layout: pipeline rank ", layout.group("pp").rank(), " is not stage ",
+                layout.rank("pp"));
   TESSERA_CHECK(virtual_stages >= 1, "--virtual-pipeline-stages must be at least 1, got ", virtual_stages);
-  TESSERA_CHECK(virtual_stages == 1 || grid.pp_size() > 1, "--virtual-pipeline-stages ", virtual_stages,
+  TESSERA_CHECK(virtual_stages == 1 || layout.size("pp") > 1, "--virtual-pipeline-stages ", virtual_stages,
                 " splits each pipeline stage into chunks; it needs --pipeline-parallel > 1");
   TESSERA_CHECK(virtual_stages == 1 || row.causal_lm, "--virtual-pipeline-stages ", virtual_stages,
                 " interleaves a language model's Transformer blocks; --model ", nn::model_name(config.kind),
                 " trains with --virtual-pipeline-stages 1");
-  const int chunks = grid.pp_size() * virtual_stages;
-  TESSERA_CHECK(virtual_stages == 1 || pipeline_layers(config) >= chunks, "--pipeline-parallel ", grid.pp_size(),
+  const int chunks = layout.size("pp") * virtual_stages;
+  TESSERA_CHECK(virtual_stages == 1 || pipeline_layers(config) >= chunks, "--pipeline-parallel ", layout.size("pp"),
                 " x --virtual-pipeline-stages ", virtual_stages, " = ", chunks,
                 " chunks need at least one Transformer block each, the model has ", pipeline_layers(config),
                 " (--num-layers); use fewer virtual stages or more layers");
@@ -77,12 +77,12 @@ void check_layout_fits(const nn::ModelConfig& config, const ModelRow& row, Proce
 
 }  // namespace
 
-StageModel build_stage_model(const nn::ModelConfig& config, const nn::ModelSpec& spec, ProcessGrid& grid,
+StageModel build_stage_model(const nn::ModelConfig& config, const nn::ModelSpec& spec, Layout& layout,
                              bool sequence_parallel, const std::string& pipeline_split, int virtual_stages) {
   const ModelRow& row = model_row(config.kind);
-  check_layout_fits(config, row, grid, sequence_parallel, virtual_stages);
-  const int p = grid.pp_size(), s = grid.pp_rank(), chunks = p * virtual_stages;
-  const TensorParallelism tp{&grid.tp(), sequence_parallel};
+  check_layout_fits(config, row, layout, sequence_parallel, virtual_stages);
+  const int p = layout.size("pp"), s = layout.rank("pp"), chunks = p * virtual_stages;
+  const TensorParallelism tp{&layout.group("tp"), sequence_parallel};
   StageModel stage;
   stage.layers.stage = s;
   stage.layers.stages = p;
@@ -110,7 +110,7 @@ StageModel build_stage_model(const nn::ModelConfig& config, const nn::ModelSpec&
     }
   }
   if (holder) stage.module = std::move(holder);
-  stage.loss = stage_loss(row, config, grid);
+  stage.loss = stage_loss(row, config, layout);
   return stage;
 }
 

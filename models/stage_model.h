@@ -19,7 +19,7 @@
 #include "nn/models.h"
 #include "nn/module.h"
 #include "models/registry.h"
-#include "parallel/process_grid.h"
+#include "parallel/layout.h"
 
 namespace tessera::models {
 
@@ -44,14 +44,14 @@ struct StageModel {
   std::vector<int64_t> bounds;
 };
 
-// This rank's stage of `config` on `grid` (its pp rank's layers, split over
+// This rank's stage of `config` on `layout` (its pp rank's layers, split over
 // its tp group), parameters on spec.device in spec.dtype. `pipeline_split`:
 // --pipeline-split ("" to balance by parameter count; pp·V + 1 boundaries
 // under interleaving); `virtual_stages`: --virtual-pipeline-stages V. Throws
 // naming the flag when the layout does not fit the model (heads or
 // vocabulary not divisible by tp, fewer layers than chunks, a model that
 // cannot be split or interleaved).
-StageModel build_stage_model(const nn::ModelConfig& config, const nn::ModelSpec& spec, parallel::ProcessGrid& grid,
+StageModel build_stage_model(const nn::ModelConfig& config, const nn::ModelSpec& spec, parallel::Layout& layout,
                              bool sequence_parallel, const std::string& pipeline_split, int virtual_stages = 1);
 
 }  // namespace tessera::models

@@ -163,27 +163,27 @@ TEST(TrainingMonitor, ServesCommunicationSecondsCheckpointWriteNodeAndJobId) {
   gethostname(host, sizeof host - 1);
   Context ctx;
   auto world = parallel::make_local_communicator();
-  parallel::ProcessGrid grid(*world, {});
+  parallel::Layout layout(*world, {});
   TrainConfig config;
   config.log_interval = 1;
   config.metrics_port = [] {
     const io::MetricsEndpoint probe("127.0.0.1", 0);  // a free port, free again when it closes
     return probe.port();
   }();
-  TrainingMonitor monitor(config, grid, ctx, Device::cpu(), [](const std::string&) {});
+  TrainingMonitor monitor(config, layout, ctx, Device::cpu(), [](const std::string&) {});
   ASSERT_EQ(monitor.metrics_port(), config.metrics_port);
   Tensor t = ctx.full(Shape{64}, DType::f32, 1.0);
-  grid.dp().all_reduce(t, parallel::ReduceOp::sum)->wait();
+  layout.group("dp").all_reduce(t, parallel::ReduceOp::sum)->wait();
   io::StepRecord record;
   record.step = 1;
   monitor.record_step(record, StepFigures{});
   monitor.exchange(1, false);
   const std::string rank = std::string("rank=\"0\",node=\"") + host + "\"";
   std::string text = scrape(monitor.metrics_port());
-  EXPECT_EQ(value_of(text, "tessera_comm_seconds_total{" + rank + ",axis=\"dp\"}"), grid.dp().counters().seconds)
+  EXPECT_EQ(value_of(text, "tessera_comm_seconds_total{" + rank + ",axis=\"dp\"}"), layout.group("dp").counters().seconds)
       << text;
-  EXPECT_GT(grid.dp().counters().seconds, 0.0);
-  EXPECT_EQ(value_of(text, "tessera_comm_seconds_total{" + rank + ",axis=\"tp\"}"), grid.tp().counters().seconds);
+  EXPECT_GT(layout.group("dp").counters().seconds, 0.0);
+  EXPECT_EQ(value_of(text, "tessera_comm_seconds_total{" + rank + ",axis=\"tp\"}"), layout.group("tp").counters().seconds);
   EXPECT_EQ(value_of(text, "tessera_step{" + rank + "}"), 1.0);
   EXPECT_EQ(text.find("tessera_checkpoint_write_seconds"), std::string::npos) << "no checkpoint yet:\n" << text;
   EXPECT_EQ(text.find("tessera_gpu_"), std::string::npos) << "a CPU rank has no GPU series:\n" << text;

@@ -183,6 +183,11 @@ TEST_F(BadInput, RanksStartedWithDifferentFlagsOrData) {
   EXPECT_EQ(job.wait(seconds(90)), 0) << job.output();
 }
 
+TEST_F(BadInput, RankOrderNamingAnAxisTwiceOrLeavingOutOneInUse) {
+  expect_refused({"--rank-order", "tp-tp"}, {"--rank-order 'tp-tp' must name axes from tp, cp, ep, dp, pp once each"});
+  expect_refused({"--rank-order", "tp-pp"}, {"--rank-order 'tp-pp' leaves out dp, whose size is 2"});
+}
+
 TEST_F(BadInput, UnknownModel) {
   expect_refused({"--model", "resnet"}, {"[rank 0] bad command line", "--model: resnet not in {mlp,cnn,gpt,llama}"});
 }

@@ -11,7 +11,7 @@
 #include "core/context.h"
 #include "models/generation.h"
 #include "models/registry.h"
-#include "parallel/process_grid.h"
+#include "parallel/layout.h"
 #include "parallel/tensor_parallel.h"
 #include "tests/mpi/mpi_test.h"
 #include "tests/support/test_support.h"
@@ -60,12 +60,12 @@ void expect_tensor_parallel_samples_the_one_rank_tokens(const nn::ModelConfig& m
   for (const int k : {2, 4}) {
     if (comm->size() % k != 0) continue;
     SCOPED_TRACE("tp=" + std::to_string(k));
-    parallel::GridSizes sizes;
+    parallel::LayoutSizes sizes;
     sizes.tp = k;
-    parallel::ProcessGrid grid(*comm, sizes);
+    parallel::Layout layout(*comm, sizes);
     const nn::ModelSpec spec{&ctx, Device::cpu(), DType::f32, seed};
     const auto whole_model = causal_lm(m, spec, parallel::TensorParallelism{});
-    const auto split_model = causal_lm(m, spec, parallel::TensorParallelism{&grid.tp(), false});
+    const auto split_model = causal_lm(m, spec, parallel::TensorParallelism{&layout.group("tp"), false});
     models::CausalLm& whole = *whole_model;
     models::CausalLm& split = *split_model;
     std::mt19937_64 rng(seed);

@@ -19,7 +19,7 @@
 #include "core/context.h"
 #include "io/hf_llama.h"
 #include "models/registry.h"
-#include "parallel/process_grid.h"
+#include "parallel/layout.h"
 #include "parallel/tensor_parallel.h"
 #include "tests/mpi/mpi_test.h"
 #include "tests/support/test_support.h"
@@ -58,21 +58,21 @@ std::vector<std::vector<double>> make_hf_llama(parallel::Communicator& comm, Con
   return printed["logits"].get<std::vector<std::vector<double>>>();
 }
 
-// The whole vocabulary's logits [T, V] of Tessera's Llama split over `grid`'s tp group, loaded from `dir`.
-std::vector<double> tessera_logits(Context& ctx, parallel::ProcessGrid& grid, const fs::path& dir,
+// The whole vocabulary's logits [T, V] of Tessera's Llama split over `layout`'s tp group, loaded from `dir`.
+std::vector<double> tessera_logits(Context& ctx, parallel::Layout& layout, const fs::path& dir,
                                    const std::vector<int32_t>& ids, DType dtype) {
   const io::HfLlamaConfig hf = io::read_hf_llama_config(dir.string());
   const nn::ModelConfig config = io::llama_model_config(hf, int64_t(ids.size()));
   auto model = models::model_row(nn::ModelKind::llama)
                    .build(config, nn::ModelSpec{&ctx, Device::cpu(), dtype, 1},
-                          parallel::TensorParallelism{&grid.tp(), false}, nn::StageLayers{});
+                          parallel::TensorParallelism{&layout.group("tp"), false}, nn::StageLayers{});
   io::load_hf_llama_weights(dir.string(), model->parameters(), hf);
   model->train(false);
   nn::Saved saved;
   const Tensor local = model->forward(ctx.from_vector(Shape{1, int64_t(ids.size())}, ids), saved, nn::Pass{});
   Tensor f32 = ctx.empty(local.shape(), DType::f32, Device::cpu());
   ops::cast(local, f32);
-  return parallel::tp_gather_last_dim(grid.tp(), f32).to_doubles();
+  return parallel::tp_gather_last_dim(layout.group("tp"), f32).to_doubles();
 }
 
 TEST(HfLlamaMpi, TransformersModelLoadedUnderTensorParallelTwoGivesItsLogits) {
@@ -81,9 +81,9 @@ TEST(HfLlamaMpi, TransformersModelLoadedUnderTensorParallelTwoGivesItsLogits) {
     GTEST_SKIP() << "no transformers in " << hf_python() << ": run scripts/install-deps.sh (scripts/install-hf.sh)";
   auto comm = world();
   Context ctx(one_thread());
-  parallel::GridSizes sizes;
+  parallel::LayoutSizes sizes;
   sizes.tp = 2;
-  parallel::ProcessGrid grid(*comm, sizes);
+  parallel::Layout layout(*comm, sizes);
   // One directory for the job: rank 0's scratch name, broadcast.
   std::string base;
   if (comm->rank() == 0) base = (fs::temp_directory_path() / ("tessera_hf_llama_mpi_" + std::to_string(::getpid()))).string();
@@ -111,7 +111,7 @@ TEST(HfLlamaMpi, TransformersModelLoadedUnderTensorParallelTwoGivesItsLogits) {
     ASSERT_EQ(expected.size(), ids.size());
     std::vector<double> want;
     for (const auto& row : expected) want.insert(want.end(), row.begin(), row.end());
-    EXPECT_TRUE(all_close(tessera_logits(ctx, grid, dir, ids, DType::f32), want, c.tolerance));
+    EXPECT_TRUE(all_close(tessera_logits(ctx, layout, dir, ids, DType::f32), want, c.tolerance));
   }
   comm->barrier();
   if (comm->rank() == 0) fs::remove_all(base);

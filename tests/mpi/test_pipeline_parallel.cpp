@@ -4,7 +4,7 @@
 // tied embedding summed between the first and last stage) and the MLP: the
 // loss and every gradient; 1F1B holds fewer micro-batches' activations than
 // GPipe when M > P (allocator counters); the last stage's loss and counts
-// shared over every dp × pp grid; partitioning; `tessera train` with
+// shared over every dp × pp layout; partitioning; `tessera train` with
 // dp × pp against one rank; and the messages for layouts that cannot work.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -26,7 +26,7 @@
 #include "parallel/local_communicator.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/pipeline.h"
-#include "parallel/process_grid.h"
+#include "parallel/layout.h"
 #include "models/decoder.h"
 #include "models/stage_model.h"
 #include "parallel/tensor_parallel.h"
@@ -89,20 +89,20 @@ struct Stage {
   Shape input_shape;
 };
 
-Stage build_stage(const nn::ModelConfig& m, const nn::ModelSpec& spec, parallel::ProcessGrid& grid, int64_t batch,
+Stage build_stage(const nn::ModelConfig& m, const nn::ModelSpec& spec, parallel::Layout& layout, int64_t batch,
                   const std::vector<int64_t>& bounds) {
   nn::StageLayers layers;
-  layers.stage = grid.pp_rank();
-  layers.stages = grid.pp_size();
+  layers.stage = layout.rank("pp");
+  layers.stages = layout.size("pp");
   layers.begin = bounds[size_t(layers.stage)];
   layers.end = bounds[size_t(layers.stage) + 1];
   Stage stage;
   if (m.kind == nn::ModelKind::gpt) {
     auto gpt =
-        std::make_unique<models::Decoder>(m, spec, parallel::TensorParallelism{&grid.tp(), false}, layers);
+        std::make_unique<models::Decoder>(m, spec, parallel::TensorParallelism{&layout.group("tp"), false}, layers);
     stage.tied = gpt->embedding_table();
     stage.input_shape = gpt->hidden_shape(batch, m.seq_length);
-    stage.loss = std::make_unique<parallel::VocabParallelCrossEntropy>(grid.tp(), 0, m.vocab_size);
+    stage.loss = std::make_unique<parallel::VocabParallelCrossEntropy>(layout.group("tp"), 0, m.vocab_size);
     stage.model = std::move(gpt);
   } else {
     stage.model = models::model_row(m.kind).build(m, spec, parallel::TensorParallelism{}, layers);
@@ -132,15 +132,15 @@ double run_whole_model(nn::Module& whole, const MicroBatches& data, int micro, u
 // first and last stage, the last stage's loss shared; then the loss equals
 // `expected_loss` and each of this stage's parameters the whole model's in
 // value (exactly) and gradient (to f32 rounding).
-void expect_stage_equals_whole(parallel::Communicator& comm, parallel::ProcessGrid& grid, nn::Parameter* tied,
+void expect_stage_equals_whole(parallel::Communicator& comm, parallel::Layout& layout, nn::Parameter* tied,
                                const std::vector<nn::Parameter*>& stage, nn::Module& whole, double loss_sum,
                                double expected_loss) {
-  const int p = grid.pp_size();
+  const int p = layout.size("pp");
   const std::unique_ptr<parallel::Communicator> ends = comm.split(
-      grid.pp_rank() == 0 || grid.pp_rank() == p - 1 ? grid.dp_rank() : 1000 + comm.rank(), comm.rank(), "embedding");
+      layout.rank("pp") == 0 || layout.rank("pp") == p - 1 ? layout.rank("dp") : 1000 + comm.rank(), comm.rank(), "embedding");
   if (tied) ends->all_reduce(tied->grad, parallel::ReduceOp::sum)->wait();
   Tensor loss = whole.context().from_vector(Shape{1}, std::vector<float>{float(loss_sum)});
-  grid.pp().broadcast(loss, p - 1)->wait();
+  layout.group("pp").broadcast(loss, p - 1)->wait();
   EXPECT_NEAR(loss.to_doubles()[0], expected_loss, 1e-6 * std::abs(expected_loss));
   std::map<std::string, nn::Parameter*> reference;
   for (nn::Parameter* q : whole.parameters()) reference[q->name] = q;
@@ -163,9 +163,9 @@ TEST(PipelineParallel, StagesGiveTheWholeModelsLossAndGradientsForBothSchedules)
       for (const auto schedule : {parallel::PipelineScheduleKind::gpipe, parallel::PipelineScheduleKind::one_f_one_b}) {
         if (comm->size() % p != 0) continue;
         SCOPED_TRACE(kind + " pp=" + std::to_string(p) + " " + std::string(parallel::pipeline_schedule_name(schedule)));
-        parallel::GridSizes sizes;
+        parallel::LayoutSizes sizes;
         sizes.pp = p;
-        parallel::ProcessGrid grid(*comm, sizes);
+        parallel::Layout layout(*comm, sizes);
         const nn::ModelConfig m = model_config(kind);
         const nn::ModelSpec spec{&ctx, Device::cpu(), DType::f32, seed};
         const MicroBatches data = micro_batches(ctx, m, micro, batch, seed ^ 77);
@@ -177,10 +177,10 @@ TEST(PipelineParallel, StagesGiveTheWholeModelsLossAndGradientsForBothSchedules)
         // Four (or two) stages, layers balanced by the partitioner.
         const std::vector<int64_t> bounds =
             parallel::partition_layers(std::vector<int64_t>(size_t(models::pipeline_layers(m)), 1), 0, 0, p);
-        Stage stage = build_stage(m, spec, grid, batch, bounds);
+        Stage stage = build_stage(m, spec, layout, batch, bounds);
         parallel::PipelineOptions options;
         options.schedule = schedule;
-        parallel::PipelineEngine engine(*stage.model, grid.pp(), *stage.loss, options);
+        parallel::PipelineEngine engine(*stage.model, layout.group("pp"), *stage.loss, options);
         parallel::PipelineStep step;
         step.micro_batches = micro;
         step.inputs = data.inputs;
@@ -189,9 +189,9 @@ TEST(PipelineParallel, StagesGiveTheWholeModelsLossAndGradientsForBothSchedules)
         step.pass = [&](int i) { return pass_of(seed, i); };
         const parallel::PipelineStepStats stats = engine.run(step);
         EXPECT_EQ(stats.max_in_flight,
-                  schedule == parallel::PipelineScheduleKind::gpipe ? micro : std::min(p - grid.pp_rank(), micro));
+                  schedule == parallel::PipelineScheduleKind::gpipe ? micro : std::min(p - layout.rank("pp"), micro));
         // The tied embedding's copies summed, the loss shared: the whole model's loss and gradients.
-        expect_stage_equals_whole(*comm, grid, stage.tied, stage.model->parameters(), *whole, stats.loss_sum,
+        expect_stage_equals_whole(*comm, layout, stage.tied, stage.model->parameters(), *whole, stats.loss_sum,
                                   expected_loss);
       }
 }
@@ -211,9 +211,9 @@ TEST(PipelineParallel, InterleavedChunksGiveTheWholeModelsLossAndGradients) {
     if (comm->size() % p != 0) continue;
     for (const int micro : {p, 2 * p}) {
       SCOPED_TRACE("pp=" + std::to_string(p) + " V=2 M=" + std::to_string(micro));
-      parallel::GridSizes sizes;
+      parallel::LayoutSizes sizes;
       sizes.pp = p;
-      parallel::ProcessGrid grid(*comm, sizes);
+      parallel::Layout layout(*comm, sizes);
       nn::ModelConfig m = model_config("gpt");
       m.num_layers = p * v;
       const nn::ModelSpec spec{&ctx, Device::cpu(), DType::f32, seed};
@@ -222,17 +222,17 @@ TEST(PipelineParallel, InterleavedChunksGiveTheWholeModelsLossAndGradients) {
       auto whole = models::build_model(m, spec);
       const double expected_loss = run_whole_model(*whole, data, micro, seed);
 
-      models::StageModel stage = models::build_stage_model(m, spec, grid, false, "", v);
+      models::StageModel stage = models::build_stage_model(m, spec, layout, false, "", v);
       ASSERT_EQ(stage.chunks.size(), size_t(v));
       ASSERT_EQ(stage.bounds.size(), size_t(p * v + 1));
       for (int c = 0; c < v; ++c) {
         // Chunk c holds the blocks of the model's chunk c·P + stage (one block each here).
-        const std::string block = "blocks." + std::to_string(c * p + grid.pp_rank()) + ".";
+        const std::string block = "blocks." + std::to_string(c * p + layout.rank("pp")) + ".";
         bool found = false;
         for (nn::Parameter* q : stage.chunks[size_t(c)]->parameters()) found |= q->name.rfind(block, 0) == 0;
         EXPECT_TRUE(found) << "chunk " << c << " should hold " << block;
       }
-      parallel::PipelineEngine engine(stage.chunks, grid.pp(), *stage.loss);
+      parallel::PipelineEngine engine(stage.chunks, layout.group("pp"), *stage.loss);
       parallel::PipelineStep step;
       step.micro_batches = micro;
       step.inputs = data.inputs;
@@ -243,14 +243,14 @@ TEST(PipelineParallel, InterleavedChunksGiveTheWholeModelsLossAndGradients) {
       step.before_backward = [&](int, bool last) { last_backwards += last; };
       const parallel::PipelineStepStats stats = engine.run(step);
       EXPECT_EQ(last_backwards, 1) << "one backward is the stage's last";
-      expect_stage_equals_whole(*comm, grid, stage.tied_table, stage.module->parameters(), *whole, stats.loss_sum,
+      expect_stage_equals_whole(*comm, layout, stage.tied_table, stage.module->parameters(), *whole, stats.loss_sum,
                                 expected_loss);
 
       // Evaluation's forward only, chunk by chunk round the ring: the whole model's logits on the last stage.
       nn::Saved saved;
       const Tensor expected_logits = whole->forward(data.inputs[0], saved, nn::Pass{});
       const Tensor logits = engine.forward_only(data.inputs[0], step.input_shape, DType::f32, nn::Pass{});
-      if (grid.pp_rank() == p - 1)
+      if (layout.rank("pp") == p - 1)
         EXPECT_TRUE(all_close(logits, expected_logits.to_doubles(), Tolerance{1e-5, 1e-6}));
       else
         EXPECT_FALSE(logits.defined());
@@ -261,9 +261,9 @@ TEST(PipelineParallel, InterleavedChunksGiveTheWholeModelsLossAndGradients) {
 // Peak bytes allocated while a stage runs one step of M = 8 micro-batches.
 size_t peak_step_bytes(parallel::Communicator& comm, parallel::PipelineScheduleKind schedule, uint64_t seed) {
   Context ctx(one_thread());
-  parallel::GridSizes sizes;
+  parallel::LayoutSizes sizes;
   sizes.pp = comm.size();
-  parallel::ProcessGrid grid(comm, sizes);
+  parallel::Layout layout(comm, sizes);
   nn::ModelConfig m = model_config("gpt");
   m.dropout = 0.0f;
   m.seq_length = 32;
@@ -272,10 +272,10 @@ size_t peak_step_bytes(parallel::Communicator& comm, parallel::PipelineScheduleK
   const int64_t batch = 4;
   const MicroBatches data = micro_batches(ctx, m, micro, batch, seed);
   const std::vector<int64_t> bounds = parallel::partition_layers(std::vector<int64_t>(4, 1), 0, 0, comm.size());
-  Stage stage = build_stage(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, seed}, grid, batch, bounds);
+  Stage stage = build_stage(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, seed}, layout, batch, bounds);
   parallel::PipelineOptions options;
   options.schedule = schedule;
-  parallel::PipelineEngine engine(*stage.model, grid.pp(), *stage.loss, options);
+  parallel::PipelineEngine engine(*stage.model, layout.group("pp"), *stage.loss, options);
   parallel::PipelineStep step;
   step.micro_batches = micro;
   step.inputs = data.inputs;
@@ -308,29 +308,29 @@ TEST(PipelineParallel, LastStageValuesSharedOverTheGrid) {
   Context ctx(one_thread());
   for (int p = 1; p <= comm->size(); ++p) {
     if (comm->size() % p != 0) continue;
-    parallel::GridSizes sizes;
+    parallel::LayoutSizes sizes;
     sizes.pp = p;
-    parallel::ProcessGrid grid(*comm, sizes);
-    const bool last = grid.pp_rank() == p - 1;
+    parallel::Layout layout(*comm, sizes);
+    const bool last = layout.rank("pp") == p - 1;
     const auto loss_of = [](int replica) { return 0.25f + 3.0f * float(replica); };
     const auto count_of = [](int replica) { return int64_t(7 + 1000 * replica); };
     for (const auto op : {parallel::ReduceOp::sum, parallel::ReduceOp::avg}) {
-      SCOPED_TRACE(grid.describe() + (op == parallel::ReduceOp::sum ? " sum" : " avg"));
+      SCOPED_TRACE(layout.describe() + (op == parallel::ReduceOp::sum ? " sum" : " avg"));
       const float nan = std::numeric_limits<float>::quiet_NaN();
-      Tensor loss = ctx.from_vector(Shape{1}, std::vector<float>{last ? loss_of(grid.dp_rank()) : nan});
+      Tensor loss = ctx.from_vector(Shape{1}, std::vector<float>{last ? loss_of(layout.rank("dp")) : nan});
       Tensor counts = ctx.from_vector(
-          Shape{2}, std::vector<int64_t>{last ? count_of(grid.dp_rank()) : -1, last ? int64_t(grid.dp_rank()) : -1});
+          Shape{2}, std::vector<int64_t>{last ? count_of(layout.rank("dp")) : -1, last ? int64_t(layout.rank("dp")) : -1});
       const std::vector<Tensor> values =
           op == parallel::ReduceOp::sum ? std::vector<Tensor>{loss, counts} : std::vector<Tensor>{loss};
-      parallel::share_last_stage_values(values, grid.pp(), grid.dp(), op);
+      parallel::share_last_stage_values(values, layout.group("pp"), layout.group("dp"), op);
       double loss_total = 0.0;
       int64_t count_total = 0, replica_total = 0;
-      for (int replica = 0; replica < grid.dp_size(); ++replica) {
+      for (int replica = 0; replica < layout.size("dp"); ++replica) {
         loss_total += loss_of(replica);
         count_total += count_of(replica);
         replica_total += replica;
       }
-      const double expected = op == parallel::ReduceOp::sum ? loss_total : loss_total / grid.dp_size();
+      const double expected = op == parallel::ReduceOp::sum ? loss_total : loss_total / layout.size("dp");
       EXPECT_NEAR(loss.to_doubles()[0], expected, 1e-6 * expected) << "rank " << comm->rank();
       if (op == parallel::ReduceOp::sum) {
         EXPECT_EQ(counts.to_vector<int64_t>(), (std::vector<int64_t>{count_total, replica_total}))

@@ -26,7 +26,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/local_communicator.h"
 #include "parallel/mpi_communicator.h"
-#include "parallel/process_grid.h"
+#include "parallel/layout.h"
 #include "parallel/tensor_parallel.h"
 #include "tests/mpi/mpi_test.h"
 #include "tests/support/test_support.h"
@@ -127,13 +127,13 @@ TEST(TensorParallelGpt, MatchesOneRankExactlyAtInitAndWithinF32InForwardAndBackw
       SCOPED_TRACE("tp=" + std::to_string(k) + " sequence_parallel=" + std::to_string(variant.sequence_parallel) +
                    " dropout=" + std::to_string(variant.dropout) + " recompute=" + std::to_string(variant.recompute) +
                    " attention_dropout=" + std::to_string(variant.attention_dropout));
-      parallel::GridSizes sizes;
+      parallel::LayoutSizes sizes;
       sizes.tp = k;
-      parallel::ProcessGrid grid(*comm, sizes);
+      parallel::Layout layout(*comm, sizes);
       const nn::ModelConfig m = small_gpt(variant.dropout, variant.recompute, variant.attention_dropout);
       const nn::ModelSpec spec{&ctx, Device::cpu(), DType::f32, seed};
       models::Decoder reference(m, spec, parallel::TensorParallelism{});  // the whole GPT
-      models::Decoder split(m, spec, parallel::TensorParallelism{&grid.tp(), variant.sequence_parallel});
+      models::Decoder split(m, spec, parallel::TensorParallelism{&layout.group("tp"), variant.sequence_parallel});
 
       std::mt19937_64 rng(seed ^ 0x5eedull);
       const Batch batch = random_batch(ctx, m, 3, rng);
@@ -146,7 +146,7 @@ TEST(TensorParallelGpt, MatchesOneRankExactlyAtInitAndWithinF32InForwardAndBackw
       ASSERT_EQ(parts.size(), whole.size());
       for (nn::Parameter* p : parts) {
         ASSERT_TRUE(whole.count(p->name)) << p->name;
-        EXPECT_TRUE(all_close(gather_whole(grid.tp(), p->shard, p->value), whole[p->name]->value.to_doubles(), kValues))
+        EXPECT_TRUE(all_close(gather_whole(layout.group("tp"), p->shard, p->value), whole[p->name]->value.to_doubles(), kValues))
             << p->name;
       }
 
@@ -157,7 +157,7 @@ TEST(TensorParallelGpt, MatchesOneRankExactlyAtInitAndWithinF32InForwardAndBackw
       Tensor local_logits = split.forward(batch.ids, split_saved, pass);
       const int64_t local_vocab = m.vocab_size / k;
       EXPECT_TRUE(all_close(local_logits, columns(logits, split.vocab_begin(), local_vocab), kForward));
-      const parallel::VocabParallelCrossEntropy split_loss(grid.tp(), split.vocab_begin(), m.vocab_size, kIgnore);
+      const parallel::VocabParallelCrossEntropy split_loss(layout.group("tp"), split.vocab_begin(), m.vocab_size, kIgnore);
       const nn::LossValue actual = split_loss.forward(local_logits, batch.targets, split_loss_saved);
       EXPECT_EQ(actual.count, expected.count);
       EXPECT_NEAR(actual.loss, expected.loss, 1e-5 * std::abs(expected.loss));
@@ -168,14 +168,14 @@ TEST(TensorParallelGpt, MatchesOneRankExactlyAtInitAndWithinF32InForwardAndBackw
       split.backward(local_logits, split_saved);
       for (nn::Parameter* p : parts)
         EXPECT_TRUE(
-            all_close(gather_whole(grid.tp(), p->shard, p->grad), whole[p->name]->grad.to_doubles(), kGradients))
+            all_close(gather_whole(layout.group("tp"), p->shard, p->grad), whole[p->name]->grad.to_doubles(), kGradients))
             << p->name;
 
       // The global gradient norm counts each element once.
       nn::OptimizerConfig opt;
       parallel::DataParallelOptions dp_options;
-      dp_options.model_parallel = &grid.tp();
-      parallel::DataParallel replica(parts, grid.dp(), opt, dp_options);
+      dp_options.model_parallel = &layout.group("tp");
+      parallel::DataParallel replica(parts, layout.group("dp"), opt, dp_options);
       replica.begin_micro_batch(true);
       replica.finish_backward();
       const double expected_norm = nn::global_grad_norm(reference.parameters()).norm;
@@ -197,22 +197,22 @@ TEST(TensorParallelDropout, ReplicatedRegionsDrawTheOneRankMaskSplitRegionsDiffe
   const nn::ModelSpec spec{&ctx, Device::cpu(), DType::f32, 1};
   const nn::Pass pass{test_seed(), 3, 2};
   for (const int k : tp_sizes(comm->size())) {
-    parallel::GridSizes sizes;
+    parallel::LayoutSizes sizes;
     sizes.tp = k;
-    parallel::ProcessGrid grid(*comm, sizes);
+    parallel::Layout layout(*comm, sizes);
     const int64_t batch = 3, tokens = 4 * k, features = 5;
     const RandomTensor x = random_tensor(ctx, Shape{batch, tokens, features}, DType::f32, rng, 0.5, 1.5);
     nn::Dropout plain(spec, "blocks.1.mlp.dropout", 0.3f);
     nn::Saved plain_saved;
     const std::vector<double> expected = plain.forward(x.tensor, plain_saved, pass).to_doubles();
 
-    parallel::TensorParallelDropout replicated(spec, "blocks.1.mlp.dropout", {&grid.tp(), false}, 0.3f);
+    parallel::TensorParallelDropout replicated(spec, "blocks.1.mlp.dropout", {&layout.group("tp"), false}, 0.3f);
     nn::Saved saved;
     EXPECT_TRUE(all_close(replicated.forward(x.tensor, saved, pass), expected, kValues)) << "replicated, tp=" << k;
 
     // Sequence parallelism: this rank's positions [r·T/K, (r+1)·T/K) of every sequence.
-    parallel::TensorParallelDropout sequence(spec, "blocks.1.mlp.dropout", {&grid.tp(), true}, 0.3f);
-    const int64_t local = tokens / k, first = grid.tp_rank() * local;
+    parallel::TensorParallelDropout sequence(spec, "blocks.1.mlp.dropout", {&layout.group("tp"), true}, 0.3f);
+    const int64_t local = tokens / k, first = layout.rank("tp") * local;
     std::vector<float> mine;
     std::vector<double> expected_mine;
     for (int64_t b = 0; b < batch; ++b)
@@ -230,14 +230,14 @@ TEST(TensorParallelDropout, ReplicatedRegionsDrawTheOneRankMaskSplitRegionsDiffe
     EXPECT_TRUE(all_close(sequence.backward(shard, sequence_saved), expected_mine, kValues));
 
     // Split region: different masks on different ranks, the same on a second draw.
-    parallel::TensorParallelDropout split(spec, "blocks.1.attn.dropout", {&grid.tp(), false}, 0.3f,
+    parallel::TensorParallelDropout split(spec, "blocks.1.attn.dropout", {&layout.group("tp"), false}, 0.3f,
                                           parallel::TensorParallelDropout::Region::split);
     nn::Saved first_saved, second_saved;
     const Tensor once = split.forward(x.tensor, first_saved, pass);
     const Tensor again = split.forward(x.tensor, second_saved, pass);
     EXPECT_TRUE(all_close(again, once.to_doubles(), kValues)) << "reproducible";
     Tensor all = ctx.empty(Shape{once.numel() * k}, DType::f32);
-    grid.tp().all_gather(once.flatten(), all)->wait();
+    layout.group("tp").all_gather(once.flatten(), all)->wait();
     const std::vector<double> masks = all.to_doubles();
     for (int r = 1; r < k; ++r) {
       int64_t different = 0;
@@ -257,12 +257,12 @@ TEST(ColumnParallelLinear, WithGatheredOutputEqualsLinear) {
   std::mt19937_64 rng(test_seed());
   const nn::ModelSpec spec{&ctx, Device::cpu(), DType::f32, test_seed()};
   for (const int k : tp_sizes(comm->size())) {
-    parallel::GridSizes sizes;
+    parallel::LayoutSizes sizes;
     sizes.tp = k;
-    parallel::ProcessGrid grid(*comm, sizes);
+    parallel::Layout layout(*comm, sizes);
     const int64_t in = 11, out = 6 * k;
     nn::Linear whole(spec, "head", in, out, true, ops::Activation::gelu);
-    parallel::ColumnParallelLinear split(spec, "head", {&grid.tp(), false}, in, out, true, ops::Activation::gelu,
+    parallel::ColumnParallelLinear split(spec, "head", {&layout.group("tp"), false}, in, out, true, ops::Activation::gelu,
                                          parallel::OutputSplit{}, /*gather_output=*/true);
     const RandomTensor x = random_tensor(ctx, Shape{2, 7, in}, DType::f32, rng);
     const RandomTensor dy = random_tensor(ctx, Shape{2, 7, out}, DType::f32, rng);
@@ -271,9 +271,9 @@ TEST(ColumnParallelLinear, WithGatheredOutputEqualsLinear) {
     EXPECT_TRUE(all_close(split.forward(x.tensor, split_saved, {}), expected.to_doubles(), kForward));
     const Tensor expected_dx = whole.backward(dy.tensor, saved);
     EXPECT_TRUE(all_close(split.backward(dy.tensor, split_saved), expected_dx.to_doubles(), kGradients));
-    EXPECT_TRUE(all_close(gather_whole(grid.tp(), split.weight().shard, split.weight().grad),
+    EXPECT_TRUE(all_close(gather_whole(layout.group("tp"), split.weight().shard, split.weight().grad),
                           whole.weight().grad.to_doubles(), kGradients));
-    EXPECT_TRUE(all_close(gather_whole(grid.tp(), split.bias()->shard, split.bias()->grad),
+    EXPECT_TRUE(all_close(gather_whole(layout.group("tp"), split.bias()->shard, split.bias()->grad),
                           whole.bias()->grad.to_doubles(), kGradients));
   }
 }
@@ -295,23 +295,23 @@ TEST(TensorParallelGpt, CommunicationPerStepMatchesTheFormula) {
   for (const int k : tp_sizes(comm->size()))
     for (const bool sequence_parallel : {false, true}) {
       SCOPED_TRACE("tp=" + std::to_string(k) + " sequence_parallel=" + std::to_string(sequence_parallel));
-      parallel::GridSizes sizes;
+      parallel::LayoutSizes sizes;
       sizes.tp = k;
-      parallel::ProcessGrid grid(*comm, sizes);
+      parallel::Layout layout(*comm, sizes);
       const nn::ModelConfig m = small_gpt();
       models::Decoder split(m, nn::ModelSpec{&ctx, Device::cpu(), DType::f32, seed},
-                                        parallel::TensorParallelism{&grid.tp(), sequence_parallel});
-      const parallel::VocabParallelCrossEntropy loss(grid.tp(), split.vocab_begin(), m.vocab_size, kIgnore);
+                                        parallel::TensorParallelism{&layout.group("tp"), sequence_parallel});
+      const parallel::VocabParallelCrossEntropy loss(layout.group("tp"), split.vocab_begin(), m.vocab_size, kIgnore);
       std::mt19937_64 rng(seed);
       const int64_t b = 3;
       const Batch batch = random_batch(ctx, m, b, rng);
-      grid.tp().reset_counters();
+      layout.group("tp").reset_counters();
       nn::Saved saved, loss_saved;
       Tensor logits = split.forward(batch.ids, saved, nn::Pass{seed, 0, 0});
       loss.forward(logits, batch.targets, loss_saved);
       loss.backward(logits, batch.targets, 1.0f, loss_saved);
       split.backward(logits, saved);
-      const parallel::CommCounters& counted = grid.tp().counters();
+      const parallel::CommCounters& counted = layout.group("tp").counters();
 
       const int64_t f32 = 4, n = b * m.seq_length, activation = n * m.hidden_size * f32, layers = m.num_layers;
       const int64_t regions = 2 * (2 * layers + 1);  // forward and backward, each 2 per block + 1
@@ -352,10 +352,10 @@ TEST(VocabParallelCrossEntropy, EqualsThePlainLossIncludingIgnoredTargets) {
   Context ctx(one_thread());
   std::mt19937_64 rng(test_seed());
   for (const int k : tp_sizes(comm->size())) {
-    parallel::GridSizes sizes;
+    parallel::LayoutSizes sizes;
     sizes.tp = k;
-    parallel::ProcessGrid grid(*comm, sizes);
-    const int64_t n = 23, v = 12 * k, local = v / k, begin = grid.tp_rank() * local;
+    parallel::Layout layout(*comm, sizes);
+    const int64_t n = 23, v = 12 * k, local = v / k, begin = layout.rank("tp") * local;
     const RandomTensor full = random_tensor(ctx, Shape{n, v}, DType::f32, rng, -4.0, 4.0);
     std::vector<int32_t> targets = random_indices(ctx, Shape{n}, DType::i32, rng, 0, v).tensor.to_vector<int32_t>();
     for (size_t i = 1; i < targets.size(); i += 4) targets[i] = int32_t(kIgnore);
@@ -386,7 +386,7 @@ TEST(VocabParallelCrossEntropy, EqualsThePlainLossIncludingIgnoredTargets) {
             scale / double(counted_rows) * (p - (begin + c == targets[size_t(r)] ? 1.0 : 0.0));
       }
     }
-    const parallel::VocabParallelCrossEntropy loss(grid.tp(), begin, v, kIgnore);
+    const parallel::VocabParallelCrossEntropy loss(layout.group("tp"), begin, v, kIgnore);
     nn::Saved saved;
     const nn::LossValue value = loss.forward(logits, target_tensor, saved);
     EXPECT_EQ(value.count, count);

@@ -615,7 +615,9 @@ TEST(LlamaLayouts, TensorSequencePipelineInterleavedAndZeroThreeEqualOneRank) {
        {"pp 2 1f1b", 2, {"--micro-batch-size", "4", "--pp", "2"}},
        {"pp 2 x 2 chunks interleaved", 2, {"--micro-batch-size", "4", "--pp", "2", "--virtual-pipeline-stages", "2"}},
        {"dp 2 zero 3", 2, {"--micro-batch-size", "2", "--zero", "3"}},
-       {"dp 2 x tp 2 x pp 2", 8, {"--micro-batch-size", "2", "--tp", "2", "--pp", "2"}}},
+       {"dp 2 x tp 2 x pp 2", 8, {"--micro-batch-size", "2", "--tp", "2", "--pp", "2"}},
+       {"dp 2 x tp 2, data-parallel ranks neighbours", 4,
+        {"--micro-batch-size", "2", "--tp", "2", "--rank-order", "dp-tp-pp"}}},
       dir);
 }
 

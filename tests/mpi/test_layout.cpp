@@ -1,4 +1,4 @@
-// ProcessGrid: coordinates, axis sub-communicators and size validation.
+// Layout: coordinates, axis sub-communicators and size validation.
 //   - Under mpiexec (2 and 4 ranks), every grid the world can make, in every
 //     axis order, against a reference that numbers the grid's points by
 //     nested loops (slowest axis outermost); each axis communicator must hold
@@ -15,15 +15,15 @@
 
 #include "core/context.h"
 #include "parallel/mpi_communicator.h"
-#include "parallel/process_grid.h"
+#include "parallel/layout.h"
 #include "tests/mpi/mpi_test.h"
 
 namespace tessera::testing {
 namespace {
 
 using parallel::Communicator;
-using parallel::GridSizes;
-using parallel::ProcessGrid;
+using parallel::Layout;
+using parallel::LayoutSizes;
 
 struct Coordinates {
   int tp, dp, pp;
@@ -50,8 +50,8 @@ std::vector<Coordinates> reference_layout(int tp, int dp, int pp, const std::str
 }
 
 // (A function, not designated initializers: GCC warns about the fields left out.)
-GridSizes grid_sizes(int tp, int pp, std::string order = "tp-dp-pp", int dp = 0) {
-  GridSizes sizes;
+LayoutSizes grid_sizes(int tp, int pp, std::string order = "tp-dp-pp", int dp = 0) {
+  LayoutSizes sizes;
   sizes.tp = tp;
   sizes.pp = pp;
   sizes.dp = dp;
@@ -77,7 +77,7 @@ std::vector<int> reference_group(const std::vector<Coordinates>& layout, int ran
   return ranks;
 }
 
-TEST(ProcessGrid, EveryGridAndOrderOfTheWorld) {
+TEST(Layout, EveryGridAndOrderOfTheWorld) {
   Context ctx;
   auto world = parallel::make_mpi_communicator(MPI_COMM_WORLD, "world");
   const int n = world->size(), me = world->rank();
@@ -89,20 +89,20 @@ TEST(ProcessGrid, EveryGridAndOrderOfTheWorld) {
       for (const std::string& order : kOrders) {
         SCOPED_TRACE("tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " order " + order);
         ++grids;
-        ProcessGrid grid(*world, grid_sizes(tp, pp, order));
+        Layout grid(*world, grid_sizes(tp, pp, order));
         const auto layout = reference_layout(tp, dp, pp, order);
         const Coordinates mine = layout[size_t(me)];
-        EXPECT_EQ(grid.tp_size(), tp);
-        EXPECT_EQ(grid.pp_size(), pp);
-        EXPECT_EQ(grid.dp_size(), dp);
-        EXPECT_EQ((Coordinates{grid.tp_rank(), grid.dp_rank(), grid.pp_rank()}), mine);
+        EXPECT_EQ(grid.size("tp"), tp);
+        EXPECT_EQ(grid.size("pp"), pp);
+        EXPECT_EQ(grid.size("dp"), dp);
+        EXPECT_EQ((Coordinates{grid.rank("tp"), grid.rank("dp"), grid.rank("pp")}), mine);
         for (int r = 0; r < n; ++r) {
           const Coordinates c = layout[size_t(r)];
-          EXPECT_EQ(grid.world_rank_of(c.dp, c.pp, c.tp), r);
+          EXPECT_EQ(grid.world_rank_of({{"dp", c.dp}, {"pp", c.pp}, {"tp", c.tp}}), r);
         }
         EXPECT_EQ(&grid.world(), world.get());
         const std::array<std::pair<std::string, Communicator*>, 3> axes = {
-            {{"tp", &grid.tp()}, {"dp", &grid.dp()}, {"pp", &grid.pp()}}};
+            {{"tp", &grid.group("tp")}, {"dp", &grid.group("dp")}, {"pp", &grid.group("pp")}}};
         for (const auto& [axis, comm] : axes) {
           const std::vector<int> expected = reference_group(layout, me, axis);
           EXPECT_EQ(comm->name(), axis);
@@ -113,6 +113,22 @@ TEST(ProcessGrid, EveryGridAndOrderOfTheWorld) {
           comm->all_gather(ctx.from_vector(Shape{1}, std::vector<int32_t>{me}), gathered)->wait();
           EXPECT_EQ(gathered.to_vector<int32_t>(), std::vector<int32_t>(expected.begin(), expected.end())) << axis;
         }
+        // Combined groups: the ranks that differ only along both axes, in world-rank order.
+        for (const auto& [first, second] : std::vector<std::pair<std::string, std::string>>{
+                 {"dp", "pp"}, {"tp", "pp"}, {"tp", "dp"}}) {
+          std::vector<int32_t> expected;
+          for (int r = 0; r < n; ++r) {
+            const Coordinates c = layout[size_t(r)];
+            const bool same_tp = c.tp == mine.tp, same_dp = c.dp == mine.dp, same_pp = c.pp == mine.pp;
+            const bool kept = first == "dp" ? same_tp : (second == "pp" ? same_dp : same_pp);
+            if (kept) expected.push_back(r);
+          }
+          Communicator& both = grid.group({first, second});
+          EXPECT_EQ(&grid.group({second, first}), &both);  // made once
+          Tensor gathered = ctx.empty(Shape{both.size()}, DType::i32);
+          both.all_gather(ctx.from_vector(Shape{1}, std::vector<int32_t>{me}), gathered)->wait();
+          EXPECT_EQ(gathered.to_vector<int32_t>(), expected) << first << "+" << second;
+        }
         EXPECT_EQ(grid.describe(), "dp=" + std::to_string(dp) + " pp=" + std::to_string(pp) +
                                        " tp=" + std::to_string(tp) + " (order " + order + ")");
       }
@@ -121,27 +137,27 @@ TEST(ProcessGrid, EveryGridAndOrderOfTheWorld) {
   EXPECT_GE(grids, 6);
 }
 
-TEST(ProcessGrid, TensorParallelNeighboursByDefault) {
+TEST(Layout, TensorParallelNeighboursByDefault) {
   auto world = parallel::make_mpi_communicator(MPI_COMM_WORLD, "world");
   const int n = world->size(), r = world->rank();
   if (n % 2 != 0) GTEST_SKIP() << "needs an even world";
-  ProcessGrid grid(*world, grid_sizes(2, 1));
+  Layout grid(*world, grid_sizes(2, 1));
   // The header's closed form: tp = r % 2, dp = r / 2 (pp = 1).
-  EXPECT_EQ(grid.tp_rank(), r % 2);
-  EXPECT_EQ(grid.dp_rank(), r / 2);
-  EXPECT_EQ(grid.pp_rank(), 0);
-  EXPECT_EQ(grid.dp_size(), n / 2);
-  ProcessGrid data_first(*world, grid_sizes(2, 1, "dp-tp-pp"));
-  EXPECT_EQ(data_first.dp_rank(), r % (n / 2));
-  EXPECT_EQ(data_first.tp_rank(), r / (n / 2));
+  EXPECT_EQ(grid.rank("tp"), r % 2);
+  EXPECT_EQ(grid.rank("dp"), r / 2);
+  EXPECT_EQ(grid.rank("pp"), 0);
+  EXPECT_EQ(grid.size("dp"), n / 2);
+  Layout data_first(*world, grid_sizes(2, 1, "dp-tp-pp"));
+  EXPECT_EQ(data_first.rank("dp"), r % (n / 2));
+  EXPECT_EQ(data_first.rank("tp"), r / (n / 2));
 }
 
-TEST(ProcessGrid, SizesThatDoNotFitTheWorldAreRejectedByFlag) {
+TEST(Layout, SizesThatDoNotFitTheWorldAreRejectedByFlag) {
   auto world = parallel::make_mpi_communicator(MPI_COMM_WORLD, "world");
   const int n = world->size();
-  auto expect_error = [&](const GridSizes& sizes, std::vector<std::string> parts) {
+  auto expect_error = [&](const LayoutSizes& sizes, std::vector<std::string> parts) {
     try {
-      ProcessGrid grid(*world, sizes);
+      Layout grid(*world, sizes);
       ADD_FAILURE() << "no error; expected one mentioning " << parts[0];
     } catch (const Error& error) {
       const std::string what = error.what();
@@ -150,17 +166,20 @@ TEST(ProcessGrid, SizesThatDoNotFitTheWorldAreRejectedByFlag) {
   };
   const std::string ranks = std::to_string(n) + (n == 1 ? " rank" : " ranks");
   expect_error(grid_sizes(2 * n, 1),
-               {ranks + " cannot make --tensor-parallel " + std::to_string(2 * n), "multiple of tp·pp"});
+               {ranks + " cannot make --tensor-parallel " + std::to_string(2 * n), "multiple of tp = "});
   expect_error(grid_sizes(1, 3 * n), {ranks + " cannot make --pipeline-parallel " + std::to_string(3 * n)});
   expect_error(grid_sizes(2 * n, 2), {"--tensor-parallel " + std::to_string(2 * n) + " × --pipeline-parallel 2"});
   expect_error(grid_sizes(0, 1), {"--tensor-parallel 0 must be at least 1"});
   expect_error(grid_sizes(1, -1), {"--pipeline-parallel -1"});
   expect_error(grid_sizes(1, 1, "tp-dp-pp", n + 1),
                {"data-parallel size " + std::to_string(n + 1), "the world has " + std::to_string(n)});
-  for (const std::string order : {"tp-dp", "tp-tp-pp", "tp-dp-pp-tp", "tensor-dp-pp", ""})
-    expect_error(grid_sizes(1, 1, order), {"order '" + order + "'", "tp, dp and pp once each"});
-  // A failed grid makes no sub-communicator: the world is still in step.
+  for (const std::string order : {"tp-tp-pp", "tp-dp-pp-tp", "tensor-dp-pp", ""})
+    expect_error(grid_sizes(1, 1, order), {"order '" + order + "'", "tp, cp, ep, dp, pp once each"});
+  // An axis of size 1 may be left out of the order; one that is larger may not.
+  expect_error(grid_sizes(1, 1, "tp-pp"), {"--rank-order 'tp-pp' leaves out dp, whose size is " + std::to_string(n)});
+  // A failed layout makes no sub-communicator: the world is still in step.
   EXPECT_EQ(world->sequence(), 0u);
+  EXPECT_EQ(Layout(*world, grid_sizes(1, 1, "dp")).size("dp"), n);
 }
 
 // ---------------------------------------------------------------------------
@@ -198,19 +217,19 @@ class RecordingCommunicator final : public Communicator {
   std::map<std::string, std::vector<SplitRecord>>* log_;
 };
 
-TEST(ProcessGridSimulated, EightRanksTwoByTwoByTwo) {
+TEST(LayoutSimulated, EightRanksTwoByTwoByTwo) {
   for (const std::string& order : kOrders) {
     SCOPED_TRACE(order);
     const auto layout = reference_layout(2, 2, 2, order);
     std::map<std::string, std::vector<SplitRecord>> log;  // per axis, indexed by world rank
     for (int r = 0; r < 8; ++r) {
       RecordingCommunicator world(r, 8, "world", &log);
-      ProcessGrid grid(world, grid_sizes(2, 2, order));
-      EXPECT_EQ((Coordinates{grid.tp_rank(), grid.dp_rank(), grid.pp_rank()}), layout[size_t(r)]) << "rank " << r;
+      Layout grid(world, grid_sizes(2, 2, order));
+      EXPECT_EQ((Coordinates{grid.rank("tp"), grid.rank("dp"), grid.rank("pp")}), layout[size_t(r)]) << "rank " << r;
       if (order == "tp-dp-pp") {  // the header's example
-        EXPECT_EQ(grid.tp_rank(), r % 2);
-        EXPECT_EQ(grid.dp_rank(), (r / 2) % 2);
-        EXPECT_EQ(grid.pp_rank(), r / 4);
+        EXPECT_EQ(grid.rank("tp"), r % 2);
+        EXPECT_EQ(grid.rank("dp"), (r / 2) % 2);
+        EXPECT_EQ(grid.rank("pp"), r / 4);
       }
     }
     // MPI_Comm_split semantics: equal colours make a group, ordered by key.
@@ -231,22 +250,80 @@ TEST(ProcessGridSimulated, EightRanksTwoByTwoByTwo) {
   }
 }
 
-TEST(ProcessGridSimulated, SixRanksCannotMakeTensorParallelFour) {
+// Sixteen ranks over tp 2 × cp 2 × dp 2 × pp 2 in two orders: each rank's
+// coordinates against nested loops over the order, and the cp group and the
+// dp+cp group (what context parallelism reduces gradients over) against the
+// ranks that share the other coordinates.
+TEST(LayoutSimulated, SixteenRanksWithContextParallelismAndCombinedGroups) {
+  for (const std::string& order : {std::string("tp-cp-dp-pp"), std::string("cp-pp-tp-dp")}) {
+    SCOPED_TRACE(order);
+    std::vector<std::string> axes;  // fastest first
+    for (size_t begin = 0; begin <= order.size();) {
+      const size_t dash = std::min(order.find('-', begin), order.size());
+      axes.push_back(order.substr(begin, dash - begin));
+      begin = dash + 1;
+    }
+    std::vector<std::map<std::string, int>> expected(16);  // coordinates by world rank
+    for (int r = 0; r < 16; ++r)
+      for (size_t a = 0; a < axes.size(); ++a) expected[size_t(r)][axes[a]] = (r >> a) & 1;
+    std::map<std::string, std::vector<SplitRecord>> log;
+    for (int r = 0; r < 16; ++r) {
+      RecordingCommunicator world(r, 16, "world", &log);
+      LayoutSizes sizes;
+      sizes.tp = sizes.cp = sizes.pp = 2;
+      sizes.order = order;
+      Layout layout(world, sizes);
+      EXPECT_EQ(layout.size("dp"), 2);
+      EXPECT_EQ(layout.size("ep"), 1);
+      for (const std::string& axis : axes) EXPECT_EQ(layout.rank(axis), expected[size_t(r)][axis]) << r << axis;
+      layout.group({"dp", "cp"});
+      EXPECT_EQ(layout.describe(), "dp=2 pp=2 tp=2 cp=2 (order " + order + ")");
+    }
+    const auto members = [&](const std::string& name, int r) {
+      std::vector<std::pair<int, int>> group;  // (key, rank)
+      const auto& records = log[name];
+      for (int q = 0; q < 16; ++q)
+        if (records[size_t(q)].color == records[size_t(r)].color) group.push_back({records[size_t(q)].key, q});
+      std::sort(group.begin(), group.end());
+      std::vector<int> ranks;
+      for (const auto& g : group) ranks.push_back(g.second);
+      return ranks;
+    };
+    ASSERT_EQ(log["cp"].size(), 16u);
+    ASSERT_EQ(log["cp+dp"].size(), 16u);
+    for (int r = 0; r < 16; ++r) {
+      std::vector<int> cp, dp_cp;
+      for (int q = 0; q < 16; ++q) {
+        const auto& a = expected[size_t(r)];
+        const auto& b = expected[size_t(q)];
+        if (a.at("tp") == b.at("tp") && a.at("pp") == b.at("pp")) {
+          dp_cp.push_back(q);
+          if (a.at("dp") == b.at("dp")) cp.push_back(q);
+        }
+      }
+      std::sort(cp.begin(), cp.end(), [&](int x, int y) { return expected[size_t(x)]["cp"] < expected[size_t(y)]["cp"]; });
+      EXPECT_EQ(members("cp", r), cp) << "rank " << r;
+      EXPECT_EQ(members("cp+dp", r), dp_cp) << "rank " << r;
+    }
+  }
+}
+
+TEST(LayoutSimulated, SixRanksCannotMakeTensorParallelFour) {
   std::map<std::string, std::vector<SplitRecord>> log;
   RecordingCommunicator world(0, 6, "world", &log);
   try {
-    ProcessGrid grid(world, grid_sizes(4, 1));
+    Layout grid(world, grid_sizes(4, 1));
     ADD_FAILURE() << "no error";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what())
                   .find("6 ranks cannot make --tensor-parallel 4: the world size must be a "
-                        "multiple of tp·pp = 4"),
+                        "multiple of tp = 4"),
               std::string::npos)
         << error.what();
   }
   EXPECT_TRUE(log.empty());
-  ProcessGrid fits(world, grid_sizes(3, 1));
-  EXPECT_EQ(fits.dp_size(), 2);
+  Layout fits(world, grid_sizes(3, 1));
+  EXPECT_EQ(fits.size("dp"), 2);
 }
 
 }  // namespace

@@ -1,0 +1,174 @@
+// Layout (parallel/layout.h): validates the axes' sizes against the world,
+// places each rank by the order string (fastest-varying axis first), and
+// splits the world into a communicator per axis and per combination asked for.
+#include "parallel/layout.h"
+
+#include <sstream>
+
+#include "core/error.h"
+
+namespace tessera::parallel {
+namespace {
+
+constexpr size_t kAxes = kLayoutAxes.size();
+
+// The flag that sets each axis, for messages.
+constexpr std::array<std::string_view, kAxes> kAxisFlags = {"--tensor-parallel", "--context-parallel-size",
+                                                            "--expert-parallel", "the data-parallel size",
+                                                            "--pipeline-parallel"};
+
+std::string known_axes() {
+  std::string text;
+  for (std::string_view axis : kLayoutAxes) {
+    if (!text.empty()) text += ", ";
+    text += axis;
+  }
+  return text;
+}
+
+// "tp-dp-pp" → the axes' indices, fastest first: each axis at most once; the
+// axes of size > 1 must all be there; those left out are appended (size 1).
+std::vector<size_t> parse_order(const std::string& order, const std::array<int, kAxes>& sizes) {
+  const std::string usage = "--rank-order '" + order + "' must name axes from " + known_axes() +
+                            " once each, fastest-varying first, separated by '-' (e.g. tp-cp-ep-dp-pp; axes of "
+                            "size 1 may be left out)";
+  std::vector<size_t> axes;
+  std::array<bool, kAxes> seen{};
+  for (size_t begin = 0; begin <= order.size();) {
+    const size_t dash = std::min(order.find('-', begin), order.size());
+    const std::string_view name = std::string_view(order).substr(begin, dash - begin);
+    size_t axis = kAxes;
+    for (size_t a = 0; a < kAxes; ++a)
+      if (name == kLayoutAxes[a]) axis = a;
+    TESSERA_CHECK(axis < kAxes && !seen[axis], usage);
+    seen[axis] = true;
+    axes.push_back(axis);
+    begin = dash + 1;
+  }
+  for (size_t a = 0; a < kAxes; ++a) {
+    TESSERA_CHECK(seen[a] || sizes[a] == 1, "--rank-order '", order, "' leaves out ", kLayoutAxes[a], ", whose size is ",
+                  sizes[a], "; name it in the order (e.g. tp-cp-ep-dp-pp)");
+    if (!seen[a]) axes.push_back(a);
+  }
+  return axes;
+}
+
+// "8 ranks cannot make --tensor-parallel 3 × --pipeline-parallel 2: ..."
+std::string does_not_fit(int world_size, const std::array<int, kAxes>& sizes, int64_t model) {
+  std::ostringstream why;
+  why << world_size << (world_size == 1 ? " rank" : " ranks") << " cannot make ";
+  bool first = true;
+  std::string product;
+  for (size_t a = 0; a < kAxes; ++a) {
+    if (kLayoutAxes[a] == "dp" || sizes[a] == 1) continue;
+    why << (first ? "" : " × ") << kAxisFlags[a] << " " << sizes[a];
+    if (!first) product += "·";
+    product += kLayoutAxes[a];
+    first = false;
+  }
+  why << ": the world size must be a multiple of " << product << " = " << model
+      << "; launch a multiple of that many ranks or choose sizes that divide " << world_size;
+  return why.str();
+}
+
+}  // namespace
+
+size_t Layout::index(std::string_view axis) {
+  for (size_t a = 0; a < kAxes; ++a)
+    if (kLayoutAxes[a] == axis) return a;
+  TESSERA_THROW("layout: no axis '", axis, "'; the axes are ", known_axes());
+}
+
+Layout::Layout(Communicator& world, const LayoutSizes& given) : world_(world), order_(given.order) {
+  sizes_ = {given.tp, given.cp, given.ep, given.dp, given.pp};
+  for (size_t a = 0; a < kAxes; ++a)
+    if (kLayoutAxes[a] != "dp")
+      TESSERA_CHECK(sizes_[a] >= 1, kAxisFlags[a], " ", sizes_[a], " must be at least 1");
+  TESSERA_CHECK(given.dp >= 0, "the data-parallel size ", given.dp,
+                " must be at least 1 (or 0: the rest of the world)");
+  int64_t model = 1;  // every axis but dp
+  for (size_t a = 0; a < kAxes; ++a)
+    if (kLayoutAxes[a] != "dp") model *= sizes_[a];
+  const int world_size = world.size();
+  if (world_size % model != 0) TESSERA_THROW(does_not_fit(world_size, sizes_, model));
+  const int dp = int(world_size / model);
+  TESSERA_CHECK(given.dp == 0 || given.dp == dp, "the data-parallel size ", given.dp, " × the other axes (", model,
+                " ranks) = ", int64_t(given.dp) * model, " ranks, but the world has ", world_size,
+                "; leave the data-parallel size out (it is the world size / the other axes = ", dp, ")");
+  sizes_[index("dp")] = dp;
+
+  int stride = 1;
+  for (size_t axis : parse_order(order_, sizes_)) {
+    strides_[axis] = stride;
+    stride *= sizes_[axis];
+  }
+  const int rank = world.rank();
+  for (size_t a = 0; a < kAxes; ++a) coordinates_[a] = (rank / strides_[a]) % sizes_[a];
+  // Ranks that differ only along an axis share its communicator: the colour
+  // is the rank with that coordinate set to 0, the key the coordinate.
+  for (size_t a = 0; a < kAxes; ++a)
+    axis_groups_[a] = world.split(rank - coordinates_[a] * strides_[a], coordinates_[a], std::string(kLayoutAxes[a]));
+}
+
+Communicator& Layout::group(std::initializer_list<std::string_view> axes) {
+  unsigned bits = 0;
+  for (std::string_view axis : axes) bits |= 1u << index(axis);
+  if (axes.size() == 1) return group(*axes.begin());
+  auto found = combined_groups_.find(bits);
+  if (found != combined_groups_.end()) return *found->second;
+  // Colour: the rank with the group's coordinates set to 0; key: the rank
+  // itself, whose order is the coordinates' with the fastest axis fastest.
+  int colour = world_.rank();
+  std::string name;
+  for (size_t a = 0; a < kAxes; ++a)
+    if (bits & (1u << a)) {
+      colour -= coordinates_[a] * strides_[a];
+      if (!name.empty()) name += "+";
+      name += kLayoutAxes[a];
+    }
+  auto made = world_.split(colour, world_.rank(), name);
+  Communicator& group = *made;
+  combined_groups_.emplace(bits, std::move(made));
+  return group;
+}
+
+int Layout::world_rank_of(const std::map<std::string, int>& coordinates) const {
+  int rank = 0;
+  for (const auto& [axis, at] : coordinates) {
+    const size_t a = index(axis);
+    TESSERA_CHECK(at >= 0 && at < sizes_[a], "layout coordinate ", axis, " ", at, " is outside ", describe());
+    rank += at * strides_[a];
+  }
+  return rank;
+}
+
+std::map<std::string, int> Layout::coordinates() const {
+  std::map<std::string, int> at;
+  for (size_t a = 0; a < kAxes; ++a) at[std::string(kLayoutAxes[a])] = coordinates_[a];
+  return at;
+}
+
+std::string Layout::describe() const {
+  std::ostringstream out;
+  out << "dp=" << size("dp") << " pp=" << size("pp") << " tp=" << size("tp");
+  for (std::string_view axis : {"cp", "ep"})
+    if (size(axis) > 1) out << " " << axis << "=" << size(axis);
+  out << " (order " << order_ << ")";
+  return out.str();
+}
+
+PipelineGroups pipeline_groups(Layout& layout, bool end_stage) {
+  PipelineGroups groups;
+  if (layout.size("pp") == 1) return groups;
+  groups.model = &layout.group({"tp", "cp", "ep", "pp"});
+  // The end stages of one position on the other axes share a colour (the world
+  // rank of its first stage); every other rank is alone.
+  std::map<std::string, int> first_stage = layout.coordinates();
+  first_stage["pp"] = 0;
+  Communicator& world = layout.world();
+  const int colour = end_stage ? layout.world_rank_of(first_stage) : world.size() + world.rank();
+  groups.embedding = world.split(colour, world.rank(), "embedding");
+  return groups;
+}
+
+}  // namespace tessera::parallel
