@@ -15,31 +15,22 @@
 namespace tessera {
 void CudaBackend::attention_block_forward(const Tensor& q, const Tensor& kv, const Tensor& q_positions,
                                           const Tensor& k_positions, Tensor& out, Tensor& logsumexp, float scale) {
-  const cudaStream_t stream = cuda::device_stream(q);
   const BlockRows rows = block_rows_of(q.shape(), kv.shape());
-  const float s = attention_scale(scale, rows.head_dim);
   dispatch_float(q.dtype(), "attention_block_forward", [&](auto tag) {
     using T = decltype(tag);
     dispatch_attention_head_dim(rows.head_dim, [&](auto max_head_dim) {
-      const BlockAttentionForwardRow<T, decltype(max_head_dim)::value> forward{q.data<T>(),
-                                                                               kv.data<T>(),
-                                                                               q_positions.data<int64_t>(),
-                                                                               k_positions.data<int64_t>(),
-                                                                               out.data<float>(),
-                                                                               logsumexp.data<float>(),
-                                                                               rows,
-                                                                               s};
-      cuda::for_each_row(rows.query_rows(), forward, stream);
+      cuda::for_each_row(
+          rows.query_rows(),
+          block_forward_row<T, decltype(max_head_dim)::value>(q, kv, q_positions, k_positions, out, logsumexp, scale),
+          cuda::device_stream(q));
     });
   });
 }
 
 void CudaBackend::attention_block_merge(const Tensor& block_out, const Tensor& block_logsumexp, Tensor& out,
                                         Tensor& logsumexp) {
-  const BlockRows rows = block_rows_of(out.shape());
-  const BlockAttentionMerge merge{block_out.data<float>(), block_logsumexp.data<float>(), out.data<float>(),
-                                  logsumexp.data<float>(), rows};
-  cuda::for_each_index(rows.query_rows(), merge, cuda::device_stream(out));
+  cuda::for_each_index(block_rows_of(out.shape()).query_rows(), block_merge(block_out, block_logsumexp, out, logsumexp),
+                       cuda::device_stream(out));
 }
 
 void CudaBackend::attention_block_backward(const Tensor& grad_out, const Tensor& q, const Tensor& kv, const Tensor& out,
@@ -54,17 +45,8 @@ void CudaBackend::attention_block_backward(const Tensor& grad_out, const Tensor&
                          AttentionDelta<T>{grad_out.data<T>(), out.data<T>(), delta.data<float>(), rows.queries,
                                            rows.heads, rows.head_dim},
                          stream);
-    const BlockAttentionBackwardArgs<T> args{grad_out.data<T>(),
-                                             q.data<T>(),
-                                             kv.data<T>(),
-                                             q_positions.data<int64_t>(),
-                                             k_positions.data<int64_t>(),
-                                             logsumexp.data<float>(),
-                                             delta.data<float>(),
-                                             grad_q.data<float>(),
-                                             grad_kv.data<float>(),
-                                             rows,
-                                             attention_scale(scale, rows.head_dim)};
+    const auto args =
+        block_backward_args<T>(grad_out, q, kv, logsumexp, delta, q_positions, k_positions, grad_q, grad_kv, scale);
     dispatch_attention_head_dim(rows.head_dim, [&](auto max_head_dim) {
       constexpr int kMaxHeadDim = decltype(max_head_dim)::value;
       cuda::for_each_row(rows.query_rows(), BlockAttentionGradQueryRow<T, kMaxHeadDim>{args}, stream);

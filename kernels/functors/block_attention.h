@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "core/shape.h"
+#include "core/tensor.h"
 #include "kernels/functors/attention.h"
 
 namespace tessera {
@@ -225,5 +226,45 @@ struct BlockAttentionGradKeyValueRow {
     store_lanes<kLanes>(args.grad_kv + rows.value_offset(b, s, kvh), dh, lane, 1.0f, grad_v);
   }
 };
+
+// The functors' arguments from the tensors of ops::attention_block_forward
+// and ops::attention_block_backward (for both backends' launchers).
+template <typename T, int kMaxHeadDim>
+BlockAttentionForwardRow<T, kMaxHeadDim> block_forward_row(const Tensor& q, const Tensor& kv, const Tensor& q_positions,
+                                                           const Tensor& k_positions, Tensor& out, Tensor& logsumexp,
+                                                           float scale) {
+  const BlockRows rows = block_rows_of(q.shape(), kv.shape());
+  return {q.data<T>(),
+          kv.data<T>(),
+          q_positions.data<int64_t>(),
+          k_positions.data<int64_t>(),
+          out.data<float>(),
+          logsumexp.data<float>(),
+          rows,
+          attention_scale(scale, rows.head_dim)};
+}
+template <typename T>
+BlockAttentionBackwardArgs<T> block_backward_args(const Tensor& grad_out, const Tensor& q, const Tensor& kv,
+                                                  const Tensor& logsumexp, const Tensor& delta,
+                                                  const Tensor& q_positions, const Tensor& k_positions, Tensor& grad_q,
+                                                  Tensor& grad_kv, float scale) {
+  const BlockRows rows = block_rows_of(q.shape(), kv.shape());
+  return {grad_out.data<T>(),
+          q.data<T>(),
+          kv.data<T>(),
+          q_positions.data<int64_t>(),
+          k_positions.data<int64_t>(),
+          logsumexp.data<float>(),
+          delta.data<float>(),
+          grad_q.data<float>(),
+          grad_kv.data<float>(),
+          rows,
+          attention_scale(scale, rows.head_dim)};
+}
+inline BlockAttentionMerge block_merge(const Tensor& block_out, const Tensor& block_logsumexp, Tensor& out,
+                                       Tensor& logsumexp) {
+  return {block_out.data<float>(), block_logsumexp.data<float>(), out.data<float>(), logsumexp.data<float>(),
+          block_rows_of(out.shape())};
+}
 
 }  // namespace tessera
