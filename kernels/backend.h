@@ -77,6 +77,13 @@ enum class ReduceKind { sum, mean, max, sum_squares };
                                  const ops::AttentionDropout& dropout))                                                \
   X(grouped_attention_with_cache,                                                                                      \
     (const Tensor& qkv, Tensor& keys, Tensor& values, int64_t position, Tensor& out, float scale))                     \
+  X(attention_block_forward, (const Tensor& q, const Tensor& kv, const Tensor& q_positions,                          \
+                              const Tensor& k_positions, Tensor& out, Tensor& logsumexp, float scale))                 \
+  X(attention_block_merge,                                                                                             \
+    (const Tensor& block_out, const Tensor& block_logsumexp, Tensor& out, Tensor& logsumexp))                          \
+  X(attention_block_backward, (const Tensor& grad_out, const Tensor& q, const Tensor& kv, const Tensor& out,           \
+                               const Tensor& logsumexp, const Tensor& q_positions, const Tensor& k_positions,          \
+                               Tensor& grad_q, Tensor& grad_kv, float scale))                                          \
   X(rotary_forward, (const Tensor& qkv, const Tensor& positions, Tensor& out, float base))                             \
   X(rotary_backward, (const Tensor& grad_out, const Tensor& positions, Tensor& grad_qkv, float base))                  \
   X(conv2d_forward,                                                                                                    \

@@ -212,6 +212,39 @@ void grouped_attention_with_cache(const Tensor& qkv, Tensor& keys, Tensor& value
                                   float scale = 0.0f);
 
 // ---------------------------------------------------------------------------
+// Blockwise causal attention with global positions (context parallelism's ring)
+// ---------------------------------------------------------------------------
+// A sequence split over ranks (parallel/ring_attention.h) attends one key/value
+// block at a time: the local queries q [B, Tq, H, Dh] (query head h = g·R + j
+// uses key/value head g, R = H/G; G = H is multi-head) meet a block
+// kv [B, Tk, G, 2, Dh] (per key/value head its key then its value: compact,
+// what travels between ranks). q_positions [Tq] and k_positions [Tk] (i64)
+// are the tokens' global positions: key s is visible to query t iff
+// k_positions[s] ≤ q_positions[t]. Never materialises a Tq×Tk matrix.
+// The partial results are f32 (a sequence's output and gradients sum over
+// blocks, which rounding to bf16/f16 at each would spoil); q, kv, grad_out
+// and out share one floating dtype; scale = 1/√Dh if scale ≤ 0. No dropout.
+//
+// The block's partial attention: out [B, Tq, H, Dh] f32, softmax-normalised
+// over this block's visible keys, and logsumexp [B, H, Tq] f32 of its scaled
+// scores; a query that sees no key of the block gets out 0 and logsumexp −∞.
+void attention_block_forward(const Tensor& q, const Tensor& kv, const Tensor& q_positions, const Tensor& k_positions,
+                             Tensor& out, Tensor& logsumexp, float scale = 0.0f);
+// Merges a block's (block_out, block_logsumexp) into the running (out,
+// logsumexp), in place, all f32 of the forward's shapes: the result is the
+// attention over the union of the keys both have seen (log-sum-exp rule;
+// −∞ is "nothing seen" and contributes nothing).
+void attention_block_merge(const Tensor& block_out, const Tensor& block_logsumexp, Tensor& out, Tensor& logsumexp);
+// The gradients of one block, given the FINAL out [B, Tq, H, Dh] (q's dtype)
+// and logsumexp [B, H, Tq] over every block (flash attention's backward with
+// delta = rowsum(grad_out∘out)): ADDS the block's terms into
+// grad_q [B, Tq, H, Dh] f32 and grad_kv [B, Tk, G, 2, Dh] f32 (each key/value
+// head's gradient summed over its R query heads).
+void attention_block_backward(const Tensor& grad_out, const Tensor& q, const Tensor& kv, const Tensor& out,
+                              const Tensor& logsumexp, const Tensor& q_positions, const Tensor& k_positions,
+                              Tensor& grad_q, Tensor& grad_kv, float scale = 0.0f);
+
+// ---------------------------------------------------------------------------
 // Rotary position embedding (RoPE) of grouped projections
 // ---------------------------------------------------------------------------
 // qkv, out [B, T, G, R + 2, Dh] (the layout of grouped_attention_forward; out

@@ -2,7 +2,7 @@
 // would need its graph API). One warp per row, streaming over the keys (or,
 // for dK/dV, the queries) that row meets; each lane holds the lane-strided
 // elements d = lane + 32·i of the row's head vectors in registers, so the head
-// dimension is at most 32·kMaxPerLane = 256 (ops:: checks this). Dot products
+// dimension is at most 256 (8 per lane; ops:: checks this). Dot products
 // are warp sums. The row functors and the per-row math (online softmax,
 // recomputed probabilities, score gradients, delta) are
 // kernels/functors/attention.h, shared with the CPU (which runs the row
@@ -26,8 +26,6 @@
 //             (CachedAttentionMerge): a decode step of a dozen rows still
 //             occupies the whole GPU, reads each key row coalesced, and keeps
 //             the head vectors in registers.
-#include <type_traits>
-
 #include "core/cuda/launch.cuh"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device_stream.h"
@@ -37,18 +35,6 @@
 namespace tessera {
 namespace {
 
-constexpr int kMaxPerLane = 8;  // 256 / 32
-
-// Calls fn(std::integral_constant<int, kMaxHeadDim>) with the smallest of 32, 64, 128, 256 holding head_dim.
-template <typename Fn>
-void dispatch_head_dim(int64_t head_dim, Fn&& fn) {
-  TESSERA_CHECK(head_dim <= 32 * kMaxPerLane, "attention: head dimension ", head_dim, " exceeds ", 32 * kMaxPerLane);
-  if (head_dim <= 32) return fn(std::integral_constant<int, 32>{});
-  if (head_dim <= 64) return fn(std::integral_constant<int, 64>{});
-  if (head_dim <= 128) return fn(std::integral_constant<int, 128>{});
-  return fn(std::integral_constant<int, 256>{});
-}
-
 void run_forward(const Tensor& qkv, const QkvLayout& layout, Tensor& out, Tensor& logsumexp, float scale,
                  const ops::AttentionDropout& dropout, const char* op) {
   const cudaStream_t stream = cuda::device_stream(qkv);
@@ -57,7 +43,7 @@ void run_forward(const Tensor& qkv, const QkvLayout& layout, Tensor& out, Tensor
   const float s = attention_scale(scale, layout.head_dim);
   dispatch_float(qkv.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
-    dispatch_head_dim(layout.head_dim, [&](auto max_head_dim) {
+    dispatch_attention_head_dim(layout.head_dim, [&](auto max_head_dim) {
       const AttentionForwardRow<T, decltype(max_head_dim)::value> forward{
           qkv.data<T>(), out.data<T>(), logsumexp.data<float>(), rows, s, dropout};
       cuda::for_each_row(n, forward, stream);
@@ -88,7 +74,7 @@ void run_backward(const Tensor& grad_out, const Tensor& qkv, const QkvLayout& la
                                         rows,
                                         s,
                                         dropout};
-    dispatch_head_dim(layout.head_dim, [&](auto max_head_dim) {
+    dispatch_attention_head_dim(layout.head_dim, [&](auto max_head_dim) {
       constexpr int kMaxHeadDim = decltype(max_head_dim)::value;
       cuda::for_each_row(query_rows, AttentionGradQueryRow<T, kMaxHeadDim>{args}, stream);
       cuda::for_each_row(key_rows, AttentionGradKeyValueRow<T, kMaxHeadDim>{args}, stream);
@@ -111,7 +97,7 @@ void run_with_cache(const Tensor& qkv, const QkvLayout& layout, Tensor& keys, Te
     Tensor scratch = qkv.context().empty(Shape{items * (layout.head_dim + 2)}, DType::f32, qkv.device());
     const CachePartials partials{scratch.data<float>(), scratch.data<float>() + items * layout.head_dim,
                                  scratch.data<float>() + items * (layout.head_dim + 1)};
-    dispatch_head_dim(layout.head_dim, [&](auto max_head_dim) {
+    dispatch_attention_head_dim(layout.head_dim, [&](auto max_head_dim) {
       const CachedAttentionBlock<T, decltype(max_head_dim)::value> block{
           qkv.data<T>(), keys.data<T>(), values.data<T>(), partials, cache, blocks, s};
       cuda::for_each_row(items, block, stream);

@@ -26,7 +26,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
+#include "core/error.h"
 #include "core/half.h"
 #include "core/rng.h"
 #include "core/shape.h"
@@ -270,6 +272,18 @@ TESSERA_HD void rescale_add_lanes(float (&acc)[kCount], float factor, float weig
     const int d = lane + kLanes * i;
     acc[i] = acc[i] * factor + (d < head_dim ? weight * to_float(src[d]) : 0.0f);
   }
+}
+
+// Calls fn(std::integral_constant<int, kMaxHeadDim>) with the smallest of 32,
+// 64, 128, 256 holding head_dim: the row functors' register arrays are sized
+// by it (a warp holds Dh/32 floats per lane, SerialGroup the whole vector).
+template <typename Fn>
+void dispatch_attention_head_dim(int64_t head_dim, Fn&& fn) {
+  TESSERA_CHECK(head_dim <= 256, "attention: head dimension ", head_dim, " exceeds 256");
+  if (head_dim <= 32) return fn(std::integral_constant<int, 32>{});
+  if (head_dim <= 64) return fn(std::integral_constant<int, 64>{});
+  if (head_dim <= 128) return fn(std::integral_constant<int, 128>{});
+  return fn(std::integral_constant<int, 256>{});
 }
 
 // ---------------------------------------------------------------------------
