@@ -645,7 +645,7 @@ TEST(DecoderSwitchLayouts, GptWithLlamaSwitchesEqualsOneRank) {
     ScratchDirectory dir("tessera_processes_");
     auto gpt = gpt_args(write_text_dataset(dir.path, 4000, rng), rng());
     for (const char* flag : {"--micro-batch-size", "--num-heads", "--bucket-size-mb", "--hidden-dropout"})
-      gpt = without(gpt, flag);  // (dropout: a dp layout draws other masks than one rank does)
+      gpt = without(gpt, flag);  // (dropout masks follow the micro-batch: dp 2 runs micro-batches of 2)
     const auto args = joined(gpt,
                              {"--num-heads", "4", "--normalization", "RMSNorm", "--swiglu", "--ffn-hidden-size", "48",
                               "--group-query-attention", "--num-query-groups", "2", "--disable-bias-linear",
