@@ -177,6 +177,60 @@ TEST_P(BlockAttention, BackwardAddsTheBlockTermsOfTheFinalSoftmax) {
     }
 }
 
+// Position sets of more than one 64-token tile of the CPU kernel (queries
+// and keys meet tile by tile; a pair no query sees is skipped, one with some
+// hidden keys tested position by position): zigzag chunks of 75 tokens whose
+// boundaries fall inside tiles (rank 0's queries against rank 1's keys: the
+// first chunk's tiles see nothing, a middle tile straddles both chunks; and
+// against its own keys: hidden keys inside tiles off the diagonal), counts
+// that are not multiples of 64, shuffled positions (every tile partial), and
+// queries whose first tile precedes every key of a far key tile.
+std::vector<PositionSets> tiled_position_sets(std::mt19937_64& rng) {
+  std::vector<PositionSets> sets;
+  sets.push_back({zigzag(300, 0, 2), zigzag(300, 1, 2)});
+  sets.push_back({zigzag(300, 0, 2), zigzag(300, 0, 2)});
+  sets.push_back({random_positions(rng, 130, 300), random_positions(rng, 100, 300)});
+  std::vector<int64_t> keys = consecutive_positions(0, 10);
+  const std::vector<int64_t> late = consecutive_positions(100, 120);
+  keys.insert(keys.end(), late.begin(), late.end());
+  sets.push_back({consecutive_positions(0, 150), keys});
+  return sets;
+}
+
+// The forward and backward over those sets equal the reference, the
+// backward given the block's own out and logsumexp and added to random
+// accumulators.
+TEST_P(BlockAttention, TilesSplitAtAnyPositionMatchTheReference) {
+  TESSERA_SEED_TRACE();
+  Context ctx;
+  auto rng = make_rng();
+  const DType dtype = GetParam();
+  for (const PositionSets& set : tiled_position_sets(rng)) {
+    const BlockProblem p = problem_of(Heads{1, 4, 2, 24}, set.q_pos, set.k_pos);
+    SCOPED_TRACE("Tq=" + std::to_string(p.queries()) + " Tk=" + std::to_string(p.keys()));
+    const RandomTensor q = random_tensor(ctx, q_shape(p), dtype, rng, -2.0, 2.0);
+    const RandomTensor kv = random_tensor(ctx, kv_shape(p), dtype, rng, -2.0, 2.0);
+    const RandomTensor grad_out = random_tensor(ctx, q_shape(p), dtype, rng);
+    const BlockReference ref = reference_block_attention(p, q.values, kv.values);
+    expect_forward_matches(block_forward(ctx, p, q.tensor, kv.tensor), ref);
+
+    const Tensor out = ctx.from_doubles(q_shape(p), dtype, ref.out);
+    const Tensor lse = ctx.from_doubles(lse_shape(p), DType::f32, ref.lse);
+    const RandomTensor grad_q = random_tensor(ctx, q_shape(p), DType::f32, rng);
+    const RandomTensor grad_kv = random_tensor(ctx, kv_shape(p), DType::f32, rng);
+    Tensor dq = grad_q.tensor.clone(), dkv = grad_kv.tensor.clone();
+    ops::attention_block_backward(grad_out.tensor, q.tensor, kv.tensor, out, lse, positions_tensor(ctx, p.q_pos),
+                                  positions_tensor(ctx, p.k_pos), dq, dkv);
+    const BlockGradients terms =
+        reference_block_backward(p, q.values, kv.values, grad_out.values, out.to_doubles(), lse.to_doubles());
+    std::vector<double> expected_q = grad_q.values, expected_kv = grad_kv.values;
+    for (size_t i = 0; i < expected_q.size(); ++i) expected_q[i] += terms.q[i];
+    for (size_t i = 0; i < expected_kv.size(); ++i) expected_kv[i] += terms.kv[i];
+    EXPECT_TRUE(all_close(dq, expected_q, f32_gradient())) << "grad_q";
+    EXPECT_TRUE(all_close(dkv, expected_kv, f32_gradient())) << "grad_kv";
+  }
+}
+
 INSTANTIATE_FLOAT_DTYPES(BlockAttention);
 
 // The reference's backward (what the kernels are held to) is the gradient of
