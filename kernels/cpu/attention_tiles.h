@@ -258,7 +258,6 @@ class TilePositions {
     const int64_t* key;    // the key tile's kBlock positions
     bool none;             // no query of the tile sees any key of it: skip the pair
     bool partial;          // some pairs hidden: test each; otherwise all visible
-    bool hidden(int64_t i, int64_t j) const { return partial && key[j] > query[i]; }
   };
   Mask mask(int64_t qb, int64_t kb) const {
     const Range& q = query_range_[size_t(qb)];
@@ -294,6 +293,13 @@ class TilePositions {
   std::vector<int64_t> query_, key_;
   std::vector<Range> query_range_, key_range_;
 };
+
+// Whether key j of a tile pair is hidden from query i; with kPartial false
+// (a pair wholly visible) a constant the compiler drops from the loops.
+template <bool kPartial>
+inline bool hidden(const TilePositions::Mask& mask, int64_t i, int64_t j) {
+  return kPartial && mask.key[j] > mask.query[i];
+}
 
 // What the tile code reads and writes, in the element offsets of a `Rows`
 // (a call's layout: query_offset, key_offset, value_offset, out_offset,
@@ -351,6 +357,48 @@ struct ForwardScratch {
         tile_sum(tile_max + kBlock) {}
 };
 
+// The online softmax over one tile of transposed scores (s.scores_t, keys ×
+// queries): raises each query's max and sum (s.factor: what rescales its
+// accumulated output) and leaves the tile's unnormalised weights in place,
+// 0 for hidden keys. kPartial: the mask is tested (else every key is
+// visible, and the loops carry no test at all).
+template <bool kPartial>
+void softmax_tile(const ForwardScratch& s, int64_t keys, const TilePositions::Mask& mask) {
+  std::fill(s.tile_max, s.tile_max + kBlock, -INFINITY);
+  for (int64_t j = 0; j < keys; ++j) {
+    const float* row = s.scores_t + j * kBlock;
+#pragma omp simd simdlen(16)
+    for (int64_t i = 0; i < kBlock; ++i) {
+      const float score = hidden<kPartial>(mask, i, j) ? -INFINITY : row[i];
+      s.tile_max[i] = score > s.tile_max[i] ? score : s.tile_max[i];
+    }
+  }
+  // A row that sees nothing of the tile (only where some keys are hidden)
+  // keeps its max and sum: raising a max of −∞ to −∞ would make them NaN.
+#pragma omp simd simdlen(16)
+  for (int64_t i = 0; i < kBlock; ++i) {
+    s.tile_sum[i] = 0.0f;
+    if constexpr (kPartial) {
+      if (s.tile_max[i] == -INFINITY) {
+        s.factor[i] = 1.0f;
+        continue;
+      }
+    }
+    s.factor[i] = online_softmax_raise_max(s.max[i], s.sum[i], s.tile_max[i]);
+  }
+  for (int64_t j = 0; j < keys; ++j) {
+    float* row = s.scores_t + j * kBlock;
+#pragma omp simd simdlen(16)
+    for (int64_t i = 0; i < kBlock; ++i) {
+      const float p = hidden<kPartial>(mask, i, j) ? 0.0f : online_softmax_weight(row[i], s.max[i]);
+      row[i] = p;
+      s.tile_sum[i] += p;
+    }
+  }
+#pragma omp simd simdlen(16)
+  for (int64_t i = 0; i < kBlock; ++i) s.sum[i] += s.tile_sum[i];
+}
+
 // Query tile qb of head (b, h): out rows and logsumexp. Scores are formed
 // transposed, Sᵀ = K·(scale·Q)ᵀ [keys × queries], so the online softmax runs
 // down the columns with one vector lane per query row, and the keys need no
@@ -378,30 +426,10 @@ void forward_tile(const Rows& g, const TilePositions& positions, const ForwardOp
     gather_rows(x.kv + g.value_offset(b, s0, kv), g.kv_stride(), keys, dh, 1.0f, s.v, dp);
     gemm<false, false>(keys, kBlock, dh, s.k, dp, s.q_t, kBlock, s.scores_t, kBlock);
 
-    std::fill(s.tile_max, s.tile_max + kBlock, -INFINITY);
-    for (int64_t j = 0; j < keys; ++j) {
-      const float* row = s.scores_t + j * kBlock;
-#pragma omp simd simdlen(16)
-      for (int64_t i = 0; i < kBlock; ++i) {
-        const float score = mask.hidden(i, j) ? -INFINITY : row[i];
-        s.tile_max[i] = score > s.tile_max[i] ? score : s.tile_max[i];
-      }
-    }
-    for (int64_t i = 0; i < kBlock; ++i) {  // a row that sees nothing of this tile keeps its max and sum
-      s.factor[i] = s.tile_max[i] == -INFINITY ? 1.0f : online_softmax_raise_max(s.max[i], s.sum[i], s.tile_max[i]);
-      s.tile_sum[i] = 0.0f;
-    }
-    for (int64_t j = 0; j < keys; ++j) {
-      float* row = s.scores_t + j * kBlock;
-#pragma omp simd simdlen(16)
-      for (int64_t i = 0; i < kBlock; ++i) {
-        const float p = mask.hidden(i, j) ? 0.0f : online_softmax_weight(row[i], s.max[i]);
-        row[i] = p;
-        s.tile_sum[i] += p;
-      }
-    }
-#pragma omp simd simdlen(16)
-    for (int64_t i = 0; i < kBlock; ++i) s.sum[i] += s.tile_sum[i];
+    if (mask.partial)
+      softmax_tile<true>(s, keys, mask);
+    else
+      softmax_tile<false>(s, keys, mask);
     if (dropout.p > 0.0f) drop_transposed_tile(dropout, b, h, t0, rows, s0, keys, s.scores_t);
     for (int64_t i = 0; i < rows; ++i) {
       float* acc = s.acc + i * dp;
@@ -451,7 +479,7 @@ struct BackwardScratch {
 // One tile's probabilities and score gradients, row by row: p holds the
 // scaled scores and leaves with P (∘ mask under kDropout, for dV); ds holds
 // dP = dO·Vᵀ and leaves with dS = P∘(dP (∘ mask) − delta).
-template <bool kDropout>
+template <bool kDropout, bool kPartial>
 void tile_score_grads(const BackwardScratch& s, int64_t rows, const TilePositions::Mask& visible, const float* lse,
                       const float* delta) {
   for (int64_t i = 0; i < rows; ++i) {
@@ -461,7 +489,7 @@ void tile_score_grads(const BackwardScratch& s, int64_t rows, const TilePosition
     const float row_lse = lse[i], row_delta = delta[i];
 #pragma omp simd simdlen(16)
     for (int64_t j = 0; j < kBlock; ++j) {
-      const float prob = visible.hidden(i, j) ? 0.0f : attention_probability(p[j], row_lse);
+      const float prob = hidden<kPartial>(visible, i, j) ? 0.0f : attention_probability(p[j], row_lse);
       if constexpr (kDropout) {
         p[j] = prob * mask[j];
         ds[j] = attention_score_grad(prob, ds[j] * mask[j], row_delta);
@@ -471,6 +499,18 @@ void tile_score_grads(const BackwardScratch& s, int64_t rows, const TilePosition
       }
     }
   }
+}
+
+// tile_score_grads with the dropout and mask tests each compiled in only
+// where they apply.
+inline void score_grads(const BackwardScratch& s, int64_t rows, bool dropout, const TilePositions::Mask& mask,
+                        const float* lse, const float* delta) {
+  if (dropout)
+    mask.partial ? tile_score_grads<true, true>(s, rows, mask, lse, delta)
+                 : tile_score_grads<true, false>(s, rows, mask, lse, delta);
+  else
+    mask.partial ? tile_score_grads<false, true>(s, rows, mask, lse, delta)
+                 : tile_score_grads<false, false>(s, rows, mask, lse, delta);
 }
 
 // Query head h's share of the backward: its dQ, stored (or with kAccumulate
@@ -503,12 +543,8 @@ void backward_head(const Rows& g, const TilePositions& positions, const Backward
       const float* dout = s.grad_out + t0 * dp;
       gemm<false, false>(rows, kBlock, dh, q, dp, s.k_t, kBlock, s.p, kBlock);          // scaled scores S
       gemm<false, false>(rows, kBlock, dh, dout, dp, s.v_t, kBlock, s.grad_s, kBlock);  // dP = dO·Vᵀ
-      if (dropout.p > 0.0f) {
-        dropout_multipliers(dropout, b, h, t0, rows, s0, keys, s.mask);
-        tile_score_grads<true>(s, rows, mask, lse + t0, dl + t0);
-      } else {
-        tile_score_grads<false>(s, rows, mask, lse + t0, dl + t0);
-      }
+      if (dropout.p > 0.0f) dropout_multipliers(dropout, b, h, t0, rows, s0, keys, s.mask);
+      score_grads(s, rows, dropout.p > 0.0f, mask, lse + t0, dl + t0);
       gemm<true, true>(keys, dp, rows, s.p, kBlock, dout, dp, grad_v, dp);                   // dV += Pᵀ·dO
       gemm<false, true>(rows, dp, keys, s.grad_s, kBlock, s.k, dp, s.grad_q + t0 * dp, dp);  // dQ += dS·K
       gemm<true, true>(keys, dp, rows, s.grad_s, kBlock, q, dp, grad_k, dp);                 // dK += dSᵀ·(scale·Q)
