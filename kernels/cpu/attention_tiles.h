@@ -41,6 +41,7 @@
 #include "core/context.h"
 #include "core/parallel_for.h"
 #include "kernels/functors/attention.h"
+#include "kernels/functors/block_attention.h"
 #include "kernels/ops.h"
 
 namespace tessera::cpu_attention {
@@ -228,12 +229,12 @@ void run_tasks(Context& ctx, const std::vector<int64_t>& costs, int64_t scratch_
 }
 
 // Where each query and key of a call sits in the sequence, and which key tile
-// a query tile sees: key s is visible to query t ⇔ key[s] ≤ query[t]. The
-// training attention passes 0..T−1 for both (causal); the blockwise attention
-// its global positions (any set: a zigzag pair of chunks, a whole earlier
-// chunk). Both lists are padded to whole tiles with kPastEnd, a position
-// every padded query sees and no real query does, so a tile's padding is
-// never visible to a real query.
+// a query tile sees: key s is visible to query t ⇔ key[s] ≤ query[t]
+// (block_key_visible). The training attention passes 0..T−1 for both
+// (causal); the blockwise attention its global positions (any set: a zigzag
+// pair of chunks, a whole earlier chunk). Both lists are padded to whole
+// tiles with kPastEnd, a position every padded query sees and no real query
+// does, so a tile's padding is never visible to a real query.
 class TilePositions {
  public:
   static constexpr int64_t kPastEnd = INT64_MAX;
@@ -262,7 +263,8 @@ class TilePositions {
   Mask mask(int64_t qb, int64_t kb) const {
     const Range& q = query_range_[size_t(qb)];
     const Range& k = key_range_[size_t(kb)];
-    return Mask{query_.data() + qb * kBlock, key_.data() + kb * kBlock, k.min > q.max, k.max > q.min};
+    return Mask{query_.data() + qb * kBlock, key_.data() + kb * kBlock, !block_key_visible(q.max, k.min),
+                !block_key_visible(q.min, k.max)};
   }
   // How many key tiles query tile qb sees (its forward task's cost).
   int64_t visible_key_tiles(int64_t qb) const {
@@ -298,7 +300,7 @@ class TilePositions {
 // (a pair wholly visible) a constant the compiler drops from the loops.
 template <bool kPartial>
 inline bool hidden(const TilePositions::Mask& mask, int64_t i, int64_t j) {
-  return kPartial && mask.key[j] > mask.query[i];
+  return kPartial && !block_key_visible(mask.query[i], mask.key[j]);
 }
 
 // What the tile code reads and writes, in the element offsets of a `Rows`

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/functors/block_attention.h"
 #include "kernels/ops.h"
 #include "tests/kernels/attention_support.h"
 #include "tests/kernels/dtype_params.h"
@@ -228,6 +229,52 @@ TEST_P(BlockAttention, TilesSplitAtAnyPositionMatchTheReference) {
     for (size_t i = 0; i < expected_kv.size(); ++i) expected_kv[i] += terms.kv[i];
     EXPECT_TRUE(all_close(dq, expected_q, f32_gradient())) << "grad_q";
     EXPECT_TRUE(all_close(dkv, expected_kv, f32_gradient())) << "grad_kv";
+  }
+}
+
+// What a GPU runs (BlockAttentionForwardRow, BlockAttentionGradQueryRow,
+// BlockAttentionGradKeyValueRow: a warp per row there; the CPU runs the
+// tiles of kernels/cpu/attention_tiles.h instead) run here with one lane per
+// row, forward and backward, against the reference.
+TEST_P(BlockAttention, RowFunctorsMatchTheReference) {
+  TESSERA_SEED_TRACE();
+  Context ctx;
+  auto rng = make_rng();
+  const DType dtype = GetParam();
+  std::vector<PositionSets> sets = position_sets(rng);
+  sets.push_back(tiled_position_sets(rng)[2]);
+  for (const PositionSets& set : sets) {
+    const BlockProblem p = problem_of(Heads{2, 4, 2, 24}, set.q_pos, set.k_pos);
+    const RandomTensor q = random_tensor(ctx, q_shape(p), dtype, rng, -2.0, 2.0);
+    const RandomTensor kv = random_tensor(ctx, kv_shape(p), dtype, rng, -2.0, 2.0);
+    const RandomTensor grad_out = random_tensor(ctx, q_shape(p), dtype, rng);
+    const Tensor q_pos = positions_tensor(ctx, p.q_pos), k_pos = positions_tensor(ctx, p.k_pos);
+    const BlockReference ref = reference_block_attention(p, q.values, kv.values);
+    const Tensor out = ctx.from_doubles(q_shape(p), dtype, ref.out);
+    const Tensor lse = ctx.from_doubles(lse_shape(p), DType::f32, ref.lse);
+    BlockForward f{poisoned(ctx, q_shape(p), DType::f32), poisoned(ctx, lse_shape(p), DType::f32)};
+    Tensor delta = poisoned(ctx, lse_shape(p), DType::f32);
+    Tensor dq = ctx.zeros(q_shape(p), DType::f32), dkv = ctx.zeros(kv_shape(p), DType::f32);
+    const BlockRows rows = block_rows_of(q.tensor.shape(), kv.tensor.shape());
+    dispatch_float(dtype, "row functors", [&](auto tag) {
+      using T = decltype(tag);
+      const auto forward = block_forward_row<T, 256>(q.tensor, kv.tensor, q_pos, k_pos, f.out, f.lse, 0.0f);
+      for (int64_t row = 0; row < rows.query_rows(); ++row) forward(SerialGroup{}, row);
+      const AttentionDelta<T> delta_op{
+          grad_out.tensor.data<T>(), out.data<T>(), delta.data<float>(), rows.queries, rows.heads, rows.head_dim};
+      for (int64_t row = 0; row < rows.query_rows(); ++row) delta_op(row);
+      const auto args =
+          block_backward_args<T>(grad_out.tensor, q.tensor, kv.tensor, lse, delta, q_pos, k_pos, dq, dkv, 0.0f);
+      for (int64_t row = 0; row < rows.query_rows(); ++row)
+        BlockAttentionGradQueryRow<T, 256>{args}(SerialGroup{}, row);
+      for (int64_t row = 0; row < rows.key_rows(); ++row)
+        BlockAttentionGradKeyValueRow<T, 256>{args}(SerialGroup{}, row);
+    });
+    expect_forward_matches(f, ref);
+    const BlockGradients grads =
+        reference_block_backward(p, q.values, kv.values, grad_out.values, out.to_doubles(), lse.to_doubles());
+    EXPECT_TRUE(all_close(dq, grads.q, f32_gradient())) << "grad_q";
+    EXPECT_TRUE(all_close(dkv, grads.kv, f32_gradient())) << "grad_kv";
   }
 }
 
