@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/functors/block_attention.h"
 #include "kernels/ops.h"
 #include "tests/kernels/attention_support.h"
 #include "tests/kernels/dtype_params.h"
@@ -175,6 +176,106 @@ TEST_P(BlockAttention, BackwardAddsTheBlockTermsOfTheFinalSoftmax) {
       EXPECT_TRUE(all_close(dq, expected_q, f32_gradient())) << "grad_q";
       EXPECT_TRUE(all_close(dkv, expected_kv, f32_gradient())) << "grad_kv";
     }
+}
+
+// Position sets of more than one 64-token tile of the CPU kernel (queries
+// and keys meet tile by tile; a pair no query sees is skipped, one with some
+// hidden keys tested position by position): zigzag chunks of 75 tokens whose
+// boundaries fall inside tiles (rank 0's queries against rank 1's keys: the
+// first chunk's tiles see nothing, a middle tile straddles both chunks; and
+// against its own keys: hidden keys inside tiles off the diagonal), counts
+// that are not multiples of 64, shuffled positions (every tile partial), and
+// queries whose first tile precedes every key of a far key tile.
+std::vector<PositionSets> tiled_position_sets(std::mt19937_64& rng) {
+  std::vector<PositionSets> sets;
+  sets.push_back({zigzag(300, 0, 2), zigzag(300, 1, 2)});
+  sets.push_back({zigzag(300, 0, 2), zigzag(300, 0, 2)});
+  sets.push_back({random_positions(rng, 130, 300), random_positions(rng, 100, 300)});
+  std::vector<int64_t> keys = consecutive_positions(0, 10);
+  const std::vector<int64_t> late = consecutive_positions(100, 120);
+  keys.insert(keys.end(), late.begin(), late.end());
+  sets.push_back({consecutive_positions(0, 150), keys});
+  return sets;
+}
+
+// The forward and backward over those sets equal the reference, the
+// backward given the block's own out and logsumexp and added to random
+// accumulators.
+TEST_P(BlockAttention, TilesSplitAtAnyPositionMatchTheReference) {
+  TESSERA_SEED_TRACE();
+  Context ctx;
+  auto rng = make_rng();
+  const DType dtype = GetParam();
+  for (const PositionSets& set : tiled_position_sets(rng)) {
+    const BlockProblem p = problem_of(Heads{1, 4, 2, 24}, set.q_pos, set.k_pos);
+    SCOPED_TRACE("Tq=" + std::to_string(p.queries()) + " Tk=" + std::to_string(p.keys()));
+    const RandomTensor q = random_tensor(ctx, q_shape(p), dtype, rng, -2.0, 2.0);
+    const RandomTensor kv = random_tensor(ctx, kv_shape(p), dtype, rng, -2.0, 2.0);
+    const RandomTensor grad_out = random_tensor(ctx, q_shape(p), dtype, rng);
+    const BlockReference ref = reference_block_attention(p, q.values, kv.values);
+    expect_forward_matches(block_forward(ctx, p, q.tensor, kv.tensor), ref);
+
+    const Tensor out = ctx.from_doubles(q_shape(p), dtype, ref.out);
+    const Tensor lse = ctx.from_doubles(lse_shape(p), DType::f32, ref.lse);
+    const RandomTensor grad_q = random_tensor(ctx, q_shape(p), DType::f32, rng);
+    const RandomTensor grad_kv = random_tensor(ctx, kv_shape(p), DType::f32, rng);
+    Tensor dq = grad_q.tensor.clone(), dkv = grad_kv.tensor.clone();
+    ops::attention_block_backward(grad_out.tensor, q.tensor, kv.tensor, out, lse, positions_tensor(ctx, p.q_pos),
+                                  positions_tensor(ctx, p.k_pos), dq, dkv);
+    const BlockGradients terms =
+        reference_block_backward(p, q.values, kv.values, grad_out.values, out.to_doubles(), lse.to_doubles());
+    std::vector<double> expected_q = grad_q.values, expected_kv = grad_kv.values;
+    for (size_t i = 0; i < expected_q.size(); ++i) expected_q[i] += terms.q[i];
+    for (size_t i = 0; i < expected_kv.size(); ++i) expected_kv[i] += terms.kv[i];
+    EXPECT_TRUE(all_close(dq, expected_q, f32_gradient())) << "grad_q";
+    EXPECT_TRUE(all_close(dkv, expected_kv, f32_gradient())) << "grad_kv";
+  }
+}
+
+// What a GPU runs (BlockAttentionForwardRow, BlockAttentionGradQueryRow,
+// BlockAttentionGradKeyValueRow: a warp per row there; the CPU runs the
+// tiles of kernels/cpu/attention_tiles.h instead) run here with one lane per
+// row, forward and backward, against the reference.
+TEST_P(BlockAttention, RowFunctorsMatchTheReference) {
+  TESSERA_SEED_TRACE();
+  Context ctx;
+  auto rng = make_rng();
+  const DType dtype = GetParam();
+  std::vector<PositionSets> sets = position_sets(rng);
+  sets.push_back(tiled_position_sets(rng)[2]);
+  for (const PositionSets& set : sets) {
+    const BlockProblem p = problem_of(Heads{2, 4, 2, 24}, set.q_pos, set.k_pos);
+    const RandomTensor q = random_tensor(ctx, q_shape(p), dtype, rng, -2.0, 2.0);
+    const RandomTensor kv = random_tensor(ctx, kv_shape(p), dtype, rng, -2.0, 2.0);
+    const RandomTensor grad_out = random_tensor(ctx, q_shape(p), dtype, rng);
+    const Tensor q_pos = positions_tensor(ctx, p.q_pos), k_pos = positions_tensor(ctx, p.k_pos);
+    const BlockReference ref = reference_block_attention(p, q.values, kv.values);
+    const Tensor out = ctx.from_doubles(q_shape(p), dtype, ref.out);
+    const Tensor lse = ctx.from_doubles(lse_shape(p), DType::f32, ref.lse);
+    BlockForward f{poisoned(ctx, q_shape(p), DType::f32), poisoned(ctx, lse_shape(p), DType::f32)};
+    Tensor delta = poisoned(ctx, lse_shape(p), DType::f32);
+    Tensor dq = ctx.zeros(q_shape(p), DType::f32), dkv = ctx.zeros(kv_shape(p), DType::f32);
+    const BlockRows rows = block_rows_of(q.tensor.shape(), kv.tensor.shape());
+    dispatch_float(dtype, "row functors", [&](auto tag) {
+      using T = decltype(tag);
+      const auto forward = block_forward_row<T, 256>(q.tensor, kv.tensor, q_pos, k_pos, f.out, f.lse, 0.0f);
+      for (int64_t row = 0; row < rows.query_rows(); ++row) forward(SerialGroup{}, row);
+      const AttentionDelta<T> delta_op{
+          grad_out.tensor.data<T>(), out.data<T>(), delta.data<float>(), rows.queries, rows.heads, rows.head_dim};
+      for (int64_t row = 0; row < rows.query_rows(); ++row) delta_op(row);
+      const auto args =
+          block_backward_args<T>(grad_out.tensor, q.tensor, kv.tensor, lse, delta, q_pos, k_pos, dq, dkv, 0.0f);
+      for (int64_t row = 0; row < rows.query_rows(); ++row)
+        BlockAttentionGradQueryRow<T, 256>{args}(SerialGroup{}, row);
+      for (int64_t row = 0; row < rows.key_rows(); ++row)
+        BlockAttentionGradKeyValueRow<T, 256>{args}(SerialGroup{}, row);
+    });
+    expect_forward_matches(f, ref);
+    const BlockGradients grads =
+        reference_block_backward(p, q.values, kv.values, grad_out.values, out.to_doubles(), lse.to_doubles());
+    EXPECT_TRUE(all_close(dq, grads.q, f32_gradient())) << "grad_q";
+    EXPECT_TRUE(all_close(dkv, grads.kv, f32_gradient())) << "grad_kv";
+  }
 }
 
 INSTANTIATE_FLOAT_DTYPES(BlockAttention);
