@@ -60,9 +60,11 @@ std::vector<ModelField> model_fields(const nn::ModelConfig& m, DType dtype) {
   return fields;
 }
 
-std::string layout_text(int64_t dp, int64_t tp, int64_t pp, int64_t virtual_stages, int64_t zero, int64_t world) {
+std::string layout_text(int64_t dp, int64_t tp, int64_t pp, int64_t virtual_stages, int64_t zero, int64_t world,
+                        int64_t cp) {
   std::ostringstream out;
   out << "dp=" << dp << " tp=" << tp << " pp=" << pp;
+  if (cp > 1) out << " cp=" << cp;
   if (virtual_stages > 1) out << " x " << virtual_stages << " chunks";
   out << " zero=" << zero << " on " << world << " rank(s)";
   return out.str();
@@ -150,7 +152,7 @@ std::vector<io::TensorPiece> training_pieces(const TrainState& s) {
       // One writer per element: data-parallel replicas and, for tensors every
       // tensor-parallel rank holds whole, the tp ranks after the first write
       // nothing; nor does the last pipeline stage's tied copy of the embedding.
-      piece.owner = s.dp_rank == 0 && (p->shard.split || s.tp_rank == 0) && !p->tied_copy;
+      piece.owner = s.dp_rank == 0 && s.cp_rank == 0 && (p->shard.split || s.tp_rank == 0) && !p->tied_copy;
       pieces.push_back(std::move(piece));
     }
   }
@@ -173,6 +175,7 @@ io::CheckpointMetadata training_metadata(const TrainState& s, const Counters& k)
   meta["layout.dp"] = std::to_string(s.dp);
   meta["layout.tp"] = std::to_string(s.tp);
   meta["layout.pp"] = std::to_string(s.pp);
+  meta["layout.cp"] = std::to_string(s.cp);
   meta["layout.virtual_stages"] = std::to_string(s.virtual_stages);
   meta["layout.zero"] = std::to_string(s.replica->zero_stage());
   meta["optimizer.kind"] = nn::optimizer_kind_name(s.replica->optimizer().config().kind);
@@ -432,10 +435,12 @@ Resumed load_training_checkpoint(const TrainState& s, const std::string& path) {
   const int64_t saved_dp = meta.integer("layout.dp"), saved_zero = meta.integer("layout.zero");
   // Checkpoints from before interleaving have no layout.virtual_stages: one chunk per stage.
   const int64_t saved_chunks = meta.find("layout.virtual_stages") ? meta.integer("layout.virtual_stages") : 1;
+  // Checkpoints from before context parallelism have no layout.cp: whole sequences.
+  const int64_t saved_cp = meta.find("layout.cp") ? meta.integer("layout.cp") : 1;
   out.saved_layout = layout_text(saved_dp, meta.integer("layout.tp"), meta.integer("layout.pp"), saved_chunks,
-                                 saved_zero, meta.integer("layout.world"));
+                                 saved_zero, meta.integer("layout.world"), saved_cp);
   out.resharded = saved_dp != s.dp || saved_zero != s.replica->zero_stage() || meta.integer("layout.tp") != s.tp ||
-                  meta.integer("layout.pp") != s.pp || saved_chunks != s.virtual_stages;
+                  meta.integer("layout.pp") != s.pp || saved_chunks != s.virtual_stages || saved_cp != s.cp;
   if (const auto run = meta.find("tracking.mlflow_run_id")) out.mlflow_run_id = *run;
   if (const auto uri = meta.find("tracking.mlflow_uri")) out.mlflow_uri = *uri;
   for (const auto& [key, value] : settings(c)) {

@@ -211,6 +211,12 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
       ->check(whole_number_at_least(1))
       ->group(parallel);
   command
+      .add_option("--context-parallel-size,--cp", c.context_parallel,
+                  "Split every sequence over C ranks (gpt, llama): rank r holds chunks r and 2C-1-r of 2C, "
+                  "attention runs as ring attention; --seq-length a multiple of 2C")
+      ->check(whole_number_at_least(1))
+      ->group(parallel);
+  command
       .add_option("--pipeline-parallel,--pp", c.pipeline_parallel,
                   "Split the model's layers into P pipeline stages (gpt, llama, mlp); micro-batches = global batch / "
                   "(micro-batch x dp)")
@@ -1005,6 +1011,16 @@ void validate(const TrainConfig& c) {
   TESSERA_CHECK(c.tensor_parallel == 1 || model.splits_over_tensor_parallel, "--tensor-parallel ", c.tensor_parallel,
                 " splits the layers of --model gpt; --model ", c.model,
                 " trains with data parallelism only (drop --tensor-parallel)");
+  TESSERA_CHECK(c.context_parallel == 1 || model.reads_tokens, "--context-parallel-size ", c.context_parallel,
+                " splits the sequences of --model gpt or llama; --model ", c.model,
+                " has none (drop --context-parallel-size)");
+  TESSERA_CHECK(c.context_parallel == 1 || c.seq_length % (2 * c.context_parallel) == 0, "--context-parallel-size ",
+                c.context_parallel, " cuts each sequence into ", 2 * c.context_parallel,
+                " equal chunks; --seq-length ", c.seq_length, " is not a multiple of ", 2 * c.context_parallel);
+  TESSERA_CHECK(c.context_parallel == 1 || (c.eval_data.empty() && c.sample_interval == 0),
+                "--context-parallel-size ", c.context_parallel, " does not evaluate or sample yet; drop ",
+                c.eval_data.empty() ? "--sample-interval" : "--eval-data", " (the checkpoints evaluate and generate "
+                "without context parallelism)");
   TESSERA_CHECK(c.bucket_size_mb > 0, "--bucket-size-mb must be positive, got ", c.bucket_size_mb);
   TESSERA_CHECK(c.comm_backend == "auto" || c.comm_backend == "mpi" || c.comm_backend == "nccl",
                 "--comm-backend must be auto, mpi or nccl, got '", c.comm_backend, "'");
@@ -1064,6 +1080,7 @@ std::string describe(const TrainConfig& c) {
       << " weight_decay=" << c.weight_decay << " clip_grad=" << c.clip_grad << "\nprecision=" << c.precision
       << " device=" << c.device << " threads=" << c.threads << " seed=" << c.seed
       << "\ntensor_parallel=" << c.tensor_parallel << " sequence_parallel=" << c.sequence_parallel
+      << " context_parallel=" << c.context_parallel
       << " pipeline_parallel=" << c.pipeline_parallel << " rank_order=" << c.rank_order
       << " pipeline_schedule=" << c.pipeline_schedule
       << " pipeline_split=" << c.pipeline_split << " virtual_pipeline_stages=" << c.virtual_pipeline_stages
@@ -1147,6 +1164,7 @@ std::vector<std::pair<std::string, std::string>> settings(const TrainConfig& c) 
       {"seed", std::to_string(c.seed)},
       {"tensor-parallel", std::to_string(c.tensor_parallel)},
       {"sequence-parallel", flag(c.sequence_parallel)},
+      {"context-parallel-size", std::to_string(c.context_parallel)},
       {"pipeline-parallel", std::to_string(c.pipeline_parallel)},
       {"rank-order", c.rank_order},
       {"pipeline-schedule", c.pipeline_schedule},

@@ -79,6 +79,7 @@ struct TrainConfig {
   // Parallelism: world = dp × tp × pp; dp = world / (tp · pp).
   int tensor_parallel = 1;         // --tensor-parallel/--tp K: split each GPT layer over K ranks (Megatron-style)
   bool sequence_parallel = false;  // --sequence-parallel: shard norms/dropout along the sequence (tp > 1)
+  int context_parallel = 1;        // --context-parallel-size/--cp C: each sequence split over C ranks (ring attention)
   int pipeline_parallel = 1;       // --pipeline-parallel/--pp P: consecutive layers on P stages
   std::string rank_order = "tp-cp-ep-dp-pp";  // --rank-order: the layout's axes, fastest-varying first
   std::string pipeline_schedule = "1f1b";  // --pipeline-schedule gpipe|1f1b

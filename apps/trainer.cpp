@@ -61,6 +61,7 @@
 #include "parallel/mpi_env.h"
 #include "parallel/pipeline.h"
 #include "parallel/layout.h"
+#include "parallel/ring_attention.h"
 #include "parallel/process_group.h"
 #include "models/stage_model.h"
 #include "parallel/tensor_parallel.h"
@@ -200,12 +201,21 @@ nn::ModelConfig model_config(const TrainConfig& c, const std::optional<io::Datas
 // checkpointed run's next global batch began, which must fall on a global
 // batch boundary of this run (micro-batch x ranks).
 class BatchSource {
+  static std::vector<int64_t> all_positions(int64_t t) {
+    std::vector<int64_t> positions(size_t(t), 0);
+    for (int64_t i = 0; i < t; ++i) positions[size_t(i)] = i;
+    return positions;
+  }
+
  public:
+  // token_positions: under context parallelism the positions of each
+  // sequence this rank holds (its zigzag share); empty: all.
   BatchSource(Context& ctx, const TrainConfig& c, const nn::ModelConfig& m, Device device, DType dtype, int rank,
-              int ranks, const SamplerPosition& start)
+              int ranks, const SamplerPosition& start, const std::vector<int64_t>& token_positions = {})
       : global_(c.micro_batch_size * ranks) {
     if (!c.synthetic) {
       io::LoaderOptions options;
+      options.token_positions = token_positions;
       options.batch_size = c.micro_batch_size;
       options.seed = c.seed;
       options.device = device;
@@ -243,11 +253,16 @@ class BatchSource {
       std::vector<int32_t> ids(size_t(global * t)), next(ids.size());
       for (auto& v : ids) v = token(ids_rng);
       for (auto& v : next) v = token(next_rng);
+      const std::vector<int64_t> kept = token_positions.empty() ? all_positions(t) : token_positions;
       const auto slice = [&](const std::vector<int32_t>& all) {
-        return std::vector<int32_t>(all.begin() + first * t, all.begin() + (first + b) * t);
+        std::vector<int32_t> mine;
+        for (int64_t row = first; row < first + b; ++row)
+          for (const int64_t position : kept) mine.push_back(all[size_t(row * t + position)]);
+        return mine;
       };
-      synthetic_.inputs = ctx.from_vector(Shape{b, t}, slice(ids), device);
-      synthetic_.targets = ctx.from_vector(Shape{b, t}, slice(next), device);
+      const int64_t columns = int64_t(kept.size());
+      synthetic_.inputs = ctx.from_vector(Shape{b, columns}, slice(ids), device);
+      synthetic_.targets = ctx.from_vector(Shape{b, columns}, slice(next), device);
     } else {
       synthetic_.inputs = ctx.empty(Shape{b, m.channels, m.height, m.width}, dtype, device);
       synthetic_.inputs.uniform_at_(c.seed, 7, uint64_t(first * m.channels * m.height * m.width), 0.0f, 1.0f);
@@ -568,7 +583,7 @@ std::string describe_resume(const TrainConfig& c, const std::optional<Resumed>& 
   out << "\n";
   if (resumed->resharded)
     out << "resharding: the checkpoint was saved under " << resumed->saved_layout << ", this run is dp=" << state.dp
-        << " tp=" << state.tp << " pp=" << state.pp
+        << " tp=" << state.tp << " pp=" << state.pp << (state.cp > 1 ? " cp=" + std::to_string(state.cp) : std::string())
         << (state.virtual_stages > 1 ? " x " + std::to_string(state.virtual_stages) + " chunks" : std::string())
         << " zero=" << c.zero << " on " << state.world->size() << " rank(s); each rank read its own slices\n";
   if (!resumed->changed_settings.empty()) {
@@ -695,7 +710,8 @@ TrainResult estimate_only(const TrainConfig& c, const nn::ModelConfig& model_cfg
   TrainResult estimate;
   estimate.data_parallel_size = layout.size("dp");
   estimate.memory_estimate =
-      estimate_memory(c, *stage_model.module, layout.size("dp"), micro_batches, spec.dtype, world, ctx);
+      estimate_memory(c, *stage_model.module, layout.size("dp") * layout.size("cp"), micro_batches, spec.dtype, world,
+                      ctx);  // ZeRO shards over the replicas: dp × cp
   return estimate;
 }
 
@@ -738,6 +754,8 @@ TrainState train_state(const TrainConfig& c, const nn::ModelConfig& model, DType
   state.dp = layout.size("dp");
   state.tp = layout.size("tp");
   state.pp = layout.size("pp");
+  state.cp = layout.size("cp");
+  state.cp_rank = layout.rank("cp");
   state.virtual_stages = c.virtual_pipeline_stages;
   state.dp_rank = layout.rank("dp");
   state.tp_rank = layout.rank("tp");
@@ -767,10 +785,18 @@ void lock_save_directory(const TrainConfig& c, std::optional<io::SaveDirectoryLo
   lock.emplace(c.save);
 }
 
+// Under context parallelism the positions of each sequence this rank holds
+// (its zigzag share, parallel/ring_attention.h); empty without.
+std::vector<int64_t> context_share(parallel::Layout& layout, int64_t seq_length) {
+  if (layout.size("cp") == 1) return {};
+  return parallel::zigzag_shard(seq_length, layout.rank("cp"), layout.size("cp")).positions();
+}
+
 parallel::LayoutSizes layout_sizes(const TrainConfig& c) {
   parallel::LayoutSizes sizes;
   sizes.tp = c.tensor_parallel;
   sizes.pp = c.pipeline_parallel;
+  sizes.cp = c.context_parallel;
   sizes.order = c.rank_order;
   return sizes;
 }
@@ -832,7 +858,7 @@ parallel::TrainStepParts train_step_parts(const TrainConfig& c, Context& ctx, De
   parts.replica = &replica;
   parts.scaler = &scaler;
   parts.pipeline = &layout.group("pp");
-  parts.data_parallel = &layout.group("dp");
+  parts.data_parallel = layout.size("cp") > 1 ? &layout.group({"dp", "cp"}) : &layout.group("dp");
   parts.embedding_group = groups.embedding.get();
   parts.tied_table = stage_model.tied_table;
   parts.seed = c.seed;
@@ -1055,8 +1081,10 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
 
   // The trace first: the data-parallel reducer writes its communication into it.
   io::TraceWriter trace(trace_options(c, *world));
+  // The replicas a gradient is averaged over: dp, and the cp ranks that share its samples.
+  parallel::Communicator& replicas = layout.size("cp") > 1 ? layout.group({"dp", "cp"}) : dp;
   parallel::DataParallel replica(
-      parameters, dp, optimizer_config(c),
+      parameters, replicas, optimizer_config(c),
       data_parallel_options(c, layout, groups.model, stage_model.tied_table, *model, trace));
   nn::GradScaler scaler = nn::GradScaler::for_dtype(dtype);
   // The step: the same driver for every layout (one stage is the degenerate pipeline).
@@ -1068,7 +1096,8 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   const std::optional<Resumed> resumed = resume_if_asked(c, state, *world, ctx, device);
   Counters counters = resumed ? resumed->counters : Counters{};
 
-  BatchSource source(ctx, c, model_cfg, device, dtype, dp.rank(), dp.size(), counters.sampler);
+  BatchSource source(ctx, c, model_cfg, device, dtype, dp.rank(), dp.size(), counters.sampler,
+                     context_share(layout, c.seq_length));
   const int64_t total_steps = total_steps_of(c, source.batches_per_epoch(), accumulation);
   const nn::LrScheduleConfig schedule_cfg = lr_schedule_config(c, std::max<int64_t>(total_steps, 1));
   const nn::LrSchedule schedule(schedule_cfg);

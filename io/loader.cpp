@@ -147,6 +147,22 @@ struct DataLoader::State {
     return Tensor(std::make_shared<Storage>(ctx, pinned, bytes, nullptr), 0, shape, dtype);
   }
 
+  // Context parallelism: the columns of a token batch at options.token_positions.
+  Batch keep_token_positions(Batch batch) {
+    const std::vector<int64_t>& keep = options.token_positions;
+    if (keep.empty() || batch.inputs.ndim() != 2) return batch;
+    const int64_t rows = batch.inputs.size(0), length = batch.inputs.size(1), kept = int64_t(keep.size());
+    for (Tensor* part : {&batch.inputs, &batch.targets}) {
+      Tensor narrow = host_tensor(Shape{rows, kept}, DType::i32);
+      const int32_t* from = part->data<int32_t>();
+      int32_t* to = narrow.data<int32_t>();
+      for (int64_t row = 0; row < rows; ++row)
+        for (int64_t i = 0; i < kept; ++i) to[row * kept + i] = from[row * length + keep[size_t(i)]];
+      *part = std::move(narrow);
+    }
+    return batch;
+  }
+
   Batch make_batch(int64_t epoch, int64_t step) {
     const std::vector<int64_t> chosen = indices(epoch, step, order_for(epoch));
     const auto count = int64_t(chosen.size());
@@ -259,7 +275,7 @@ struct DataLoader::State {
     Item item;
     try {
       release_copied(false);
-      item.batch = make_batch(epoch, step);
+      item.batch = keep_token_positions(make_batch(epoch, step));
       if (options.device.is_accelerator()) item.copied = copy_to_device(item.batch);
     } catch (const Error& failure) {
       item.error =

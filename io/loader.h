@@ -57,6 +57,9 @@ struct LoaderOptions {
   Device device = Device::cpu();            // where next() delivers batches
   DType input_dtype = DType::f32;           // classification inputs: f32, bf16 or f16
   int64_t seq_length = 0;                   // tokens: T
+  // Context parallelism: each sample's tokens (inputs and targets) at these
+  // positions of its T, in this order (a rank's zigzag share); empty: all T.
+  std::vector<int64_t> token_positions;
   int prefetch = 2;                         // batches prepared ahead (>= 1)
   int64_t start_epoch = 0, start_step = 0;  // where the first next() starts (resuming a run)
 };

@@ -86,6 +86,8 @@ enum class ReduceKind { sum, mean, max, sum_squares };
                                Tensor& grad_q, Tensor& grad_kv, float scale))                                          \
   X(rotary_forward, (const Tensor& qkv, const Tensor& positions, Tensor& out, float base))                             \
   X(rotary_backward, (const Tensor& grad_out, const Tensor& positions, Tensor& grad_qkv, float base))                  \
+  X(split_qkv, (const Tensor& qkv, bool grouped, Tensor& q, Tensor& kv))                                               \
+  X(join_qkv, (const Tensor& grad_q, const Tensor& grad_kv, bool grouped, Tensor& grad_qkv))                           \
   X(conv2d_forward,                                                                                                    \
     (const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, const ops::Conv2dParams& params))           \
   X(conv2d_backward, (const Tensor& grad_y, const Tensor& x, const Tensor& weight, Tensor* grad_x,                     \

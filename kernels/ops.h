@@ -262,6 +262,21 @@ void rotary_forward(const Tensor& qkv, const Tensor& positions, Tensor& out, flo
 void rotary_backward(const Tensor& grad_out, const Tensor& positions, Tensor& grad_qkv, float base);
 
 // ---------------------------------------------------------------------------
+// Attention projections split for the ring (context parallelism)
+// ---------------------------------------------------------------------------
+// The queries and the compact key/value block that ring attention takes
+// (parallel/ring_attention.h) out of one layer's projections qkv, GPT-2's
+// [B, T, 3, H, Dh] (grouped false) or Megatron's grouped [B, T, G, R + 2, Dh]
+// (grouped true): q [B, T, H, Dh] (query head h = g·R + j), kv [B, T, G, 2, Dh]
+// (per key/value head its key, then its value; G = H for GPT-2's). q and kv
+// in qkv's dtype. Copies: no arithmetic.
+void split_qkv(const Tensor& qkv, bool grouped, Tensor& q, Tensor& kv);
+// The transpose: grad_q [B, T, H, Dh] and grad_kv [B, T, G, 2, Dh] (f32, or
+// grad_qkv's dtype) written into grad_qkv (every element of it, rounded to
+// its dtype) in the layout split_qkv read.
+void join_qkv(const Tensor& grad_q, const Tensor& grad_kv, bool grouped, Tensor& grad_qkv);
+
+// ---------------------------------------------------------------------------
 // Convolution and pooling (NCHW)
 // ---------------------------------------------------------------------------
 struct Conv2dParams {

@@ -436,6 +436,7 @@ Tensor PositionEmbedding::forward_impl(const Tensor& input, Saved& saved, const 
   check_activation(*this, input);
   TESSERA_CHECK(input.ndim() == 3 && input.size(2) == dim_, name(), ": the input has shape ", input.shape().to_string(),
                 ", expected [B, T, ", dim_, "]");
+  if (!positions_.empty() && !pass.kv_cache) return forward_at_positions(input, saved);
   const int64_t tokens = input.size(1);
   const int64_t first = pass.kv_cache ? pass.kv_cache->position() : int64_t(shard_) * tokens;
   TESSERA_CHECK(first + tokens <= max_tokens_, name(), ": a sequence of ", first + tokens * shards_,
@@ -449,7 +450,35 @@ Tensor PositionEmbedding::forward_impl(const Tensor& input, Saved& saved, const 
   return y;
 }
 
+// Rows weight[positions] [T, C] gathered (an embedding lookup of the
+// positions), added to every sequence.
+Tensor PositionEmbedding::forward_at_positions(const Tensor& input, Saved& saved) {
+  const int64_t tokens = input.size(1);
+  TESSERA_CHECK(tokens == int64_t(positions_.size()), name(), ": the input holds ", tokens, " tokens of each sequence, ",
+                "but the layer was given ", positions_.size(), " positions");
+  const Tensor where = context().from_vector(Shape{tokens}, positions_, spec().device);
+  Tensor rows = context().empty(Shape{tokens, dim_}, spec().dtype, spec().device);
+  ops::embedding_forward(where, weight_->value, rows);
+  Tensor y = empty_like(input);
+  Tensor y_rows = y.view(Shape{input.size(0), tokens * dim_});
+  ops::bias_add(input.view(Shape{input.size(0), tokens * dim_}), rows.view(Shape{tokens * dim_}), y_rows);
+  saved.clear();
+  saved.tensors = {where};
+  return y;
+}
+
+Tensor PositionEmbedding::backward_at_positions(const Tensor& grad_output, Saved& saved) {
+  const Tensor where = saved.tensors[0];
+  saved.clear();
+  const int64_t tokens = where.size(0);
+  Tensor summed = context().empty(Shape{tokens * dim_}, DType::f32, spec().device);
+  ops::bias_add_backward(grad_output.view(Shape{grad_output.size(0), tokens * dim_}), summed);
+  ops::embedding_backward(where, summed.view(Shape{tokens, dim_}), weight_->grad);
+  return grad_output;
+}
+
 Tensor PositionEmbedding::backward_impl(const Tensor& grad_output, Saved& saved) {
+  if (saved.tensors.size() == 1) return backward_at_positions(grad_output, saved);
   check_saved(*this, saved, 0, 2);
   const int64_t tokens = saved.scalars[0], first = saved.scalars[1];
   saved.clear();

@@ -206,10 +206,17 @@ class PositionEmbedding : public Module {
     shard_ = shard;
     shards_ = shards;
   }
+  // Context parallelism: the input's tokens are at these positions of each
+  // sequence (any order, e.g. a zigzag share), which the rows of the table
+  // added to them follow (overrides the sequence shard).
+  void set_positions(std::vector<int64_t> positions) { positions_ = std::move(positions); }
 
  private:
+  Tensor forward_at_positions(const Tensor& input, Saved& saved);
+  Tensor backward_at_positions(const Tensor& grad_output, Saved& saved);
   int64_t max_tokens_, dim_;
   int shard_ = 0, shards_ = 1;
+  std::vector<int64_t> positions_;
   Parameter* weight_;
 };
 

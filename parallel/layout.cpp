@@ -160,7 +160,7 @@ std::string Layout::describe() const {
 PipelineGroups pipeline_groups(Layout& layout, bool end_stage) {
   PipelineGroups groups;
   if (layout.size("pp") == 1) return groups;
-  groups.model = &layout.group({"tp", "cp", "ep", "pp"});
+  groups.model = &layout.group({"tp", "pp"});
   // The end stages of one position on the other axes share a colour (the world
   // rank of its first stage); every other rank is alone.
   std::map<std::string, int> first_stage = layout.coordinates();

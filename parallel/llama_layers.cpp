@@ -35,6 +35,10 @@ ParallelGroupedAttention::ParallelGroupedAttention(const nn::ModelSpec& spec, st
   TESSERA_CHECK(groups % tp.size() == 0, this->name(), ": --num-query-groups ", groups,
                 " is not divisible by --tensor-parallel ", tp.size(),
                 ": each rank holds whole key/value groups (with their query heads)");
+  if (tp.context_size() > 1) context_ = tp.context;
+  TESSERA_CHECK(!context_ || attention_dropout_ == 0.0f, this->name(), ": --attention-dropout ", attention_dropout_,
+                " is not available with --context-parallel-size ", tp.context_size(),
+                " yet (ring attention has no dropout); drop one of them");
   head_dim_ = hidden_ / heads;
   per_group_ = heads / groups;
   local_groups_ = groups / tp.size();
@@ -59,13 +63,15 @@ Tensor ParallelGroupedAttention::forward_impl(const Tensor& input, nn::Saved& sa
   const int64_t batch = packed.size(0), tokens = packed.size(1), heads = local_groups_ * per_group_;
   const Tensor qkv = packed.view(Shape{batch, tokens, local_groups_, per_group_ + 2, head_dim_});
   const int64_t first = pass.kv_cache ? pass.kv_cache->position() : 0;
-  const Tensor where = positions(first, tokens);
+  TESSERA_CHECK(!context_ || !pass.kv_cache, name(), ": generation runs without context parallelism");
+  const Tensor where = context_ ? context_positions(*context_, tokens, context(), spec().device) : positions(first, tokens);
   Tensor rotated = qkv;
   if (rotary_base_ > 0.0f) {
     rotated = empty_like(qkv);
     ops::rotary_forward(qkv, where, rotated, rotary_base_);
   }
   if (pass.kv_cache) return attend_with_cache(rotated, saved, pass);
+  if (context_) return attend_over_ring(rotated, where, saved, pass);
   Tensor out = context().empty(Shape{batch, tokens, heads, head_dim_}, spec().dtype, spec().device);
   Tensor logsumexp = context().empty(Shape{batch, heads, tokens}, DType::f32, spec().device);
   const ops::AttentionDropout attention_dropout = nn::attention_dropout(*this, attention_dropout_, first_head_, pass);
@@ -89,7 +95,38 @@ Tensor ParallelGroupedAttention::attend_with_cache(const Tensor& rotated, nn::Sa
   return dropout_->forward(y, saved.child(2), pass);
 }
 
+// Under context parallelism: attention over the whole sequence by the ring.
+Tensor ParallelGroupedAttention::attend_over_ring(const Tensor& rotated, const Tensor& where, nn::Saved& saved,
+                                                  const nn::Pass& pass) {
+  const int64_t batch = rotated.size(0), tokens = rotated.size(1), heads = local_groups_ * per_group_;
+  RingAttentionSaved ring;
+  const Tensor out = ring_attention_forward(*context_, rotated, true, ring);
+  Tensor y = proj_->forward(out.view(Shape{batch, tokens, heads * head_dim_}), saved.child(1), pass);
+  y = dropout_->forward(y, saved.child(2), pass);
+  saved.tensors = {ring.q, ring.kv, ring.out, ring.logsumexp, where};
+  return y;
+}
+
+Tensor ParallelGroupedAttention::ring_backward(const Tensor& grad_out, nn::Saved& saved) {
+  nn::check_saved(*this, saved, 5);
+  RingAttentionSaved ring{saved.tensors[0], saved.tensors[1], saved.tensors[2], saved.tensors[3], {}};
+  const Tensor where = saved.tensors[4];
+  saved.tensors.clear();
+  const int64_t batch = ring.q.size(0), tokens = ring.q.size(1);
+  ring.qkv_shape = Shape{batch, tokens, local_groups_, per_group_ + 2, head_dim_};
+  Tensor grad_rotated = ring_attention_backward(*context_, grad_out, true, ring);
+  if (rotary_base_ > 0.0f) ops::rotary_backward(grad_rotated, where, grad_rotated, rotary_base_);  // in place
+  Tensor dx = qkv_->backward(grad_rotated.view(Shape{batch, tokens, grad_rotated.numel() / (batch * tokens)}),
+                             saved.child(0));
+  saved.clear();
+  return dx;
+}
+
 Tensor ParallelGroupedAttention::backward_impl(const Tensor& grad_output, nn::Saved& saved) {
+  if (context_) {
+    Tensor grad = dropout_->backward(grad_output, saved.child(2));
+    return ring_backward(proj_->backward(grad, saved.child(1)), saved);
+  }
   nn::check_saved(*this, saved, 4);
   Tensor grad = dropout_->backward(grad_output, saved.child(2));
   grad = proj_->backward(grad, saved.child(1));

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <string>
 
+#include "parallel/ring_attention.h"
 #include "parallel/tensor_parallel.h"
 
 namespace tessera::parallel {
@@ -44,9 +45,12 @@ class ParallelGroupedAttention : public nn::Module {
   // positions [T] (i64) of `tokens` tokens starting at `first`, on the layer's device.
   Tensor positions(int64_t first, int64_t tokens) const;
   Tensor attend_with_cache(const Tensor& rotated, nn::Saved& saved, const nn::Pass& pass);
+  Tensor attend_over_ring(const Tensor& rotated, const Tensor& where, nn::Saved& saved, const nn::Pass& pass);
+  Tensor ring_backward(const Tensor& grad_out, nn::Saved& saved);
   int64_t hidden_, local_groups_, per_group_, head_dim_;  // per_group_: R query heads
   int64_t first_head_;                                    // the whole layer's index of this rank's first query head
   float rotary_base_, attention_dropout_;
+  Communicator* context_ = nullptr;  // context parallelism: the cp group (null: whole sequences)
   ColumnParallelLinear* qkv_;
   RowParallelLinear* proj_;
   TensorParallelDropout* dropout_;

@@ -105,4 +105,20 @@ class RingAttention {
   Counts counts_;
 };
 
+// A model layer's side of the ring: its projections qkv (this rank's
+// zigzag tokens, GPT-2's [B, Tl, 3, H, Dh] or grouped [B, Tl, G, R + 2, Dh])
+// → out [B, Tl, H, Dh] attended over the whole sequence of Tl·C tokens, and
+// the gradient of out back to one of qkv's shape (ops::split_qkv / join_qkv
+// around RingAttention). What the backward needs is kept in `saved`.
+struct RingAttentionSaved {
+  Tensor q, kv, out, logsumexp;
+  Shape qkv_shape;
+};
+Tensor ring_attention_forward(Communicator& group, const Tensor& qkv, bool grouped, RingAttentionSaved& saved);
+Tensor ring_attention_backward(Communicator& group, const Tensor& grad_out, bool grouped,
+                               const RingAttentionSaved& saved);
+// The global positions this rank of `group` holds of a sequence split into
+// its zigzag share of `local_tokens` tokens (i64, on `device`).
+Tensor context_positions(Communicator& group, int64_t local_tokens, Context& context, Device device);
+
 }  // namespace tessera::parallel

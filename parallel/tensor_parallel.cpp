@@ -6,6 +6,8 @@
 // them live on the floor above (models/).
 #include "parallel/tensor_parallel.h"
 
+#include "parallel/ring_attention.h"
+
 #include <cmath>
 #include <memory>
 #include <sstream>
@@ -416,6 +418,10 @@ ParallelSelfAttention::ParallelSelfAttention(const nn::ModelSpec& spec, std::str
                 " is not divisible by --tensor-parallel ", tp.size());
   local_heads_ = heads / tp.size();
   first_head_ = tp.rank() * local_heads_;
+  if (tp.context_size() > 1) context_ = tp.context;
+  TESSERA_CHECK(!context_ || attention_dropout_ == 0.0f, this->name(), ": --attention-dropout ", attention_dropout_,
+                " is not available with --context-parallel-size ", tp.context_size(),
+                " yet (ring attention has no dropout); drop one of them");
   head_dim_ = hidden_ / heads;
   qkv_ = &add_child<ColumnParallelLinear>(spec, child_name("qkv"), tp, hidden_, 3 * hidden_, bias,
                                           ops::Activation::none, OutputSplit{3, heads});
@@ -427,11 +433,34 @@ Tensor ParallelSelfAttention::forward_impl(const Tensor& input, nn::Saved& saved
   Tensor packed = qkv_->forward(input, saved.child(0), pass);  // [B, T, 3·H'·Dh], whole sequence
   TESSERA_CHECK(packed.ndim() == 3, name(), ": the input must be [B, T, ", hidden_, "], got ",
                 input.shape().to_string());
+  if (context_) {  // the whole sequence's attention by the ring (parallel/ring_attention.h)
+    TESSERA_CHECK(!pass.kv_cache, name(), ": generation runs without context parallelism");
+    const int64_t batch = packed.size(0), tokens = packed.size(1);
+    RingAttentionSaved ring;
+    const Tensor out = ring_attention_forward(
+        *context_, packed.view(Shape{batch, tokens, 3, local_heads_, head_dim_}), false, ring);
+    Tensor y = proj_->forward(out.view(Shape{batch, tokens, local_heads_ * head_dim_}), saved.child(1), pass);
+    y = dropout_->forward(y, saved.child(2), pass);
+    saved.tensors = {ring.q, ring.kv, ring.out, ring.logsumexp};
+    return y;
+  }
   return nn::attention_from_qkv(*this, packed, local_heads_, head_dim_, *proj_, *dropout_, saved, pass,
                                 nn::attention_dropout(*this, attention_dropout_, first_head_, pass));
 }
 
 Tensor ParallelSelfAttention::backward_impl(const Tensor& grad_output, nn::Saved& saved) {
+  if (context_) {
+    nn::check_saved(*this, saved, 4);
+    RingAttentionSaved ring{saved.tensors[0], saved.tensors[1], saved.tensors[2], saved.tensors[3], {}};
+    saved.tensors.clear();
+    const int64_t batch = ring.q.size(0), tokens = ring.q.size(1);
+    ring.qkv_shape = Shape{batch, tokens, 3, local_heads_, head_dim_};
+    Tensor grad = proj_->backward(dropout_->backward(grad_output, saved.child(2)), saved.child(1));
+    const Tensor grad_packed = ring_attention_backward(*context_, grad, false, ring);
+    Tensor dx = qkv_->backward(grad_packed.view(Shape{batch, tokens, 3 * local_heads_ * head_dim_}), saved.child(0));
+    saved.clear();
+    return dx;
+  }
   const Tensor grad_packed = nn::attention_from_qkv_backward(*this, *proj_, *dropout_, grad_output, saved);
   Tensor dx = qkv_->backward(grad_packed, saved.child(0));
   saved.clear();

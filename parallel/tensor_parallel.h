@@ -64,6 +64,12 @@ namespace tessera::parallel {
 struct TensorParallelism {
   Communicator* group = nullptr;   // the tp axis (size 1: every layer is whole)
   bool sequence_parallel = false;  // --sequence-parallel
+  // Context parallelism: the cp axis the sequence is split over (null or one
+  // rank: whole sequences). Each rank holds its zigzag share of every
+  // sequence (parallel/ring_attention.h); attention runs as ring attention
+  // over this group, positions are the share's global ones.
+  Communicator* context = nullptr;
+  int context_size() const { return context ? context->size() : 1; }
   int size() const { return group ? group->size() : 1; }
   int rank() const { return group ? group->rank() : 0; }
 };
@@ -223,6 +229,7 @@ class ParallelSelfAttention : public nn::Module {
   int64_t hidden_, local_heads_, head_dim_;
   int64_t first_head_;  // the whole layer's index of this rank's first head
   float attention_dropout_;
+  Communicator* context_ = nullptr;  // context parallelism: the cp group (null: whole sequences)
   ColumnParallelLinear* qkv_;
   RowParallelLinear* proj_;
   TensorParallelDropout* dropout_;

@@ -188,6 +188,14 @@ TEST_F(BadInput, RankOrderNamingAnAxisTwiceOrLeavingOutOneInUse) {
   expect_refused({"--rank-order", "tp-pp"}, {"--rank-order 'tp-pp' leaves out dp, whose size is 2"});
 }
 
+TEST_F(BadInput, ContextParallelismWhereItCannotRun) {
+  expect_refused({"--context-parallel-size", "2", "--hidden-dropout", "0.1"},
+                 {"--hidden-dropout 0.1 is not available with --context-parallel-size 2"});
+  expect_refused({"--cp", "2", "--seq-length", "18"},
+                 {"--context-parallel-size 2 cuts each sequence into 4 equal chunks; --seq-length 18"});
+  expect_refused({"--cp", "2", "--sample-interval", "2"}, {"does not evaluate or sample yet; drop --sample-interval"});
+}
+
 TEST_F(BadInput, UnknownModel) {
   expect_refused({"--model", "resnet"}, {"[rank 0] bad command line", "--model: resnet not in {mlp,cnn,gpt,llama}"});
 }

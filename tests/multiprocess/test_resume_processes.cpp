@@ -657,6 +657,63 @@ TEST(DecoderSwitchLayouts, GptWithLlamaSwitchesEqualsOneRank) {
   }
 }
 
+// Context parallelism (--context-parallel-size): each sequence of 16 split
+// into zigzag shares over 2 and 4 ranks (ring attention), alone and with
+// tensor + sequence parallelism, the pipeline, and dp 2 with ZeRO-3, equal to
+// one rank for the Llama (rotary embeddings at the shares' global positions)
+// and the GPT (learned positions gathered at them); no dropout (refused with
+// cp until its masks follow global positions).
+TEST(ContextParallelLayouts, GptAndLlamaEqualOneRank) {
+  TESSERA_SEED_TRACE();
+  std::mt19937_64 rng = make_rng();
+  const std::vector<LlamaLayout> layouts = {
+      {"cp 2", 2, {"--micro-batch-size", "4", "--context-parallel-size", "2"}},
+      {"cp 4", 4, {"--micro-batch-size", "4", "--cp", "4"}},
+      {"cp 2 x tp 2 sequence parallel", 4, {"--micro-batch-size", "4", "--cp", "2", "--tp", "2", "--sequence-parallel"}},
+      {"cp 2 x pp 2", 4, {"--micro-batch-size", "4", "--cp", "2", "--pp", "2"}},
+      {"cp 2 x dp 2 zero 3", 4, {"--micro-batch-size", "2", "--cp", "2", "--zero", "3"}}};
+  {
+    SCOPED_TRACE("llama");
+    ScratchDirectory dir("tessera_processes_");
+    expect_llama_layouts_equal_one_rank(llama_args(write_text_dataset(dir.path, 4000, rng), rng()), layouts, dir);
+  }
+  {
+    SCOPED_TRACE("gpt");
+    ScratchDirectory dir("tessera_processes_");
+    auto gpt = gpt_args(write_text_dataset(dir.path, 4000, rng), rng());
+    for (const char* flag : {"--micro-batch-size", "--bucket-size-mb", "--hidden-dropout"}) gpt = without(gpt, flag);
+    expect_llama_layouts_equal_one_rank(joined(gpt, {"--train-steps", "6"}), {layouts[0], layouts[1], layouts[2]}, dir);
+  }
+}
+
+// A checkpoint of two context-parallel ranks resumed on one rank and on four
+// (cp 4): the losses go on as those of the run that kept its layout.
+TEST(ContextParallelLayouts, ACheckpointOfTwoContextRanksResumesOnOneAndOnFour) {
+  TESSERA_SEED_TRACE();
+  ScratchDirectory dir("tessera_processes_");
+  std::mt19937_64 rng = make_rng();
+  const auto args = joined(without(llama_args(write_text_dataset(dir.path, 4000, rng), rng()), "--train-steps"),
+                           {"--micro-batch-size", "4"});
+  expect_resumed_losses_continue(dir, args, 8, 4,
+                                 {"llama cp=2 -> 1 rank", 2, 1, {"--cp", "2"}, {}, "dp=1 tp=1 pp=1 cp=2 zero=0"});
+  expect_resumed_losses_continue(dir, args, 8, 4,
+                                 {"llama cp=2 -> cp=4", 2, 4, {"--cp", "2"}, {"--cp", "4"}, "dp=1 tp=1 pp=1 cp=2 zero=0"});
+}
+
+// On the emulated device (its channel carrying the ring's exchanges) two
+// context-parallel ranks write the checkpoint the CPU ranks write, bit for bit.
+TEST(ContextParallelLayouts, TheEmulatedDeviceEqualsTheCpu) {
+  TESSERA_SEED_TRACE();
+  ScratchDirectory dir("tessera_processes_");
+  std::mt19937_64 rng = make_rng();
+  const auto args = joined(llama_args(write_text_dataset(dir.path, 4000, rng), rng()),
+                           {"--micro-batch-size", "4", "--cp", "2", "--save-interval", "6"});
+  run_training(2, joined(args, {"--device", "cpu", "--save", dir / "cpu"}), dir / "cpu.log");
+  const std::string emulated = run_training(2, joined(args, {"--device", "emu", "--save", dir / "emu"}), dir / "emu.log");
+  EXPECT_TRUE(contains(emulated, "on emu:0")) << emulated;
+  EXPECT_TRUE(checkpoints_identical(dir / ("cpu/" + step_name(6)), dir / ("emu/" + step_name(6))));
+}
+
 TEST(LlamaLayouts, FourTensorParallelRanksOfFourGroupsEqualOneRank) {
   TESSERA_SEED_TRACE();
   ScratchDirectory dir("tessera_processes_");
