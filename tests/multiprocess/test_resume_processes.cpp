@@ -700,6 +700,39 @@ TEST(ContextParallelLayouts, ACheckpointOfTwoContextRanksResumesOnOneAndOnFour) 
                                  {"llama cp=2 -> cp=4", 2, 4, {"--cp", "2"}, {"--cp", "4"}, "dp=1 tp=1 pp=1 cp=2 zero=0"});
 }
 
+// Rank 0's peak bytes of activations and workspaces in a run's summary
+// ("activations and workspaces 10.72 MiB"), by the allocator's counters.
+double activation_bytes(const std::string& output) {
+  const std::string key = "activations and workspaces ";
+  const size_t at = output.find(key);
+  if (at == std::string::npos) return -1.0;
+  std::istringstream in(output.substr(at + key.size()));
+  double value = 0.0;
+  std::string unit;
+  in >> value >> unit;
+  const std::map<std::string, double> scale = {{"B", 1.0}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}};
+  return scale.count(unit) ? value * scale.at(unit) : -1.0;
+}
+
+// Sequences of 4096 tokens: the activation and workspace bytes per rank fall
+// with the cp ranks (each holds 4096/C tokens; attention never holds a whole
+// T x T matrix), at cp 4 to at most 0.3 of one rank's.
+TEST(ContextParallelLayouts, ActivationMemoryPerRankFallsWithTheContextRanks) {
+  const auto args = words("--model llama --synthetic --vocab-size 256 --seq-length 4096 --num-layers 2 "
+                          "--hidden-size 64 --num-heads 4 --ffn-hidden-size 128 --micro-batch-size 1 --train-steps 2 "
+                          "--threads 1");
+  ScratchDirectory dir("tessera_processes_");
+  std::map<int, double> bytes;
+  for (int cp : {1, 2, 4}) {
+    const std::string output =
+        run_training(cp, joined(args, {"--cp", std::to_string(cp)}), dir / ("cp" + std::to_string(cp) + ".log"));
+    bytes[cp] = activation_bytes(output);
+    ASSERT_GT(bytes[cp], 0.0) << output;
+  }
+  EXPECT_LT(bytes[2], 0.6 * bytes[1]) << bytes[2] << " bytes at cp 2, " << bytes[1] << " at cp 1";
+  EXPECT_LE(bytes[4], 0.3 * bytes[1]) << bytes[4] << " bytes at cp 4, " << bytes[1] << " at cp 1";
+}
+
 // On the emulated device (its channel carrying the ring's exchanges) two
 // context-parallel ranks write the checkpoint the CPU ranks write, bit for bit.
 TEST(ContextParallelLayouts, TheEmulatedDeviceEqualsTheCpu) {
