@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <string_view>
@@ -201,12 +202,6 @@ nn::ModelConfig model_config(const TrainConfig& c, const std::optional<io::Datas
 // checkpointed run's next global batch began, which must fall on a global
 // batch boundary of this run (micro-batch x ranks).
 class BatchSource {
-  static std::vector<int64_t> all_positions(int64_t t) {
-    std::vector<int64_t> positions(size_t(t), 0);
-    for (int64_t i = 0; i < t; ++i) positions[size_t(i)] = i;
-    return positions;
-  }
-
  public:
   // token_positions: under context parallelism the positions of each
   // sequence this rank holds (its zigzag share); empty: all.
@@ -253,7 +248,11 @@ class BatchSource {
       std::vector<int32_t> ids(size_t(global * t)), next(ids.size());
       for (auto& v : ids) v = token(ids_rng);
       for (auto& v : next) v = token(next_rng);
-      const std::vector<int64_t> kept = token_positions.empty() ? all_positions(t) : token_positions;
+      std::vector<int64_t> kept = token_positions;
+      if (kept.empty()) {
+        kept.resize(size_t(t));
+        std::iota(kept.begin(), kept.end(), int64_t(0));
+      }
       const auto slice = [&](const std::vector<int32_t>& all) {
         std::vector<int32_t> mine;
         for (int64_t row = first; row < first + b; ++row)
@@ -787,9 +786,9 @@ void lock_save_directory(const TrainConfig& c, std::optional<io::SaveDirectoryLo
 
 // Under context parallelism the positions of each sequence this rank holds
 // (its zigzag share, parallel/ring_attention.h); empty without.
-std::vector<int64_t> context_share(parallel::Layout& layout, int64_t seq_length) {
+std::vector<int64_t> context_token_positions(parallel::Layout& layout, int64_t seq_length) {
   if (layout.size("cp") == 1) return {};
-  return parallel::zigzag_shard(seq_length, layout.rank("cp"), layout.size("cp")).positions();
+  return parallel::context_share(layout.group("cp"), seq_length / layout.size("cp"));
 }
 
 parallel::LayoutSizes layout_sizes(const TrainConfig& c) {
@@ -1097,7 +1096,7 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   Counters counters = resumed ? resumed->counters : Counters{};
 
   BatchSource source(ctx, c, model_cfg, device, dtype, dp.rank(), dp.size(), counters.sampler,
-                     context_share(layout, c.seq_length));
+                     context_token_positions(layout, c.seq_length));
   const int64_t total_steps = total_steps_of(c, source.batches_per_epoch(), accumulation);
   const nn::LrScheduleConfig schedule_cfg = lr_schedule_config(c, std::max<int64_t>(total_steps, 1));
   const nn::LrSchedule schedule(schedule_cfg);

@@ -114,8 +114,7 @@ Tensor Decoder::embed(const Tensor& ids, nn::Saved& saved, const nn::Pass& pass)
 // (its zigzag share of sequences of `tokens`·C tokens; under sequence
 // parallelism its tensor-parallel rank's part of them).
 std::vector<int64_t> Decoder::context_positions(int64_t tokens) const {
-  const int cp = tp_.context_size();
-  std::vector<int64_t> held = parallel::zigzag_shard(tokens * cp, tp_.context->rank(), cp).positions();
+  std::vector<int64_t> held = parallel::context_share(*tp_.context, tokens);
   if (!tp_.sequence_parallel) return held;
   const int64_t part = tokens / tp_.size(), begin = tp_.rank() * part;
   return std::vector<int64_t>(held.begin() + begin, held.begin() + begin + part);

@@ -99,22 +99,20 @@ Tensor ParallelGroupedAttention::attend_with_cache(const Tensor& rotated, nn::Sa
 Tensor ParallelGroupedAttention::attend_over_ring(const Tensor& rotated, const Tensor& where, nn::Saved& saved,
                                                   const nn::Pass& pass) {
   const int64_t batch = rotated.size(0), tokens = rotated.size(1), heads = local_groups_ * per_group_;
-  RingAttentionSaved ring;
-  const Tensor out = ring_attention_forward(*context_, rotated, true, ring);
+  saved.tensors = {where};
+  const Tensor out = ring_attention_forward(*context_, rotated, true, saved.tensors);
   Tensor y = proj_->forward(out.view(Shape{batch, tokens, heads * head_dim_}), saved.child(1), pass);
-  y = dropout_->forward(y, saved.child(2), pass);
-  saved.tensors = {ring.q, ring.kv, ring.out, ring.logsumexp, where};
-  return y;
+  return dropout_->forward(y, saved.child(2), pass);
 }
 
 Tensor ParallelGroupedAttention::ring_backward(const Tensor& grad_out, nn::Saved& saved) {
   nn::check_saved(*this, saved, 5);
-  RingAttentionSaved ring{saved.tensors[0], saved.tensors[1], saved.tensors[2], saved.tensors[3], {}};
-  const Tensor where = saved.tensors[4];
+  const Tensor where = saved.tensors[0];
+  const int64_t batch = saved.tensors[1].size(0), tokens = saved.tensors[1].size(1);
+  Tensor grad_rotated =
+      ring_attention_backward(*context_, grad_out, true, Shape{batch, tokens, local_groups_, per_group_ + 2, head_dim_},
+                              {saved.tensors.begin() + 1, saved.tensors.end()});
   saved.tensors.clear();
-  const int64_t batch = ring.q.size(0), tokens = ring.q.size(1);
-  ring.qkv_shape = Shape{batch, tokens, local_groups_, per_group_ + 2, head_dim_};
-  Tensor grad_rotated = ring_attention_backward(*context_, grad_out, true, ring);
   if (rotary_base_ > 0.0f) ops::rotary_backward(grad_rotated, where, grad_rotated, rotary_base_);  // in place
   Tensor dx = qkv_->backward(grad_rotated.view(Shape{batch, tokens, grad_rotated.numel() / (batch * tokens)}),
                              saved.child(0));

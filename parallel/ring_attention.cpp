@@ -180,37 +180,41 @@ void RingAttention::backward(const Tensor& grad_out, const Tensor& q, const Tens
   finish_into(dq, grad_q);
 }
 
+std::vector<int64_t> context_share(Communicator& group, int64_t local_tokens) {
+  return zigzag_shard(local_tokens * group.size(), group.rank(), group.size()).positions();
+}
+
 Tensor context_positions(Communicator& group, int64_t local_tokens, Context& context, Device device) {
-  const std::vector<int64_t> held = zigzag_shard(local_tokens * group.size(), group.rank(), group.size()).positions();
+  const std::vector<int64_t> held = context_share(group, local_tokens);
   return context.from_vector(Shape{int64_t(held.size())}, held, device);
 }
 
-Tensor ring_attention_forward(Communicator& group, const Tensor& qkv, bool grouped, RingAttentionSaved& saved) {
+Tensor ring_attention_forward(Communicator& group, const Tensor& qkv, bool grouped, std::vector<Tensor>& saved) {
   TESSERA_CHECK(qkv.ndim() == 5, "ring attention: the projections must be 5-dimensional, got ",
                 qkv.shape().to_string());
   const int64_t batch = qkv.size(0), tokens = qkv.size(1), head_dim = qkv.size(4);
   const int64_t groups = grouped ? qkv.size(2) : qkv.size(3), heads = grouped ? groups * (qkv.size(3) - 2) : groups;
   Context& context = qkv.context();
-  saved.qkv_shape = qkv.shape();
-  saved.q = context.empty(Shape{batch, tokens, heads, head_dim}, qkv.dtype(), qkv.device());
-  saved.kv = context.empty(Shape{batch, tokens, groups, 2, head_dim}, qkv.dtype(), qkv.device());
-  ops::split_qkv(qkv, grouped, saved.q, saved.kv);
-  saved.out = context.empty(saved.q.shape(), qkv.dtype(), qkv.device());
-  saved.logsumexp = context.empty(Shape{batch, heads, tokens}, DType::f32, qkv.device());
-  RingAttention ring(group, zigzag_positions(tokens * group.size(), group.size()));
-  ring.forward(saved.q, saved.kv, saved.out, saved.logsumexp);
-  return saved.out;
+  Tensor q = context.empty(Shape{batch, tokens, heads, head_dim}, qkv.dtype(), qkv.device());
+  Tensor kv = context.empty(Shape{batch, tokens, groups, 2, head_dim}, qkv.dtype(), qkv.device());
+  ops::split_qkv(qkv, grouped, q, kv);
+  Tensor out = context.empty(q.shape(), qkv.dtype(), qkv.device());
+  Tensor logsumexp = context.empty(Shape{batch, heads, tokens}, DType::f32, qkv.device());
+  RingAttention(group, zigzag_positions(tokens * group.size(), group.size())).forward(q, kv, out, logsumexp);
+  saved.insert(saved.end(), {q, kv, out, logsumexp});
+  return out;
 }
 
-Tensor ring_attention_backward(Communicator& group, const Tensor& grad_out, bool grouped,
-                               const RingAttentionSaved& saved) {
+Tensor ring_attention_backward(Communicator& group, const Tensor& grad_out, bool grouped, const Shape& qkv_shape,
+                               const std::vector<Tensor>& saved) {
+  TESSERA_CHECK(saved.size() >= 4, "ring attention: backward without a matching forward");
+  const Tensor &q = saved[0], &kv = saved[1], &out = saved[2], &logsumexp = saved[3];
   Context& context = grad_out.context();
-  const Device device = saved.q.device();
-  Tensor grad_q = context.empty(saved.q.shape(), DType::f32, device);
-  Tensor grad_kv = context.empty(saved.kv.shape(), DType::f32, device);
-  RingAttention ring(group, zigzag_positions(saved.q.size(1) * group.size(), group.size()));
-  ring.backward(grad_out.view(saved.out.shape()), saved.q, saved.kv, saved.out, saved.logsumexp, grad_q, grad_kv);
-  Tensor grad_qkv = context.empty(saved.qkv_shape, saved.q.dtype(), device);
+  Tensor grad_q = context.empty(q.shape(), DType::f32, q.device());
+  Tensor grad_kv = context.empty(kv.shape(), DType::f32, q.device());
+  RingAttention(group, zigzag_positions(q.size(1) * group.size(), group.size()))
+      .backward(grad_out.view(out.shape()), q, kv, out, logsumexp, grad_q, grad_kv);
+  Tensor grad_qkv = context.empty(qkv_shape, q.dtype(), q.device());
   ops::join_qkv(grad_q, grad_kv, grouped, grad_qkv);
   return grad_qkv;
 }

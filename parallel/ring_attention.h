@@ -109,16 +109,15 @@ class RingAttention {
 // zigzag tokens, GPT-2's [B, Tl, 3, H, Dh] or grouped [B, Tl, G, R + 2, Dh])
 // → out [B, Tl, H, Dh] attended over the whole sequence of Tl·C tokens, and
 // the gradient of out back to one of qkv's shape (ops::split_qkv / join_qkv
-// around RingAttention). What the backward needs is kept in `saved`.
-struct RingAttentionSaved {
-  Tensor q, kv, out, logsumexp;
-  Shape qkv_shape;
-};
-Tensor ring_attention_forward(Communicator& group, const Tensor& qkv, bool grouped, RingAttentionSaved& saved);
-Tensor ring_attention_backward(Communicator& group, const Tensor& grad_out, bool grouped,
-                               const RingAttentionSaved& saved);
-// The global positions this rank of `group` holds of a sequence split into
-// its zigzag share of `local_tokens` tokens (i64, on `device`).
+// around RingAttention). What the backward needs ({q, kv, out, logsumexp})
+// is appended to `saved` (a layer's nn::Saved::tensors); the backward reads
+// it from the front of `saved` and writes a gradient of shape `qkv_shape`.
+Tensor ring_attention_forward(Communicator& group, const Tensor& qkv, bool grouped, std::vector<Tensor>& saved);
+Tensor ring_attention_backward(Communicator& group, const Tensor& grad_out, bool grouped, const Shape& qkv_shape,
+                               const std::vector<Tensor>& saved);
+// The global positions this rank of `group` holds of sequences split into
+// zigzag shares of `local_tokens` tokens, as a list and as a tensor (i64 on `device`).
+std::vector<int64_t> context_share(Communicator& group, int64_t local_tokens);
 Tensor context_positions(Communicator& group, int64_t local_tokens, Context& context, Device device);
 
 }  // namespace tessera::parallel

@@ -436,13 +436,11 @@ Tensor ParallelSelfAttention::forward_impl(const Tensor& input, nn::Saved& saved
   if (context_) {  // the whole sequence's attention by the ring (parallel/ring_attention.h)
     TESSERA_CHECK(!pass.kv_cache, name(), ": generation runs without context parallelism");
     const int64_t batch = packed.size(0), tokens = packed.size(1);
-    RingAttentionSaved ring;
+    saved.tensors.clear();
     const Tensor out = ring_attention_forward(
-        *context_, packed.view(Shape{batch, tokens, 3, local_heads_, head_dim_}), false, ring);
+        *context_, packed.view(Shape{batch, tokens, 3, local_heads_, head_dim_}), false, saved.tensors);
     Tensor y = proj_->forward(out.view(Shape{batch, tokens, local_heads_ * head_dim_}), saved.child(1), pass);
-    y = dropout_->forward(y, saved.child(2), pass);
-    saved.tensors = {ring.q, ring.kv, ring.out, ring.logsumexp};
-    return y;
+    return dropout_->forward(y, saved.child(2), pass);
   }
   return nn::attention_from_qkv(*this, packed, local_heads_, head_dim_, *proj_, *dropout_, saved, pass,
                                 nn::attention_dropout(*this, attention_dropout_, first_head_, pass));
@@ -451,12 +449,11 @@ Tensor ParallelSelfAttention::forward_impl(const Tensor& input, nn::Saved& saved
 Tensor ParallelSelfAttention::backward_impl(const Tensor& grad_output, nn::Saved& saved) {
   if (context_) {
     nn::check_saved(*this, saved, 4);
-    RingAttentionSaved ring{saved.tensors[0], saved.tensors[1], saved.tensors[2], saved.tensors[3], {}};
-    saved.tensors.clear();
-    const int64_t batch = ring.q.size(0), tokens = ring.q.size(1);
-    ring.qkv_shape = Shape{batch, tokens, 3, local_heads_, head_dim_};
+    const int64_t batch = saved.tensors[0].size(0), tokens = saved.tensors[0].size(1);
     Tensor grad = proj_->backward(dropout_->backward(grad_output, saved.child(2)), saved.child(1));
-    const Tensor grad_packed = ring_attention_backward(*context_, grad, false, ring);
+    const Tensor grad_packed = ring_attention_backward(
+        *context_, grad, false, Shape{batch, tokens, 3, local_heads_, head_dim_}, saved.tensors);
+    saved.tensors.clear();
     Tensor dx = qkv_->backward(grad_packed.view(Shape{batch, tokens, 3 * local_heads_ * head_dim_}), saved.child(0));
     saved.clear();
     return dx;
