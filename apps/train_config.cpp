@@ -1017,10 +1017,9 @@ void validate(const TrainConfig& c) {
   TESSERA_CHECK(c.context_parallel == 1 || c.seq_length % (2 * c.context_parallel) == 0, "--context-parallel-size ",
                 c.context_parallel, " cuts each sequence into ", 2 * c.context_parallel,
                 " equal chunks; --seq-length ", c.seq_length, " is not a multiple of ", 2 * c.context_parallel);
-  TESSERA_CHECK(c.context_parallel == 1 || (c.eval_data.empty() && c.sample_interval == 0),
-                "--context-parallel-size ", c.context_parallel, " does not evaluate or sample yet; drop ",
-                c.eval_data.empty() ? "--sample-interval" : "--eval-data", " (the checkpoints evaluate and generate "
-                "without context parallelism)");
+  TESSERA_CHECK(c.context_parallel == 1 || c.sample_interval == 0, "--context-parallel-size ", c.context_parallel,
+                " does not sample during training yet; drop --sample-interval (the checkpoints generate without "
+                "context parallelism: tessera generate)");
   TESSERA_CHECK(c.bucket_size_mb > 0, "--bucket-size-mb must be positive, got ", c.bucket_size_mb);
   TESSERA_CHECK(c.comm_backend == "auto" || c.comm_backend == "mpi" || c.comm_backend == "nccl",
                 "--comm-backend must be auto, mpi or nccl, got '", c.comm_backend, "'");

@@ -33,7 +33,10 @@ io::EvalRecord eval_record(const EvalResult& eval, int64_t step, std::optional<d
 // number of batches), then the loss sums, target counts and correct counts
 // are summed over the ranks. --eval-iters counts global batches. Under
 // pipeline parallelism the batches flow through the stages and the last one
-// computes the sums, which it then shares with the other stages.
+// computes the sums, which it then shares with the other stages. Under
+// context parallelism each cp rank reads its share of the same sequences'
+// tokens and the sums are summed over dp × cp: the loss is the mean over
+// every target of the sequences, as one rank computes it.
 EvalResult evaluate(const TrainConfig& c, const EvalModel& m, io::TraceWriter& trace) {
   auto scope = trace.scope("eval", "eval");
   parallel::Communicator& dp = m.data_parallel;
@@ -47,6 +50,7 @@ EvalResult evaluate(const TrainConfig& c, const EvalModel& m, io::TraceWriter& t
   options.seq_length = c.seq_length;
   options.shard_rank = dp.rank();
   options.shard_count = dp.size();
+  options.token_positions = m.token_positions;
   io::DataLoader loader(m.context, c.eval_data, options);
   const int64_t batches =
       c.eval_iters > 0 ? std::min(c.eval_iters, loader.batches_per_epoch()) : loader.batches_per_epoch();
@@ -68,13 +72,13 @@ EvalResult evaluate(const TrainConfig& c, const EvalModel& m, io::TraceWriter& t
     count += value.count;
   }
   m.model.train();
-  // Summed over the data-parallel replicas; under pipeline parallelism
+  // Summed over the replicas (dp, or dp × cp); under pipeline parallelism
   // computed by the last stage and handed to the others.
   const bool pipelined = m.engine && m.stages->size() > 1;
-  if (dp.size() > 1 || pipelined) {
+  if (m.replicas.size() > 1 || pipelined) {
     Tensor sum = m.context.from_vector(Shape{1}, std::vector<float>{float(loss_sum)}, m.device);
     Tensor counts = m.context.from_vector(Shape{2}, std::vector<int64_t>{count, correct}, m.device);
-    parallel::share_last_stage_values({sum, counts}, *m.stages, dp, parallel::ReduceOp::sum);
+    parallel::share_last_stage_values({sum, counts}, *m.stages, m.replicas, parallel::ReduceOp::sum);
     loss_sum = sum.to_vector<float>()[0];
     const std::vector<int64_t> totals = counts.to_vector<int64_t>();
     count = totals[0];

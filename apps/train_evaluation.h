@@ -31,10 +31,14 @@ struct EvalModel {
   const nn::Loss& loss;
   Device device;
   DType dtype;
-  parallel::Communicator& data_parallel;
+  parallel::Communicator& data_parallel;             // the batches are shared out over its ranks
+  parallel::Communicator& replicas;                  // the sums are summed over it: dp, or dp × cp
   parallel::PipelineEngine* engine = nullptr;
   parallel::Communicator* stages = nullptr;         // the pipeline axis
   std::function<Shape(const Tensor&)> input_shape;  // what a stage after the first receives for a batch's inputs
+  // Under context parallelism the positions of each sequence this rank
+  // holds (its zigzag share of the tokens); empty: all of them.
+  std::vector<int64_t> token_positions{};
 };
 
 // Collective over the data-parallel (and pipeline) ranks: --eval-data's

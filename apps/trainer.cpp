@@ -504,6 +504,17 @@ parallel::DataParallelOptions data_parallel_options(const TrainConfig& c, parall
   return options;
 }
 
+// Ring attention's blocks, exchanges and waits into the trace (--trace with
+// --context-parallel-size > 1): recorded through the cp group's events.
+void trace_ring_attention(parallel::Layout& layout, io::TraceWriter& trace) {
+  if (!trace.enabled() || layout.size("cp") == 1) return;
+  layout.group("cp").set_events(parallel::GroupEvents{
+      [&trace] { return trace.now_ns(); },
+      [&trace](const std::string& name, const std::string& category, int64_t start, int64_t end) {
+        trace.complete(name, category, start, end);
+      }});
+}
+
 // The pipeline schedule (one stage: 1F1B, i.e. F0 B0 F1 B1 ...) and its events into the trace.
 parallel::PipelineOptions pipeline_options(const TrainConfig& c, int stages, io::TraceWriter& trace) {
   parallel::PipelineOptions options;
@@ -858,6 +869,7 @@ parallel::TrainStepParts train_step_parts(const TrainConfig& c, Context& ctx, De
   parts.scaler = &scaler;
   parts.pipeline = &layout.group("pp");
   parts.data_parallel = layout.size("cp") > 1 ? &layout.group({"dp", "cp"}) : &layout.group("dp");
+  parts.samples = &layout.group("dp");
   parts.embedding_group = groups.embedding.get();
   parts.tied_table = stage_model.tied_table;
   parts.seed = c.seed;
@@ -1078,10 +1090,12 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   const parallel::PipelineGroups groups =
       parallel::pipeline_groups(layout, stage_model.layers.first() || stage_model.layers.last());
 
-  // The trace first: the data-parallel reducer writes its communication into it.
+  // The trace first: the data-parallel reducer and ring attention write their communication into it.
   io::TraceWriter trace(trace_options(c, *world));
-  // The replicas a gradient is averaged over: dp, and the cp ranks that share its samples.
-  parallel::Communicator& replicas = layout.size("cp") > 1 ? layout.group({"dp", "cp"}) : dp;
+  trace_ring_attention(layout, trace);
+  // The replicas a gradient is averaged over, as the parameters say (dp, and
+  // the cp ranks that share its samples).
+  parallel::Communicator& replicas = parallel::gradient_group(layout, parameters);
   parallel::DataParallel replica(
       parameters, replicas, optimizer_config(c),
       data_parallel_options(c, layout, groups.model, stage_model.tied_table, *model, trace));
@@ -1146,8 +1160,9 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   const RunTracking& tracking =
       events.add(std::make_unique<RunTracking>(c, root, run_facts(c, layout, device, env, resumed), result));
   if (root && !c.mlflow_uri.empty()) state.tracking_run_id = [&tracking] { return tracking.run_id(); };
-  const EvalModel eval_model{ctx,    *model,     *stage_model.loss,      device, dtype, dp,
-                             engine, &layout.group("pp"), stage_model.input_shape};
+  const EvalModel eval_model{ctx,       *model, *stage_model.loss,   device,
+                             dtype,     dp,     replicas,            engine,
+                             &layout.group("pp"), stage_model.input_shape, context_token_positions(layout, c.seq_length)};
   events.add(std::make_unique<EvaluationCadence>(c, eval_model, trace, tokens_per_byte(eval_info, tokens_of(model_cfg)),
                                                  source.batches_per_epoch(), accumulation, events, result));
   events.add(std::make_unique<SamplesDuringTraining>(samples, say));

@@ -15,9 +15,6 @@ CausalLm::CausalLm(const nn::ModelConfig& config, const nn::ModelSpec& spec, par
   const std::string problem = parallel::tensor_parallel_problem(config_, tp_.size(), tp_.sequence_parallel);
   TESSERA_CHECK(problem.empty(), problem);
   if (stage_.end < 0) stage_.end = config_.num_layers;
-  TESSERA_CHECK(tp_.context_size() == 1 || config_.dropout == 0.0f, "--hidden-dropout ", config_.dropout,
-                " is not available with --context-parallel-size ", tp_.context_size(),
-                " yet (its masks would not be the whole sequence's); drop one of them");
   TESSERA_CHECK(stage_.begin >= 0 && stage_.begin <= stage_.end && stage_.end <= config_.num_layers,
                 nn::model_name(config_.kind), " pipeline stage ", stage_.stage, ": blocks [", stage_.begin, ", ",
                 stage_.end, ") are not among its ", config_.num_layers, " blocks");

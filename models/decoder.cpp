@@ -105,19 +105,9 @@ Tensor Decoder::embed(const Tensor& ids, nn::Saved& saved, const nn::Pass& pass)
   TESSERA_CHECK(!tp_.sequence_parallel || ids.size(1) % tp_.size() == 0, model, ": --sequence-parallel: a sequence of ",
                 ids.size(1), " tokens cannot be split over --tensor-parallel ", tp_.size());
   Tensor x = wte_->forward(ids, saved.child(kWte), pass);
-  if (wpe_ && tp_.context_size() > 1) wpe_->set_positions(context_positions(ids.size(1)));
+  if (wpe_ && tp_.context_size() > 1) wpe_->set_positions(parallel::held_positions(tp_, ids.size(1)));
   if (wpe_) x = wpe_->forward(x, saved.child(kWpe), pass);
   return dropout_->forward(x, saved.child(kDropout), pass);
-}
-
-// Under context parallelism: the global positions of this rank's tokens
-// (its zigzag share of sequences of `tokens`·C tokens; under sequence
-// parallelism its tensor-parallel rank's part of them).
-std::vector<int64_t> Decoder::context_positions(int64_t tokens) const {
-  std::vector<int64_t> held = parallel::context_share(*tp_.context, tokens);
-  if (!tp_.sequence_parallel) return held;
-  const int64_t part = tokens / tp_.size(), begin = tp_.rank() * part;
-  return std::vector<int64_t>(held.begin() + begin, held.begin() + begin + part);
 }
 
 Tensor Decoder::forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) {

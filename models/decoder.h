@@ -55,7 +55,6 @@ class Decoder : public CausalLm {
  private:
   void initialise();
   Tensor embed(const Tensor& ids, nn::Saved& saved, const nn::Pass& pass);
-  std::vector<int64_t> context_positions(int64_t tokens) const;
   parallel::VocabParallelEmbedding* wte_ = nullptr;   // first stage (and a tied head's copy on the last)
   nn::PositionEmbedding* wpe_ = nullptr;              // first stage, learned positions
   parallel::TensorParallelDropout* dropout_ = nullptr;

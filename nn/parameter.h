@@ -28,6 +28,9 @@ struct ParameterShard {
   Shape view;  // empty: global_shape
   int dim = 0;
   int64_t begin = 0, length = 0;
+  // The layout axes (parallel::Layout) whose ranks hold different parts:
+  // {"tp"} for a tensor-parallel layer's split weight; empty when whole.
+  std::vector<std::string> axes{};
 
   const Shape& cut_shape() const { return view.ndim() > 0 ? view : global_shape; }
   // The local tensor's number of elements.
@@ -48,6 +51,12 @@ struct Parameter {
   Tensor grad;               // always f32, same shape: the "main" gradient that micro-batches accumulate into
   bool weight_decay = true;  // false for biases and normalisation weights (AdamW/SGD skip decay)
   ParameterShard shard;      // the whole tensor unless a tensor-parallel layer says otherwise
+  // The layout axes whose ranks hold replicas of this parameter (the same
+  // part of it, fed different data): its gradient is averaged over their
+  // group (parallel::gradient_group). Data and context parallelism by
+  // default; a parameter held by some ranks of an axis only (an expert)
+  // names fewer.
+  std::vector<std::string> gradient_axes{"dp", "cp"};
   // A copy of a parameter another pipeline stage owns (the LM head's tied
   // embedding on the last stage): kept equal by summing the two gradients,
   // updated identically, and neither counted in the gradient norm nor

@@ -16,8 +16,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -82,9 +84,25 @@ struct CommCounters {
   }
 };
 
+// Timed events of the work done over a group (ring attention's blocks,
+// exchanges and waits), for a trace: `clock` reads nanoseconds on the
+// trace's timeline, `record(name, category, start, end)` keeps one event.
+// Empty (the default): nothing is read or recorded.
+struct GroupEvents {
+  std::function<int64_t()> clock{};
+  std::function<void(const std::string& name, const std::string& category, int64_t start_ns, int64_t end_ns)>
+      record{};
+  bool enabled() const { return bool(record) && bool(clock); }
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
+
+  // Where the users of this group record their timed events (set_events({})
+  // stops it); the communicator itself records nothing.
+  void set_events(GroupEvents events) { events_ = std::move(events); }
+  const GroupEvents& events() const { return events_; }
 
   const CommCounters& counters() const { return counters_; }
   void reset_counters() { counters_ = {}; }
@@ -176,6 +194,7 @@ class Communicator {
   CommHandle timed(Issue&& issue);
 
   CommCounters counters_;
+  GroupEvents events_;
   double timeout_s_ = 0.0;
   std::string timeout_flag_ = "--comm-timeout";
   double silence_s_ = 0.0;

@@ -71,6 +71,13 @@ std::string does_not_fit(int world_size, const std::array<int, kAxes>& sizes, in
   return why.str();
 }
 
+// "{dp, cp}": a list of axes for a message.
+std::string axis_list(const std::vector<std::string>& axes) {
+  std::string out = "{";
+  for (const std::string& axis : axes) out += (out.size() > 1 ? ", " : "") + axis;
+  return out + "}";
+}
+
 }  // namespace
 
 size_t Layout::index(std::string_view axis) {
@@ -113,7 +120,19 @@ Layout::Layout(Communicator& world, const LayoutSizes& given) : world_(world), o
 Communicator& Layout::group(std::initializer_list<std::string_view> axes) {
   unsigned bits = 0;
   for (std::string_view axis : axes) bits |= 1u << index(axis);
-  if (axes.size() == 1) return group(*axes.begin());
+  return group_of(bits);
+}
+
+Communicator& Layout::group(const std::vector<std::string>& axes) {
+  unsigned bits = 0;
+  for (const std::string& axis : axes) bits |= 1u << index(axis);
+  return group_of(bits);
+}
+
+Communicator& Layout::group_of(unsigned bits) {
+  TESSERA_CHECK(bits != 0, "layout: a group needs at least one axis (from tp, cp, ep, dp, pp)");
+  for (size_t a = 0; a < kAxes; ++a)
+    if (bits == (1u << a)) return *axis_groups_[a];
   auto found = combined_groups_.find(bits);
   if (found != combined_groups_.end()) return *found->second;
   // Colour: the rank with the group's coordinates set to 0; key: the rank
@@ -130,6 +149,19 @@ Communicator& Layout::group(std::initializer_list<std::string_view> axes) {
   Communicator& group = *made;
   combined_groups_.emplace(bits, std::move(made));
   return group;
+}
+
+Communicator& gradient_group(Layout& layout, const std::vector<nn::Parameter*>& parameters) {
+  TESSERA_CHECK(!parameters.empty(), "layout: no parameters, so no group averages their gradients");
+  const std::vector<std::string>& axes = parameters.front()->gradient_axes;
+  for (const nn::Parameter* p : parameters)
+    TESSERA_CHECK(p->gradient_axes == axes, "layout: parameter '", p->name, "' has its gradient averaged over ",
+                  axis_list(p->gradient_axes), " and '", parameters.front()->name, "' over ", axis_list(axes),
+                  "; one data-parallel replica reduces every gradient over one group");
+  std::vector<std::string> used;  // the axes of size 1 add no rank
+  for (const std::string& axis : axes)
+    if (layout.size(axis) > 1) used.push_back(axis);
+  return used.empty() ? layout.group("dp") : layout.group(used);
 }
 
 int Layout::world_rank_of(const std::map<std::string, int>& coordinates) const {

@@ -29,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "nn/parameter.h"
 #include "parallel/communicator.h"
 
 namespace tessera::parallel {
@@ -59,6 +60,7 @@ class Layout {
   // Collective over the world the first time a combination is asked for:
   // every rank asks for the same combinations in the same order.
   Communicator& group(std::initializer_list<std::string_view> axes);
+  Communicator& group(const std::vector<std::string>& axes);
 
   // The world rank at the given coordinates (axes not named: 0), and this rank's coordinates.
   int world_rank_of(const std::map<std::string, int>& coordinates) const;
@@ -70,6 +72,7 @@ class Layout {
 
  private:
   static size_t index(std::string_view axis);
+  Communicator& group_of(unsigned axes);  // by the bit set of the axes' indices
 
   Communicator& world_;
   std::string order_;
@@ -88,5 +91,12 @@ struct PipelineGroups {
   std::unique_ptr<Communicator> embedding;
 };
 PipelineGroups pipeline_groups(Layout& layout, bool end_stage);
+
+// The group that averages the gradients of `parameters`: the ranks that
+// differ only along their nn::Parameter::gradient_axes (those of size 1
+// left out; none left: the dp axis's group of one). Every parameter must
+// name the same axes (one replica reduces over one group), else refused
+// naming two that differ. Collective the first time a combination is used.
+Communicator& gradient_group(Layout& layout, const std::vector<nn::Parameter*>& parameters);
 
 }  // namespace tessera::parallel

@@ -4,6 +4,7 @@
 #include "parallel/ring_attention.h"
 
 #include <algorithm>
+#include <string>
 #include <utility>
 
 #include "core/context.h"
@@ -78,6 +79,43 @@ void finish_into(const Tensor& accumulator, Tensor& result) {
     ops::cast(accumulator, result);
 }
 
+// The ring's timeline for a trace (the group's GroupEvents; nothing is read
+// or recorded when it has none): each block's compute ("ring forward block",
+// category compute), each exchange from its launch until it was seen
+// complete ("ring forward exchange", comm: the first test after the block's
+// compute, or the end of the wait), and each wait that blocked ("ring
+// forward wait", comm): the exposed part of the exchange. An exchange that
+// finished while the block computed shows no wait; the exposed share is the
+// waits' time over the exchanges'.
+class RingTimeline {
+ public:
+  RingTimeline(const GroupEvents& events, std::string pass) : events_(events), pass_("ring " + std::move(pass)) {}
+
+  int64_t now() const { return events_.enabled() ? events_.clock() : 0; }
+
+  template <typename Compute>
+  void block(Compute&& compute) {
+    const int64_t start = now();
+    compute();
+    if (events_.enabled()) events_.record(pass_ + " block", "compute", start, now());
+  }
+
+  // Waits for `exchange` (launched at `launched` by now()), named `what`.
+  void finish(CommWork& exchange, int64_t launched, const std::string& what = "exchange") {
+    if (!events_.enabled()) return exchange.wait();
+    if (exchange.test()) return events_.record(pass_ + " " + what, "comm", launched, now());
+    const int64_t waiting = now();
+    exchange.wait();
+    const int64_t done = now();
+    events_.record(pass_ + " wait", "comm", waiting, done);
+    events_.record(pass_ + " " + what, "comm", launched, done);
+  }
+
+ private:
+  const GroupEvents& events_;
+  std::string pass_;
+};
+
 }  // namespace
 
 RingAttention::RingAttention(Communicator& group, std::vector<std::vector<int64_t>> positions, float scale)
@@ -122,22 +160,26 @@ void RingAttention::forward(const Tensor& q, const Tensor& kv, Tensor& out, Tens
   Tensor block_out = q.context().empty(out.shape(), DType::f32, q.device());
   Tensor block_logsumexp = q.context().empty(logsumexp.shape(), DType::f32, q.device());
   BlockRing blocks(kv, size);
+  RingTimeline timeline(group_.events(), "forward");
   for (int step = 0; step < size; ++step) {
     CommHandle exchange;
+    const int64_t launched = timeline.now();
     if (step + 1 < size) exchange = pass_along(group_, blocks.current(step), blocks.incoming(step));
     const int source = source_of_step(step);
     if (step == 0) {  // the own block starts the running result (every query sees itself)
-      ops::attention_block_forward(q, kv, q_positions, q_positions, running, logsumexp, scale_);
+      timeline.block([&] { ops::attention_block_forward(q, kv, q_positions, q_positions, running, logsumexp, scale_); });
       ++counts_.computed;
     } else if (visible(source)) {
-      ops::attention_block_forward(q, blocks.current(step), q_positions, positions_on(source, q), block_out,
-                                   block_logsumexp, scale_);
-      ops::attention_block_merge(block_out, block_logsumexp, running, logsumexp);
+      timeline.block([&] {
+        ops::attention_block_forward(q, blocks.current(step), q_positions, positions_on(source, q), block_out,
+                                     block_logsumexp, scale_);
+        ops::attention_block_merge(block_out, block_logsumexp, running, logsumexp);
+      });
       ++counts_.computed;
     } else {
       ++counts_.skipped;
     }
-    if (exchange) exchange->wait();
+    if (exchange) timeline.finish(*exchange, launched);
   }
   finish_into(running, out);
 }
@@ -156,26 +198,32 @@ void RingAttention::backward(const Tensor& grad_out, const Tensor& q, const Tens
   if (size > 1) terms = q.context().empty(kv.shape(), DType::f32, q.device());
   accumulators[0].fill_(0.0);
   BlockRing blocks(kv, size);
+  RingTimeline timeline(group_.events(), "backward");
   CommHandle arriving;  // the accumulator for the next step
+  int64_t arriving_launched = 0;
   for (int step = 0; step < size; ++step) {
     CommHandle exchange;
+    const int64_t launched = timeline.now();
     if (step + 1 < size) exchange = pass_along(group_, blocks.current(step), blocks.incoming(step));
     const int source = source_of_step(step);
     Tensor& accumulator = accumulators[step % 2];
     const bool compute = step == 0 || visible(source);
     if (compute) {
       Tensor& into = step == 0 ? accumulator : terms.fill_(0.0);
-      ops::attention_block_backward(grad_out, q, blocks.current(step), out, logsumexp, q_positions,
-                                    positions_on(source, q), dq, into, scale_);
+      timeline.block([&] {
+        ops::attention_block_backward(grad_out, q, blocks.current(step), out, logsumexp, q_positions,
+                                      positions_on(source, q), dq, into, scale_);
+      });
     }
     ++(compute ? counts_.computed : counts_.skipped);
-    if (arriving) arriving->wait();
+    if (arriving) timeline.finish(*arriving, arriving_launched, "gradient exchange");
     if (step > 0 && compute) ops::axpy(1.0f, terms, accumulator);
     // Passed on; after the last step it goes home, to the rank after this one.
+    arriving_launched = timeline.now();
     if (size > 1) arriving = pass_along(group_, accumulator, accumulators[(step + 1) % 2]);
-    if (exchange) exchange->wait();
+    if (exchange) timeline.finish(*exchange, launched);
   }
-  if (arriving) arriving->wait();
+  if (arriving) timeline.finish(*arriving, arriving_launched, "gradient exchange");
   finish_into(accumulators[size > 1 ? size % 2 : 0], grad_kv);  // the own block's, home from the previous rank
   finish_into(dq, grad_q);
 }

@@ -72,6 +72,10 @@ std::vector<std::vector<int64_t>> zigzag_positions(int64_t seq_length, int size)
 //   out [B, Tl, H, Dh] (q's dtype); logsumexp [B, H, Tl] f32 (kept for the backward);
 //   grad_q [B, Tl, H, Dh], grad_kv [B, Tl, G, 2, Dh]: f32 or q's dtype (accumulated in f32).
 // Tl is the number of positions each rank holds (the same on every rank).
+// Each step's block compute, exchanges and blocking waits go to the group's
+// GroupEvents when it has them (a trace: "ring forward block", "ring forward
+// exchange", "ring forward wait", the same for backward, whose gradient
+// accumulators travel as "ring backward gradient exchange").
 class RingAttention {
  public:
   // positions[r]: the global positions rank r of `group` holds, in its local

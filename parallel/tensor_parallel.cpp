@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <memory>
+#include <numeric>
 #include <sstream>
 
 #include "core/context.h"
@@ -48,6 +49,7 @@ nn::ParameterShard shard_of(const Shape& global, const Shape& view, int dim, int
   shard.global_shape = global;
   shard.split = split;
   if (split) {
+    shard.axes = {"tp"};
     shard.view = view;
     shard.dim = dim;
     shard.begin = begin;
@@ -314,6 +316,19 @@ Tensor VocabParallelEmbedding::backward_impl(const Tensor& grad_output, nn::Save
   return Tensor();
 }
 
+std::vector<int64_t> held_positions(const TensorParallelism& tp, int64_t tokens) {
+  std::vector<int64_t> held(size_t(tokens), 0);
+  if (tp.context_size() > 1)
+    held = context_share(*tp.context, tokens);
+  else
+    std::iota(held.begin(), held.end(), int64_t{0});
+  if (!tp.sequence_parallel || tp.size() == 1) return held;
+  TESSERA_CHECK(tokens % tp.size() == 0, "--sequence-parallel: ", tokens, " tokens do not split over --tensor-parallel ",
+                tp.size());
+  const int64_t part = tokens / tp.size(), begin = tp.rank() * part;
+  return std::vector<int64_t>(held.begin() + begin, held.begin() + begin + part);
+}
+
 // ---------------------------------------------------------------------------
 // TensorParallelDropout
 // ---------------------------------------------------------------------------
@@ -326,19 +341,26 @@ TensorParallelDropout::TensorParallelDropout(const nn::ModelSpec& spec, std::str
 
 Tensor TensorParallelDropout::apply(const Tensor& x, uint64_t seed, int64_t tokens) const {
   Tensor y = empty_like(x);
-  if (region_ == Region::split || !tp_.sequence_parallel || tp_.size() == 1) {
+  const bool sequence_split = (tp_.sequence_parallel && tp_.size() > 1) || tp_.context_size() > 1;
+  if (region_ == Region::split || tokens == 0 || !sequence_split) {
     ops::dropout_forward(x, y, p_, seed, 0);
     return y;
   }
-  // This rank's positions [r·T', (r+1)·T') of the whole [B, T, C] mask.
-  const int64_t batch = x.size(0), features = x.size(2), whole_tokens = tokens * tp_.size();
-  const Tensor rows = x.view(Shape{batch, tokens * features});
-  Tensor out = y.view(Shape{batch, tokens * features});
-  for (int64_t b = 0; b < batch; ++b) {
-    const uint64_t offset = uint64_t((b * whole_tokens + int64_t(tp_.rank()) * tokens) * features);
-    Tensor row = out.slice(b, b + 1);
-    ops::dropout_forward(rows.slice(b, b + 1), row, p_, seed, offset);
-  }
+  // This rank's tokens take the mask of their global positions in the whole
+  // [B, T, C] mask (sequence parallelism: its part of the sequence; context
+  // parallelism: its zigzag share), one call per run of consecutive positions.
+  const int64_t per_context_rank = tp_.sequence_parallel ? tokens * tp_.size() : tokens;
+  const int64_t whole_tokens = per_context_rank * tp_.context_size(), batch = x.size(0), features = x.size(2);
+  const std::vector<int64_t> positions = held_positions(tp_, per_context_rank);
+  const Tensor rows = x.view(Shape{batch * tokens, features});
+  Tensor out = y.view(Shape{batch * tokens, features});
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t i = 0, run = 1; i < tokens; i += run) {
+      for (run = 1; i + run < tokens && positions[size_t(i + run)] == positions[size_t(i)] + run;) ++run;
+      const uint64_t offset = uint64_t((b * whole_tokens + positions[size_t(i)]) * features);
+      Tensor part = out.slice(b * tokens + i, b * tokens + i + run);
+      ops::dropout_forward(rows.slice(b * tokens + i, b * tokens + i + run), part, p_, seed, offset);
+    }
   return y;
 }
 

@@ -74,6 +74,12 @@ struct TensorParallelism {
   int rank() const { return group ? group->rank() : 0; }
 };
 
+// The global positions of this rank's tokens of sequences of `tokens` tokens
+// per cp rank: under context parallelism its zigzag share of sequences of
+// tokens·C (parallel::context_share), else 0 .. tokens − 1; under sequence
+// parallelism its tensor-parallel rank's part of those.
+std::vector<int64_t> held_positions(const TensorParallelism& tp, int64_t tokens);
+
 // ---------------------------------------------------------------------------
 // The communication of the regions (blocking; K = 1 costs nothing)
 // ---------------------------------------------------------------------------
@@ -170,7 +176,9 @@ class VocabParallelEmbedding : public nn::Module {
 // Dropout in a tensor-parallel model.
 //   replicated: the input is the same on every rank ([B, T, C]), and so is the
 //               mask: the tp = 1 mask. Under sequence parallelism the input is
-//               [B, T/K, C] and each rank applies its positions of that mask.
+//               [B, T/K, C] and each rank applies its positions of that mask;
+//               under context parallelism those of its zigzag share
+//               (held_positions): one rank's mask, whatever the layout.
 //   split:      the input is split across ranks (e.g. attention heads); each
 //               rank draws its own mask (seed mixed with its rank).
 class TensorParallelDropout : public nn::Module {

@@ -81,7 +81,8 @@ StepResult TrainStep::run(int64_t step, const StepBatches& batches, double lr, b
   schedule.input_shape = batches.stage_input_shape;
   schedule.activation_dtype = batches.activation_dtype;
   schedule.loss_scale = result.loss_scale;
-  const uint64_t dp_size = uint64_t(dp.size()), dp_rank = uint64_t(dp.rank()), seed = parts_.seed;
+  const Communicator& samples = parts_.samples ? *parts_.samples : dp;
+  const uint64_t dp_size = uint64_t(samples.size()), dp_rank = uint64_t(samples.rank()), seed = parts_.seed;
   schedule.pass = [seed, step, dp_size, dp_rank](int micro) {
     // Each replica draws its own dropout masks: micro-batch index micro·dp + rank.
     return nn::Pass{seed, uint64_t(step), uint64_t(micro) * dp_size + dp_rank};

@@ -47,7 +47,11 @@ struct TrainStepParts {
   DataParallel* replica = nullptr;        // the stage's parameters over the data-parallel ranks
   nn::GradScaler* scaler = nullptr;       // fp16 dynamic loss scaling (disabled for f32/bf16)
   Communicator* pipeline = nullptr;       // the pipeline axis (rank = stage); a group of one when pp = 1
-  Communicator* data_parallel = nullptr;  // the data-parallel axis (the loss average)
+  Communicator* data_parallel = nullptr;  // the replicas the loss is averaged over (dp, or dp × cp)
+  // The ranks that read different samples (the dp axis): each draws its own
+  // dropout masks, micro-batch index micro·size + rank; null: data_parallel.
+  // (Context-parallel ranks share their samples, and so their masks.)
+  Communicator* samples = nullptr;
   // pp > 1: the first and last stage of one tensor-parallel rank, and this
   // stage's copy of the tied embedding table (null on middle stages), whose
   // gradients are summed after the flush. Null when pp = 1.

@@ -189,11 +189,11 @@ TEST_F(BadInput, RankOrderNamingAnAxisTwiceOrLeavingOutOneInUse) {
 }
 
 TEST_F(BadInput, ContextParallelismWhereItCannotRun) {
-  expect_refused({"--context-parallel-size", "2", "--hidden-dropout", "0.1"},
-                 {"--hidden-dropout 0.1 is not available with --context-parallel-size 2"});
+  expect_refused({"--context-parallel-size", "2", "--attention-dropout", "0.1"},
+                 {"--attention-dropout 0.1 is not available with --context-parallel-size 2"});
   expect_refused({"--cp", "2", "--seq-length", "18"},
                  {"--context-parallel-size 2 cuts each sequence into 4 equal chunks; --seq-length 18"});
-  expect_refused({"--cp", "2", "--sample-interval", "2"}, {"does not evaluate or sample yet; drop --sample-interval"});
+  expect_refused({"--cp", "2", "--sample-interval", "2"}, {"does not sample during training yet; drop --sample-interval"});
 }
 
 TEST_F(BadInput, UnknownModel) {

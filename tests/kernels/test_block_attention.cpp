@@ -278,6 +278,65 @@ TEST_P(BlockAttention, RowFunctorsMatchTheReference) {
   }
 }
 
+// The GPU's row functors against the CPU's tiles, on the sets above and the
+// tiled ones: a block's forward, the merge of a second block into it, and
+// the backward from the merged result added to the same random accumulators.
+TEST_P(BlockAttention, GpuMatchesCpu) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  TESSERA_REQUIRE_GPU(ctx);
+  const Device gpu = Device::cuda(0);
+  auto rng = make_rng();
+  std::vector<PositionSets> sets = position_sets(rng);
+  for (const PositionSets& set : tiled_position_sets(rng)) sets.push_back(set);
+  for (const Heads& heads : {Heads{2, 4, 2, 64}, Heads{1, 3, 3, 17}, Heads{1, 8, 1, 128}})
+    for (const PositionSets& set : sets) {
+      SCOPED_TRACE("H " + std::to_string(heads.heads) + " G " + std::to_string(heads.groups) + " Dh " +
+                   std::to_string(heads.head_dim) + ", " + std::to_string(set.q_pos.size()) + " queries, " +
+                   std::to_string(set.k_pos.size()) + " keys");
+      const BlockProblem p = problem_of(heads, set.q_pos, set.k_pos);
+      const Tolerance tolerance = attention_device_tolerance(DType::f32);
+      const Tensor q = random_tensor(ctx, q_shape(p), dtype, rng, -2.0, 2.0).tensor;
+      const Tensor kv = random_tensor(ctx, kv_shape(p), dtype, rng, -2.0, 2.0).tensor;
+      const Tensor other_kv = random_tensor(ctx, kv_shape(p), dtype, rng, -2.0, 2.0).tensor;
+      std::vector<int64_t> other_positions = set.k_pos;
+      for (int64_t& position : other_positions) position = std::max<int64_t>(0, position - 1);
+      const Tensor q_pos = positions_tensor(ctx, p.q_pos), k_pos = positions_tensor(ctx, p.k_pos);
+      const Tensor other_pos = positions_tensor(ctx, other_positions);
+      // Forward of the own block, then the other block merged in.
+      Tensor out_cpu = poisoned(ctx, q_shape(p), DType::f32), lse_cpu = poisoned(ctx, lse_shape(p), DType::f32);
+      Tensor out_gpu = poisoned(ctx, q_shape(p), DType::f32, gpu);
+      Tensor lse_gpu = poisoned(ctx, lse_shape(p), DType::f32, gpu);
+      ops::attention_block_forward(q, kv, q_pos, k_pos, out_cpu, lse_cpu);
+      ops::attention_block_forward(q.to(gpu), kv.to(gpu), q_pos.to(gpu), k_pos.to(gpu), out_gpu, lse_gpu);
+      EXPECT_TRUE(all_close(out_gpu, out_cpu, tolerance)) << "block out";
+      EXPECT_TRUE(all_close(mark_empty_rows(lse_gpu.to_doubles()), mark_empty_rows(lse_cpu.to_doubles()), tolerance))
+          << "block logsumexp";
+      Tensor block_out = poisoned(ctx, q_shape(p), DType::f32), block_lse = poisoned(ctx, lse_shape(p), DType::f32);
+      ops::attention_block_forward(q, other_kv, q_pos, other_pos, block_out, block_lse);
+      Tensor merged_gpu = out_cpu.to(gpu), merged_lse_gpu = lse_cpu.to(gpu);
+      ops::attention_block_merge(block_out.to(gpu), block_lse.to(gpu), merged_gpu, merged_lse_gpu);
+      ops::attention_block_merge(block_out, block_lse, out_cpu, lse_cpu);
+      EXPECT_TRUE(all_close(merged_gpu, out_cpu, tolerance)) << "merged out";
+      EXPECT_TRUE(all_close(mark_empty_rows(merged_lse_gpu.to_doubles()), mark_empty_rows(lse_cpu.to_doubles()),
+                            tolerance))
+          << "merged logsumexp";
+      // Backward of the own block from the merged result, into the same accumulators.
+      Tensor out = ctx.empty(q_shape(p), dtype);
+      ops::cast(out_cpu, out);
+      const Tensor grad_out = random_tensor(ctx, q_shape(p), dtype, rng).tensor;
+      const Tensor grad_q = random_tensor(ctx, q_shape(p), DType::f32, rng).tensor;
+      const Tensor grad_kv = random_tensor(ctx, kv_shape(p), DType::f32, rng).tensor;
+      Tensor dq_cpu = grad_q.clone(), dkv_cpu = grad_kv.clone(), dq_gpu = grad_q.to(gpu), dkv_gpu = grad_kv.to(gpu);
+      ops::attention_block_backward(grad_out, q, kv, out, lse_cpu, q_pos, k_pos, dq_cpu, dkv_cpu);
+      ops::attention_block_backward(grad_out.to(gpu), q.to(gpu), kv.to(gpu), out.to(gpu), lse_cpu.to(gpu),
+                                    q_pos.to(gpu), k_pos.to(gpu), dq_gpu, dkv_gpu);
+      EXPECT_TRUE(all_close(dq_gpu, dq_cpu, attention_device_tolerance(dtype))) << "grad_q";
+      EXPECT_TRUE(all_close(dkv_gpu, dkv_cpu, attention_device_tolerance(dtype))) << "grad_kv";
+    }
+}
+
 INSTANTIATE_FLOAT_DTYPES(BlockAttention);
 
 // The reference's backward (what the kernels are held to) is the gradient of

@@ -116,6 +116,35 @@ TEST_P(QkvSplit, ShapesThatDoNotMatchAreRefusedNamingTheArgument) {
   EXPECT_THROW(ops::join_qkv(grad_i32, kv, true, grad_qkv), Error);
 }
 
+// The GPU's copies are the CPU's, element for element, both layouts.
+TEST_P(QkvSplit, GpuMatchesCpu) {
+  TESSERA_SEED_TRACE();
+  const DType dtype = GetParam();
+  Context ctx;
+  TESSERA_REQUIRE_GPU(ctx);
+  const Device gpu = Device::cuda(0);
+  auto rng = make_rng();
+  std::vector<Case> cases = kCases;
+  cases.push_back({true, 2, 300, 8, 4, 128});  // more than one block of threads per row
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.grouped ? "grouped" : "GPT-2's") + " G " + std::to_string(c.groups) + " R " +
+                 std::to_string(c.per_group));
+    const Tensor qkv = random_tensor(ctx, c.qkv(), dtype, rng).tensor;
+    Tensor q_cpu = poisoned(ctx, c.q(), dtype), kv_cpu = poisoned(ctx, c.kv(), dtype);
+    Tensor q_gpu = poisoned(ctx, c.q(), dtype, gpu), kv_gpu = poisoned(ctx, c.kv(), dtype, gpu);
+    ops::split_qkv(qkv, c.grouped, q_cpu, kv_cpu);
+    ops::split_qkv(qkv.to(gpu), c.grouped, q_gpu, kv_gpu);
+    EXPECT_TRUE(all_close(q_gpu, q_cpu.to_doubles(), Tolerance{0, 0})) << "q";
+    EXPECT_TRUE(all_close(kv_gpu, kv_cpu.to_doubles(), Tolerance{0, 0})) << "kv";
+    const Tensor grad_q = random_tensor(ctx, c.q(), DType::f32, rng).tensor;
+    const Tensor grad_kv = random_tensor(ctx, c.kv(), DType::f32, rng).tensor;
+    Tensor joined_cpu = poisoned(ctx, c.qkv(), dtype), joined_gpu = poisoned(ctx, c.qkv(), dtype, gpu);
+    ops::join_qkv(grad_q, grad_kv, c.grouped, joined_cpu);
+    ops::join_qkv(grad_q.to(gpu), grad_kv.to(gpu), c.grouped, joined_gpu);
+    EXPECT_TRUE(all_close(joined_gpu, joined_cpu.to_doubles(), Tolerance{0, 0})) << "join";
+  }
+}
+
 INSTANTIATE_FLOAT_DTYPES(QkvSplit);
 
 }  // namespace

@@ -308,6 +308,42 @@ TEST(LayoutSimulated, SixteenRanksWithContextParallelismAndCombinedGroups) {
   }
 }
 
+// The group that averages gradients is the one the parameters name: dp and
+// cp by default (their combined group; dp's own where cp is 1), dp alone for
+// parameters that say so; parameters that disagree are refused by name.
+TEST(LayoutSimulated, GradientGroupIsTheOneTheParametersName) {
+  std::map<std::string, std::vector<SplitRecord>> log;
+  RecordingCommunicator world(5, 16, "world", &log);
+  LayoutSizes sizes;
+  sizes.tp = sizes.cp = sizes.pp = 2;
+  Layout layout(world, sizes);
+  nn::Parameter first, second;
+  first.name = "blocks.0.attn.qkv.weight";
+  second.name = "blocks.0.mlp.fc.weight";
+  EXPECT_EQ(first.gradient_axes, (std::vector<std::string>{"dp", "cp"}));
+  const std::vector<nn::Parameter*> both = {&first, &second};
+  Communicator& replicas = parallel::gradient_group(layout, both);
+  EXPECT_EQ(&replicas, &layout.group({"dp", "cp"}));
+  EXPECT_EQ(replicas.name(), "cp+dp");
+  first.gradient_axes = second.gradient_axes = {"dp"};
+  EXPECT_EQ(&parallel::gradient_group(layout, both), &layout.group("dp"));
+  second.gradient_axes = {"dp", "cp"};
+  try {
+    parallel::gradient_group(layout, both);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("parameter 'blocks.0.mlp.fc.weight' has its gradient averaged over {dp, "
+                                             "cp} and 'blocks.0.attn.qkv.weight' over {dp}"),
+              std::string::npos)
+        << error.what();
+  }
+  Layout no_context(world, grid_sizes(2, 2));  // cp 1: dp's own group, no other made
+  const size_t splits_before = log["cp+dp"].size();
+  first.gradient_axes = {"dp", "cp"};
+  EXPECT_EQ(&parallel::gradient_group(no_context, both), &no_context.group("dp"));
+  EXPECT_EQ(log["cp+dp"].size(), splits_before);
+}
+
 TEST(LayoutSimulated, SixRanksCannotMakeTensorParallelFour) {
   std::map<std::string, std::vector<SplitRecord>> log;
   RecordingCommunicator world(0, 6, "world", &log);

@@ -165,6 +165,58 @@ TEST(RingAttention, SkipsBlocksInTheFutureAndStillPassesThem) {
   }
 }
 
+// With events on the group (a trace), every block's compute, every exchange
+// and every blocking wait is recorded in order on the clock given, each wait
+// inside the exchange it waited for; the results are the same. Without
+// them nothing is recorded.
+TEST(RingAttention, RecordsItsBlocksExchangesAndWaitsForATrace) {
+  TESSERA_SEED_TRACE();
+  auto cp = world();
+  const int ranks = cp->size();
+  const int64_t seq_len = 2 * ranks * 4;
+  const auto positions = parallel::zigzag_positions(seq_len, ranks);
+  struct Event {
+    std::string name, category;
+    int64_t start, end;
+  };
+  std::vector<Event> events;
+  int64_t ticks = 0;  // a clock that always moves
+  cp->set_events(parallel::GroupEvents{
+      [&ticks] { return ++ticks; },
+      [&events](const std::string& name, const std::string& category, int64_t start, int64_t end) {
+        events.push_back({name, category, start, end});
+      }});
+  RingAttention ring(*cp, positions);
+  expect_ring_matches_the_reference(*cp, ring, kCases[0], positions, seq_len);
+  cp->set_events({});
+  const auto count = [&events](const std::string& name) {
+    return std::count_if(events.begin(), events.end(), [&name](const Event& e) { return e.name == name; });
+  };
+  EXPECT_EQ(count("ring forward block"), ranks);
+  EXPECT_EQ(count("ring backward block"), ranks);
+  EXPECT_EQ(count("ring forward exchange"), ranks - 1);
+  EXPECT_EQ(count("ring backward exchange"), ranks - 1);
+  EXPECT_EQ(count("ring backward gradient exchange"), ranks);
+  int64_t waits = 0;
+  for (size_t i = 0; i < events.size(); ++i) {
+    const Event& e = events[i];
+    EXPECT_LT(e.start, e.end) << e.name;
+    EXPECT_EQ(e.category, e.name.ends_with("block") ? "compute" : "comm") << e.name;
+    if (!e.name.ends_with("wait")) continue;
+    ++waits;
+    ASSERT_LT(i + 1, events.size()) << "a wait is followed by its exchange";
+    const Event& exchange = events[i + 1];
+    EXPECT_TRUE(exchange.name.ends_with("exchange")) << exchange.name;
+    EXPECT_LE(exchange.start, e.start);
+    EXPECT_EQ(exchange.end, e.end);
+  }
+  EXPECT_EQ(int64_t(events.size()), 2 * ranks + 3 * ranks - 2 + waits);
+  events.clear();
+  RingAttention quiet(*cp, positions);
+  expect_ring_matches_the_reference(*cp, quiet, kCases[0], positions, seq_len);
+  EXPECT_TRUE(events.empty());
+}
+
 // Shares of different lengths, or positions for another group size, are refused before anything moves.
 TEST(RingAttention, RefusesSharesThatDoNotFitTheGroup) {
   auto cp = world();

@@ -11,6 +11,7 @@
 // longer than the context, a rank count the model does not split over, a
 // --tokenizer that is no dataset) is refused before the weights are read:
 // with a damaged tensor in the checkpoint, the message is still about it.
+// A checkpoint of context-parallel ranks generates without them.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -265,6 +266,36 @@ TEST(Generate, LlamaTrainsWithSamplesGeneratesAndGoesToHuggingFaceAndBack) {
   EXPECT_NE(disagree.status, 0);
   EXPECT_TRUE(contains(disagree.output, "--hidden-size 128 disagrees with hidden_size 64 in " + (dir / "hf/config.json")))
       << disagree.output;
+}
+
+// A checkpoint is layout-free: a Llama trained with its sequences split over
+// two context-parallel ranks (ring attention) generates on one rank and on a
+// tensor-parallel pair without context parallelism, greedily the tokens
+// argmax without the cache gives from the same checkpoint.
+TEST(Generate, ACheckpointOfContextParallelRanksGeneratesWithoutThem) {
+  TESSERA_SEED_TRACE();
+  ScratchDirectory dir("tessera_generate_cp_");
+  const std::string train = run_training(
+      2,
+      words("--model llama --synthetic --vocab-size 64 --seq-length 32 --num-layers 2 --num-heads 4 "
+            "--group-query-attention --num-query-groups 2 --hidden-size 32 --ffn-hidden-size 48 --micro-batch-size 4 "
+            "--cp 2 --train-steps 6 --lr 3e-3 --threads 1 --seed " + std::to_string(test_seed() % 1000) +
+            " --save " + (dir / "ckpt")),
+      dir / "train.log");
+  EXPECT_TRUE(contains(train, "cp=2")) << train;
+  const std::vector<int32_t> prompt = {5, 17, 3, 42};
+  const std::vector<int32_t> reference = argmax_without_cache(dir / "ckpt/step_00000006", prompt, 12);
+  for (const int ranks : {1, 2}) {
+    SCOPED_TRACE(std::to_string(ranks) + " rank(s)");
+    const Outcome greedy = run_command(generate_command(ranks, {dir / "ckpt", "--prompt-ids", "5,17,3,42", "--temperature",
+                                                                "0", "--max-new-tokens", "12", "--print-ids",
+                                                                "--threads", "1"}),
+                                       dir / "greedy.log", seconds(120));
+    ASSERT_EQ(greedy.status, 0) << greedy.output;
+    std::vector<int32_t> expected = prompt;
+    expected.insert(expected.end(), reference.begin(), reference.end());
+    EXPECT_EQ(ids_of(generated(greedy.output)), expected) << greedy.output;
+  }
 }
 
 const char* kSmallGpt =

@@ -311,7 +311,8 @@ double predicted_bytes(const std::string& output) {
 // `tessera train --estimate-memory` on four ranks prints each rank's
 // predicted model-state bytes without training; the same configuration
 // trained measures them (the allocator's counters, in the metrics): under
-// every --zero stage (with 2 micro-batches a step) and with tp = 2, the
+// every --zero stage (with 2 micro-batches a step), with tp = 2 and with
+// cp = 2 (ZeRO shards over the dp × cp replicas), the
 // measurement is at most the prediction (+3%) and at least the prediction
 // with nothing ahead or in flight (--zero-prefetch 0).
 TEST(Zero, EstimateMemoryPredictsTheMeasuredPeak) {
@@ -323,7 +324,7 @@ TEST(Zero, EstimateMemoryPredictsTheMeasuredPeak) {
                             "--bucket-size-mb");
   for (const std::vector<std::string>& layout : std::vector<std::vector<std::string>>{
            {"--zero", "0"}, {"--zero", "1"}, {"--zero", "2"}, {"--zero", "3"}, {"--zero", "3", "--zero-prefetch", "0"},
-           {"--zero", "3", "--tp", "2"}}) {
+           {"--zero", "3", "--tp", "2"}, {"--zero", "3", "--cp", "2"}}) {
     std::string name = "estimate";
     for (const std::string& word : layout) {
       name.push_back('_');
@@ -581,6 +582,13 @@ std::vector<std::string> llama_args(const std::string& data, uint64_t seed, cons
                 {"--num-heads", heads, "--num-query-groups", groups, "--data", data, "--seed", std::to_string(seed)});
 }
 
+// The evaluation losses of a run's metrics, in order (none without --eval-data).
+std::vector<double> eval_losses(const std::string& metrics) {
+  std::vector<double> out;
+  for (const io::EvalRecord& record : io::read_metrics(metrics).evals) out.push_back(record.eval_loss);
+  return out;
+}
+
 struct LlamaLayout {
   const char* name;
   int ranks;
@@ -592,6 +600,7 @@ void expect_llama_layouts_equal_one_rank(const std::vector<std::string>& args, c
   run_training(1, joined(args, {"--micro-batch-size", "4", "--metrics", dir / "llama_one.jsonl"}),
                dir / "llama_one.log");
   const std::vector<double> expected = losses(dir / "llama_one.jsonl", 1, 6);
+  const std::vector<double> expected_evals = eval_losses(dir / "llama_one.jsonl");  // with --eval-data
   ASSERT_EQ(expected.size(), 6u);
   for (const LlamaLayout& layout : layouts) {
     SCOPED_TRACE(layout.name);
@@ -599,6 +608,7 @@ void expect_llama_layouts_equal_one_rank(const std::vector<std::string>& args, c
     const std::string output = run_training(layout.ranks, joined(joined(args, layout.flags), {"--metrics", metrics}),
                                             metrics + ".log");
     EXPECT_TRUE(all_close(losses(metrics, 1, 6), expected, Tolerance{1e-5, 1e-5})) << output;
+    EXPECT_TRUE(all_close(eval_losses(metrics), expected_evals, Tolerance{1e-5, 1e-5})) << output;
   }
 }
 
@@ -661,8 +671,10 @@ TEST(DecoderSwitchLayouts, GptWithLlamaSwitchesEqualsOneRank) {
 // into zigzag shares over 2 and 4 ranks (ring attention), alone and with
 // tensor + sequence parallelism, the pipeline, and dp 2 with ZeRO-3, equal to
 // one rank for the Llama (rotary embeddings at the shares' global positions)
-// and the GPT (learned positions gathered at them); no dropout (refused with
-// cp until its masks follow global positions).
+// and the GPT (learned positions gathered at them, and --hidden-dropout 0.1:
+// each rank draws the one-rank mask at its tokens' global positions; the
+// evaluation's loss over --eval-data, each rank its share of every sequence,
+// is one rank's too).
 TEST(ContextParallelLayouts, GptAndLlamaEqualOneRank) {
   TESSERA_SEED_TRACE();
   std::mt19937_64 rng = make_rng();
@@ -680,9 +692,12 @@ TEST(ContextParallelLayouts, GptAndLlamaEqualOneRank) {
   {
     SCOPED_TRACE("gpt");
     ScratchDirectory dir("tessera_processes_");
-    auto gpt = gpt_args(write_text_dataset(dir.path, 4000, rng), rng());
-    for (const char* flag : {"--micro-batch-size", "--bucket-size-mb", "--hidden-dropout"}) gpt = without(gpt, flag);
-    expect_llama_layouts_equal_one_rank(joined(gpt, {"--train-steps", "6"}), {layouts[0], layouts[1], layouts[2]}, dir);
+    const std::string data = write_text_dataset(dir.path, 4000, rng);
+    auto gpt = gpt_args(data, rng());
+    for (const char* flag : {"--micro-batch-size", "--bucket-size-mb"}) gpt = without(gpt, flag);
+    const auto evaluated = joined(gpt, {"--train-steps", "6", "--eval-data", data, "--eval-interval", "3",
+                                        "--eval-iters", "3"});
+    expect_llama_layouts_equal_one_rank(evaluated, {layouts[0], layouts[1], layouts[2]}, dir);
   }
 }
 
