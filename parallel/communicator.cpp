@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <string>
 
 #include "core/context.h"
 
@@ -94,6 +95,54 @@ CommHandle Communicator::recv(Tensor& tensor, int peer) {
 CommHandle Communicator::send_recv(const std::vector<P2POp>& ops) {
   for (const P2POp& op : ops) count(op.kind == P2POp::Kind::send ? CommCounters::send : CommCounters::recv, op.tensor);
   return timed([&] { return issue_send_recv(ops); });
+}
+
+CommHandle Communicator::all_to_all(const Tensor& input, const std::vector<int64_t>& send_counts, Tensor& output,
+                                    const std::vector<int64_t>& recv_counts) {
+  const int ranks = size(), me = rank();
+  const std::string at = "all_to_all on '" + name() + "' (rank " + std::to_string(me) + ")";
+  TESSERA_CHECK(int(send_counts.size()) == ranks && int(recv_counts.size()) == ranks, at, ": ", send_counts.size(),
+                " send and ", recv_counts.size(), " receive counts for a group of ", ranks, " ranks");
+  const auto offsets = [&](const std::vector<int64_t>& counts, const Tensor& buffer, const char* which) {
+    std::vector<int64_t> begin(size_t(ranks) + 1, 0);
+    for (int r = 0; r < ranks; ++r) {
+      TESSERA_CHECK(counts[size_t(r)] >= 0, at, ": a negative ", which, " count for rank ", r);
+      begin[size_t(r) + 1] = begin[size_t(r)] + counts[size_t(r)];
+    }
+    TESSERA_CHECK(begin.back() == buffer.numel(), at, ": the ", which, " counts add up to ", begin.back(),
+                  " elements, the ", which == std::string("send") ? "input" : "output", " holds ", buffer.numel());
+    return begin;
+  };
+  const std::vector<int64_t> sent = offsets(send_counts, input, "send"), received = offsets(recv_counts, output, "receive");
+  TESSERA_CHECK(input.dtype() == output.dtype(), at, ": the input is ", dtype_name(input.dtype()), ", the output ",
+                dtype_name(output.dtype()));
+  TESSERA_CHECK(send_counts[size_t(me)] == recv_counts[size_t(me)], at, ": this rank sends itself ",
+                send_counts[size_t(me)], " elements but expects ", recv_counts[size_t(me)]);
+  const Tensor from = input.flatten();
+  Tensor into = output.flatten();
+  std::vector<P2POp> ops;
+  for (int r = 0; r < ranks; ++r) {
+    if (r == me) continue;
+    if (recv_counts[size_t(r)] > 0)
+      ops.push_back({P2POp::Kind::recv, into.slice(received[size_t(r)], received[size_t(r) + 1]), r});
+    if (send_counts[size_t(r)] > 0)
+      ops.push_back({P2POp::Kind::send, from.slice(sent[size_t(r)], sent[size_t(r) + 1]), r});
+  }
+  if (send_counts[size_t(me)] > 0) {
+    Tensor own = into.slice(received[size_t(me)], received[size_t(me) + 1]);
+    own.copy_(from.slice(sent[size_t(me)], sent[size_t(me) + 1]));
+  }
+  return send_recv(ops);
+}
+
+std::vector<int64_t> all_to_all_counts(Communicator& group, const std::vector<int64_t>& send_counts, Context& scratch,
+                                       Device device) {
+  const int64_t ranks = group.size();
+  Tensor mine = scratch.from_vector(Shape{ranks}, send_counts, device);
+  Tensor theirs = scratch.empty(Shape{ranks}, DType::i64, device);
+  group.all_to_all(mine, std::vector<int64_t>(size_t(ranks), 1), theirs, std::vector<int64_t>(size_t(ranks), 1))
+      ->wait();
+  return theirs.to_vector<int64_t>();
 }
 
 void Communicator::barrier() {

@@ -156,6 +156,15 @@ class Communicator {
   CommHandle recv(Tensor& tensor, int peer);
   // All sends and receives as one group (no deadlock whatever their order).
   CommHandle send_recv(const std::vector<P2POp>& ops);
+  // Variable all-to-all (MPI_Alltoallv's): `input` holds, flat and in rank
+  // order, send_counts[r] elements for each rank r; `output` receives, in
+  // rank order, recv_counts[r] elements from each rank r (what rank r's
+  // send_counts say for this one: agree them first, all_to_all_counts).
+  // Blocks of no elements move nothing. One grouped send_recv (so MPI, NCCL's
+  // grouped send/recv and the emulated channel run it, with their deadlines
+  // and stall reports) and a copy of this rank's own block.
+  CommHandle all_to_all(const Tensor& input, const std::vector<int64_t>& send_counts, Tensor& output,
+                        const std::vector<int64_t>& recv_counts);
   void barrier();
   // Makes progress on outstanding nonblocking operations (MPI); free otherwise.
   virtual void poll() {}
@@ -231,6 +240,13 @@ class ScopedTimeout {
   double silence_s_;
   std::string silence_flag_;
 };
+
+// What every rank of `group` sends to this one, from what this rank sends to
+// each (send_counts[r]: elements for rank r): an all-to-all of one i64 per
+// pair of ranks, on `device` (a device communicator moves device tensors).
+// Collective over `group`.
+std::vector<int64_t> all_to_all_counts(Communicator& group, const std::vector<int64_t>& send_counts, Context& scratch,
+                                       Device device);
 
 // Every rank's `mine` (any lengths), on every rank, in rank order: two
 // all-gathers of host tensors made in `scratch` (lengths, then the bytes
