@@ -88,6 +88,10 @@ enum class ReduceKind { sum, mean, max, sum_squares };
   X(rotary_backward, (const Tensor& grad_out, const Tensor& positions, Tensor& grad_qkv, float base))                  \
   X(split_qkv, (const Tensor& qkv, bool grouped, Tensor& q, Tensor& kv))                                               \
   X(join_qkv, (const Tensor& grad_q, const Tensor& grad_kv, bool grouped, Tensor& grad_qkv))                           \
+  X(moe_route, (const Tensor& logits, Tensor& probs, Tensor& experts, Tensor& weights, Tensor& logsumexp))            \
+  X(moe_route_backward, (const Tensor& probs, const Tensor& experts, const Tensor& weights,                            \
+                         const Tensor& grad_weights, const Tensor* grad_probs, const Tensor* grad_logsumexp,           \
+                         Tensor& grad_logits))                                                                         \
   X(conv2d_forward,                                                                                                    \
     (const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, const ops::Conv2dParams& params))           \
   X(conv2d_backward, (const Tensor& grad_y, const Tensor& x, const Tensor& weight, Tensor* grad_x,                     \

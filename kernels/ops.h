@@ -277,6 +277,22 @@ void split_qkv(const Tensor& qkv, bool grouped, Tensor& q, Tensor& kv);
 void join_qkv(const Tensor& grad_q, const Tensor& grad_kv, bool grouped, Tensor& grad_qkv);
 
 // ---------------------------------------------------------------------------
+// Mixture-of-experts routing
+// ---------------------------------------------------------------------------
+// Mixtral's router over E experts for N tokens: the softmax over every
+// expert, the top_k most likely (ties: the lower index first), their
+// probabilities renormalised to sum to 1 (the same as Megatron-Core's softmax
+// over the top-k logits). logits [N, E] f32 → probs [N, E] f32 (the whole
+// softmax, for the load-balancing loss), experts [N, K] i32 (most likely
+// first), weights [N, K] f32, logsumexp [N] f32 (for the z-loss); K = experts.size(1).
+void moe_route(const Tensor& logits, Tensor& probs, Tensor& experts, Tensor& weights, Tensor& logsumexp);
+// grad_logits [N, E] f32 (written) from the forward's probs, experts and
+// weights and the gradients of the weights [N, K] f32, of the probabilities
+// [N, E] f32 (null: none) and of logsumexp [N] f32 (null: none).
+void moe_route_backward(const Tensor& probs, const Tensor& experts, const Tensor& weights, const Tensor& grad_weights,
+                        const Tensor* grad_probs, const Tensor* grad_logsumexp, Tensor& grad_logits);
+
+// ---------------------------------------------------------------------------
 // Convolution and pooling (NCHW)
 // ---------------------------------------------------------------------------
 struct Conv2dParams {
