@@ -92,6 +92,11 @@ enum class ReduceKind { sum, mean, max, sum_squares };
   X(moe_route_backward, (const Tensor& probs, const Tensor& experts, const Tensor& weights,                            \
                          const Tensor& grad_weights, const Tensor* grad_probs, const Tensor* grad_logsumexp,           \
                          Tensor& grad_logits))                                                                         \
+  X(moe_permute, (const Tensor& x, const Tensor& pairs, int64_t top_k, Tensor& out))                                  \
+  X(moe_permute_backward, (const Tensor& grad_slots, const Tensor& slot_of, Tensor& grad_x))                           \
+  X(moe_combine, (const Tensor& ys, const Tensor& slot_of, const Tensor& weights, Tensor& out))                        \
+  X(moe_combine_backward, (const Tensor& grad_out, const Tensor& ys, const Tensor& pairs, const Tensor& slot_of,       \
+                           const Tensor& weights, Tensor& grad_ys, Tensor& grad_weights))                              \
   X(conv2d_forward,                                                                                                    \
     (const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, const ops::Conv2dParams& params))           \
   X(conv2d_backward, (const Tensor& grad_y, const Tensor& x, const Tensor& weight, Tensor* grad_x,                     \

@@ -292,6 +292,20 @@ void moe_route(const Tensor& logits, Tensor& probs, Tensor& experts, Tensor& wei
 void moe_route_backward(const Tensor& probs, const Tensor& experts, const Tensor& weights, const Tensor& grad_weights,
                         const Tensor* grad_probs, const Tensor* grad_logsumexp, Tensor& grad_logits);
 
+// Token dispatch. A plan of M slots: pairs [M] i32, pairs[m] = t·K + j (the
+// j-th choice of token t), grouped by expert; slot_of [N, K] i32, the slot of
+// each choice or −1 where it was dropped (over capacity). x, out, ys and
+// the gradients [·, C] share one floating dtype; sums are f32.
+// out [M, C]: row m is x's row pairs[m] / top_k (each expert's tokens contiguous).
+void moe_permute(const Tensor& x, const Tensor& pairs, int64_t top_k, Tensor& out);
+// grad_x [N, C] (written): each token's kept slots' gradients summed.
+void moe_permute_backward(const Tensor& grad_slots, const Tensor& slot_of, Tensor& grad_x);
+// out [N, C] (written): Σ_j weights[t, j]·ys[slot_of[t, j]] over the kept choices.
+void moe_combine(const Tensor& ys, const Tensor& slot_of, const Tensor& weights, Tensor& out);
+// grad_ys [M, C] and grad_weights [N, K] f32 (written; 0 for dropped choices).
+void moe_combine_backward(const Tensor& grad_out, const Tensor& ys, const Tensor& pairs, const Tensor& slot_of,
+                          const Tensor& weights, Tensor& grad_ys, Tensor& grad_weights);
+
 // ---------------------------------------------------------------------------
 // Convolution and pooling (NCHW)
 // ---------------------------------------------------------------------------

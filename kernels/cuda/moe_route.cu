@@ -7,8 +7,7 @@
 
 namespace tessera {
 
-void CudaBackend::moe_route(const Tensor& logits, Tensor& probs, Tensor& experts, Tensor& weights,
-                            Tensor& logsumexp) {
+void CudaBackend::moe_route(const Tensor& logits, Tensor& probs, Tensor& experts, Tensor& weights, Tensor& logsumexp) {
   cuda::for_each_index(logits.size(0),
                        MoeRoute{logits.data<float>(), probs.data<float>(), experts.data<int32_t>(),
                                 weights.data<float>(), logsumexp.data<float>(), logits.size(1), experts.size(1)},
@@ -16,8 +15,8 @@ void CudaBackend::moe_route(const Tensor& logits, Tensor& probs, Tensor& experts
 }
 
 void CudaBackend::moe_route_backward(const Tensor& probs, const Tensor& experts, const Tensor& weights,
-                                     const Tensor& grad_weights, const Tensor* grad_probs,
-                                     const Tensor* grad_logsumexp, Tensor& grad_logits) {
+                                     const Tensor& grad_weights, const Tensor* grad_probs, const Tensor* grad_logsumexp,
+                                     Tensor& grad_logits) {
   cuda::for_each_index(probs.size(0),
                        MoeRouteBackward{probs.data<float>(), experts.data<int32_t>(), weights.data<float>(),
                                         grad_weights.data<float>(), grad_probs ? grad_probs->data<float>() : nullptr,

@@ -165,8 +165,8 @@ TEST(MoeRoute, BackwardMatchesDifferencesOfTheReference) {
       ops::moe_route_backward(o.probs, o.experts, o.weights, grad_weights.tensor,
                               with_probs ? &grad_probs.tensor : nullptr, with_lse ? &grad_lse.tensor : nullptr,
                               grad_logits);
-      EXPECT_TRUE(all_close(grad_logits, numeric_gradient(values, s.tokens, s.num_experts, s.top_k, g),
-                            Tolerance{1e-4, 1e-5}));
+      EXPECT_TRUE(
+          all_close(grad_logits, numeric_gradient(values, s.tokens, s.num_experts, s.top_k, g), Tolerance{1e-4, 1e-5}));
     }
   }
 }
@@ -188,9 +188,9 @@ TEST(MoeRoute, ArgumentsThatDoNotFitAreRefused) {
   EXPECT_THROW(ops::moe_route(ctx.zeros(Shape{4, 3}, DType::bf16), probs, experts, weights, lse), Error);
   EXPECT_THROW(ops::moe_route(logits, probs, experts, weights, probs), Error);
   Tensor grad = ctx.zeros(Shape{4, 3}, DType::f32);
-  EXPECT_THROW(ops::moe_route_backward(probs, experts, weights, ctx.zeros(Shape{4, 3}, DType::f32), nullptr, nullptr,
-                                       grad),
-               Error);
+  EXPECT_THROW(
+      ops::moe_route_backward(probs, experts, weights, ctx.zeros(Shape{4, 3}, DType::f32), nullptr, nullptr, grad),
+      Error);
 }
 
 TEST(MoeRoute, GpuMatchesCpu) {
