@@ -55,6 +55,11 @@ struct Pass {
   uint64_t step = 0;
   uint64_t micro_batch = 0;
   KvCache* kv_cache = nullptr;
+  // The factor the step applies to this micro-batch's loss gradient (the
+  // fp16 loss scale over the micro-batches of a step): a layer that adds a
+  // loss of its own (a mixture of experts' auxiliary losses) scales its
+  // gradient by it, as the loss's gradient is.
+  float loss_gradient_scale = 1.0f;
 };
 
 // Where and how a module's parameters live.

@@ -83,9 +83,10 @@ StepResult TrainStep::run(int64_t step, const StepBatches& batches, double lr, b
   schedule.loss_scale = result.loss_scale;
   const Communicator& samples = parts_.samples ? *parts_.samples : dp;
   const uint64_t dp_size = uint64_t(samples.size()), dp_rank = uint64_t(samples.rank()), seed = parts_.seed;
-  schedule.pass = [seed, step, dp_size, dp_rank](int micro) {
+  const float gradient_scale = result.loss_scale / float(micro_batches);  // the loss's, as the pipeline applies it
+  schedule.pass = [seed, step, dp_size, dp_rank, gradient_scale](int micro) {
     // Each replica draws its own dropout masks: micro-batch index micro·dp + rank.
-    return nn::Pass{seed, uint64_t(step), uint64_t(micro) * dp_size + dp_rank};
+    return nn::Pass{seed, uint64_t(step), uint64_t(micro) * dp_size + dp_rank, nullptr, gradient_scale};
   };
   const bool in_backward = reduces_in_backward();
   // Only the stage's last backward unit completes gradients (under

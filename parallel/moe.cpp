@@ -1,0 +1,223 @@
+// MixtureOfExperts (see moe.h): the router, the dispatch plan, the experts
+// on their contiguous rows, the combine, and the auxiliary losses.
+#include "parallel/moe.h"
+
+#include <bit>
+#include <cmath>
+#include <utility>
+
+#include "core/context.h"
+#include "core/error.h"
+#include "kernels/ops.h"
+
+namespace tessera::parallel {
+
+MoePlan moe_plan(const std::vector<int32_t>& experts, int64_t num_experts, int64_t capacity) {
+  MoePlan plan;
+  plan.chosen.assign(size_t(num_experts), 0);
+  std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(num_experts));
+  for (size_t pair = 0; pair < experts.size(); ++pair) {
+    const int32_t e = experts[pair];
+    TESSERA_CHECK(e >= 0 && e < num_experts, "moe: choice ", pair, " names expert ", e, " of ", num_experts);
+    ++plan.chosen[size_t(e)];
+    if (capacity <= 0 || int64_t(by_expert[size_t(e)].size()) < capacity) by_expert[size_t(e)].push_back(int32_t(pair));
+  }
+  plan.slot_of.assign(experts.size(), -1);
+  plan.offsets.push_back(0);
+  for (const std::vector<int32_t>& pairs : by_expert) {
+    for (const int32_t pair : pairs) {
+      plan.slot_of[size_t(pair)] = int32_t(plan.pairs.size());
+      plan.pairs.push_back(pair);
+    }
+    plan.offsets.push_back(int64_t(plan.pairs.size()));
+  }
+  return plan;
+}
+
+namespace {
+
+// Saved::tensors of a forward, by position.
+enum SavedTensor : size_t { kProbs, kExperts, kWeights, kLogsumexp, kPairs, kSlotOf, kOutputs, kSavedTensors };
+
+// A float kept exactly among Saved::scalars.
+int64_t float_scalar(float value) {
+  return int64_t(std::bit_cast<uint32_t>(value));
+}
+float scalar_float(int64_t value) {
+  return std::bit_cast<float>(uint32_t(value));
+}
+
+}  // namespace
+
+struct MixtureOfExperts::Routing {
+  std::vector<Tensor> routed;  // probs, experts, weights, logsumexp
+  MoePlan plan;
+};
+
+MixtureOfExperts::MixtureOfExperts(const nn::ModelSpec& spec, std::string name, int64_t hidden, MoeConfig config,
+                                   float dropout)
+    : Module(spec, std::move(name)), hidden_(hidden), config_(config) {
+  TESSERA_CHECK(config_.num_experts >= 1, this->name(), ": --num-experts must be at least 1, got ",
+                config_.num_experts);
+  TESSERA_CHECK(config_.top_k >= 1 && config_.top_k <= config_.num_experts, this->name(), ": --moe-router-topk ",
+                config_.top_k, " must be from 1 to --num-experts ", config_.num_experts);
+  TESSERA_CHECK(config_.ffn_hidden >= 1, this->name(), ": --moe-ffn-hidden-size must be positive, got ",
+                config_.ffn_hidden);
+  TESSERA_CHECK(config_.capacity_factor >= 0 && config_.aux_loss_coeff >= 0 && config_.z_loss_coeff >= 0, this->name(),
+                ": --moe-expert-capacity-factor, --moe-aux-loss-coeff and --moe-z-loss-coeff must not be negative");
+  router_ = &add_child<ColumnParallelLinear>(spec, child_name("router"), TensorParallelism{}, hidden,
+                                             config_.num_experts, false);
+  for (int64_t e = 0; e < config_.num_experts; ++e)
+    experts_.push_back(&add_child<ParallelGatedMlp>(spec, child_name("experts." + std::to_string(e)),
+                                                    TensorParallelism{}, hidden, config_.ffn_hidden, 0.0f));
+  dropout_ = &add_child<TensorParallelDropout>(spec, child_name("dropout"), TensorParallelism{}, dropout);
+}
+
+int64_t MixtureOfExperts::capacity(int64_t tokens) const {
+  if (config_.capacity_factor <= 0) return 0;
+  const double share = double(tokens * config_.top_k) / double(config_.num_experts);
+  return std::max<int64_t>(1, int64_t(std::ceil(config_.capacity_factor * share)));
+}
+
+// The router's logits (f32), its choices, and the plan; the losses' values.
+MixtureOfExperts::Routing MixtureOfExperts::route(const Tensor& tokens, nn::Saved& saved, const nn::Pass& pass) {
+  const int64_t n = tokens.size(0), e = config_.num_experts, k = config_.top_k;
+  const Tensor scores = router_->forward(tokens.view(Shape{1, n, hidden_}), saved.child(0), pass);
+  Tensor logits = scores.view(Shape{n, e});
+  if (logits.dtype() != DType::f32) {
+    Tensor wide = context().empty(logits.shape(), DType::f32, logits.device());
+    ops::cast(logits, wide);
+    logits = wide;
+  }
+  Routing r;
+  Context& ctx = context();
+  r.routed = {ctx.empty(Shape{n, e}, DType::f32, logits.device()), ctx.empty(Shape{n, k}, DType::i32, logits.device()),
+              ctx.empty(Shape{n, k}, DType::f32, logits.device()), ctx.empty(Shape{n}, DType::f32, logits.device())};
+  ops::moe_route(logits, r.routed[kProbs], r.routed[kExperts], r.routed[kWeights], r.routed[kLogsumexp]);
+  r.plan = moe_plan(r.routed[kExperts].to_vector<int32_t>(), e, capacity(n));
+  // The losses' values (the load-balancing loss over the choices before capacity).
+  const std::vector<float> probs = r.routed[kProbs].to_vector<float>(), lse = r.routed[kLogsumexp].to_vector<float>();
+  double balance = 0.0, z = 0.0;
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t x = 0; x < e; ++x) balance += double(r.plan.chosen[size_t(x)]) * probs[size_t(t * e + x)];
+    z += double(lse[size_t(t)]) * lse[size_t(t)];
+  }
+  stats_.aux_loss = config_.aux_loss_coeff * double(e) / (double(n) * double(n) * double(k)) * balance;
+  stats_.z_loss = config_.z_loss_coeff * z / double(n);
+  stats_.tokens_per_expert.clear();
+  for (int64_t x = 0; x < e; ++x)
+    stats_.tokens_per_expert.push_back(r.plan.offsets[size_t(x + 1)] - r.plan.offsets[size_t(x)]);
+  stats_.dropped = n * k - int64_t(r.plan.pairs.size());
+  return r;
+}
+
+// Each expert's forward on its rows of `slots` [M, C]; the outputs [M, C].
+Tensor MixtureOfExperts::run_experts(const Tensor& slots, const MoePlan& plan, nn::Saved& saved, const nn::Pass& pass) {
+  Tensor outputs = context().empty(slots.shape(), slots.dtype(), slots.device());
+  for (int64_t e = 0; e < config_.num_experts; ++e) {
+    const int64_t begin = plan.offsets[size_t(e)], end = plan.offsets[size_t(e + 1)];
+    if (begin == end) continue;  // no token chose it (or all were dropped)
+    const Tensor y = experts_[size_t(e)]->forward(slots.slice(begin, end).view(Shape{1, end - begin, hidden_}),
+                                                  saved.child(size_t(1 + e)), pass);
+    Tensor into = outputs.slice(begin, end);
+    into.copy_(y.view(into.shape()));
+  }
+  return outputs;
+}
+
+Tensor MixtureOfExperts::forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) {
+  TESSERA_CHECK(input.ndim() >= 2 && input.shape()[-1] == hidden_, name(), ": the input must be [..., ", hidden_,
+                "], got ", input.shape().to_string());
+  saved.clear();
+  const int64_t n = input.numel() / hidden_;
+  const Tensor tokens = input.view(Shape{n, hidden_});
+  Routing r = route(tokens, saved, pass);
+  Context& ctx = context();
+  const Tensor pairs = ctx.from_vector(Shape{int64_t(r.plan.pairs.size())}, r.plan.pairs, input.device());
+  const Tensor slot_of = ctx.from_vector(Shape{n, config_.top_k}, r.plan.slot_of, input.device());
+  Tensor slots = ctx.empty(Shape{pairs.size(0), hidden_}, input.dtype(), input.device());
+  ops::moe_permute(tokens, pairs, config_.top_k, slots);
+  const Tensor outputs = run_experts(slots, r.plan, saved, pass);
+  Tensor out = ctx.empty(tokens.shape(), input.dtype(), input.device());
+  ops::moe_combine(outputs, slot_of, r.routed[kWeights], out);
+  const Tensor y = dropout_->forward(out.view(input.shape()), saved.child(size_t(1 + config_.num_experts)), pass);
+  if (!pass.kv_cache) {
+    saved.tensors = {r.routed[kProbs], r.routed[kExperts], r.routed[kWeights], r.routed[kLogsumexp], pairs, slot_of,
+                     outputs};
+    saved.push_shape(input.shape());
+    saved.scalars.push_back(float_scalar(pass.loss_gradient_scale));
+    saved.scalars.insert(saved.scalars.end(), r.plan.offsets.begin(), r.plan.offsets.end());
+    saved.scalars.insert(saved.scalars.end(), r.plan.chosen.begin(), r.plan.chosen.end());
+  }
+  return y;
+}
+
+// The experts' backward on their rows of `grad_slots` [M, C]; the gradient of their inputs [M, C].
+Tensor MixtureOfExperts::experts_backward(const Tensor& grad_slots, const MoePlan& plan, nn::Saved& saved) {
+  Tensor grads = context().empty(grad_slots.shape(), grad_slots.dtype(), grad_slots.device());
+  for (int64_t e = 0; e < config_.num_experts; ++e) {
+    const int64_t begin = plan.offsets[size_t(e)], end = plan.offsets[size_t(e + 1)];
+    if (begin == end) continue;
+    const Tensor dx = experts_[size_t(e)]->backward(grad_slots.slice(begin, end).view(Shape{1, end - begin, hidden_}),
+                                                    saved.child(size_t(1 + e)));
+    Tensor into = grads.slice(begin, end);
+    into.copy_(dx.view(into.shape()));
+  }
+  return grads;
+}
+
+// The router's backward: the weights' gradient through ops::moe_route_backward
+// with the load-balancing and z losses' gradients (scaled like the loss's),
+// then the router's linear layer; the gradient of its input [N, C].
+Tensor MixtureOfExperts::router_backward(const Tensor& grad_weights, const std::vector<Tensor>& routed,
+                                         const MoePlan& plan, float gradient_scale, nn::Saved& saved) {
+  const int64_t n = routed[kProbs].size(0), e = config_.num_experts, k = config_.top_k;
+  Context& ctx = context();
+  const Device device = grad_weights.device();
+  // d(balance)/d(p_te) = coeff·E/(N²K)·n_e for every token; d(z)/d(lse_t) = coeff·2·lse_t/N.
+  std::vector<float> per_expert(size_t(n * e));
+  const double balance = config_.aux_loss_coeff * double(e) / (double(n) * double(n) * double(k)) * gradient_scale;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t x = 0; x < e; ++x) per_expert[size_t(t * e + x)] = float(balance * double(plan.chosen[size_t(x)]));
+  std::vector<float> lse = routed[kLogsumexp].to_vector<float>();
+  for (float& v : lse) v = float(config_.z_loss_coeff * 2.0 * double(v) / double(n) * gradient_scale);
+  const Tensor grad_probs = ctx.from_vector(Shape{n, e}, per_expert, device);
+  const Tensor grad_lse = ctx.from_vector(Shape{n}, lse, device);
+  Tensor grad_logits = ctx.empty(Shape{n, e}, DType::f32, device);
+  ops::moe_route_backward(routed[kProbs], routed[kExperts], routed[kWeights], grad_weights, &grad_probs, &grad_lse,
+                          grad_logits);
+  if (spec().dtype != DType::f32) {
+    Tensor narrow = ctx.empty(grad_logits.shape(), spec().dtype, device);
+    ops::cast(grad_logits, narrow);
+    grad_logits = narrow;
+  }
+  return router_->backward(grad_logits.view(Shape{1, n, e}), saved.child(0)).view(Shape{n, hidden_});
+}
+
+Tensor MixtureOfExperts::backward_impl(const Tensor& grad_output, nn::Saved& saved) {
+  nn::check_saved(*this, saved, kSavedTensors);
+  const Shape input_shape = saved.shape_at(0);
+  const size_t after_shape = size_t(input_shape.ndim()) + 1;
+  const float gradient_scale = scalar_float(saved.scalars[after_shape]);
+  const int64_t e = config_.num_experts, k = config_.top_k, n = input_shape.numel() / hidden_;
+  MoePlan plan;
+  const auto scalars = saved.scalars.begin() + long(after_shape) + 1;
+  plan.offsets.assign(scalars, scalars + e + 1);
+  plan.chosen.assign(scalars + e + 1, scalars + 2 * e + 1);
+  const std::vector<Tensor> routed(saved.tensors.begin(), saved.tensors.begin() + kPairs);
+  const Tensor pairs = saved.tensors[kPairs], slot_of = saved.tensors[kSlotOf], outputs = saved.tensors[kOutputs];
+  Context& ctx = context();
+  const Tensor grad = dropout_->backward(grad_output, saved.child(size_t(1 + e))).view(Shape{n, hidden_});
+  Tensor grad_slots = ctx.empty(outputs.shape(), outputs.dtype(), outputs.device());
+  Tensor grad_weights = ctx.empty(Shape{n, k}, DType::f32, outputs.device());
+  ops::moe_combine_backward(grad, outputs, pairs, slot_of, routed[kWeights], grad_slots, grad_weights);
+  const Tensor grad_inputs = experts_backward(grad_slots, plan, saved);
+  Tensor dx = ctx.empty(Shape{n, hidden_}, grad_output.dtype(), grad_output.device());
+  ops::moe_permute_backward(grad_inputs, slot_of, dx);
+  const Tensor from_router = router_backward(grad_weights, routed, plan, gradient_scale, saved);
+  ops::axpy(1.0f, from_router, dx);
+  saved.clear();
+  return dx.view(input_shape);
+}
+
+}  // namespace tessera::parallel

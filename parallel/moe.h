@@ -1,0 +1,97 @@
+// MixtureOfExperts: the MLP of a mixture-of-experts block (Mixtral,
+// Megatron-Core's MoE layer). Each token's hidden state goes to the top-k of
+// E SwiGLU experts chosen by a linear router, and their outputs are summed
+// with the router's weights:
+//
+//   logits = x·routerᵀ (f32)  →  ops::moe_route: softmax over the E experts,
+//   the k most likely, their probabilities renormalised (Mixtral's router)
+//   →  a dispatch plan (each expert's tokens contiguous, in token order;
+//   choices over an expert's capacity dropped, the later tokens first)
+//   →  ops::moe_permute  →  each expert's GEMMs on its rows (experts.<e>, a
+//   ParallelGatedMlp: fc [2F, C] = [w1; w3], proj [C, F] = w2)  →
+//   ops::moe_combine with the weights  →  dropout (the MLP's, --hidden-dropout).
+//
+// Its own losses, added to the model's (their gradients scaled like the
+// loss's, nn::Pass::loss_gradient_scale):
+//   load balancing (Switch Transformer; Megatron-Core's): coeff · E/(N²·K) ·
+//     Σ_e n_e·Σ_t p_te, with n_e the choices of expert e (before capacity)
+//     and p the router's whole softmax, over the layer's N tokens;
+//   z-loss (ST-MoE): coeff · mean_t logsumexp(logits_t)².
+// Capacity (MoeConfig::capacity_factor > 0): each expert keeps at most
+// ceil(factor · N·K / E) of the choices that name it, in token order (the
+// first tokens of the micro-batch; Megatron's "position" drop policy); 0:
+// dropless, every choice kept.
+//
+// The plan is built on the host from the chosen experts (one device-to-host
+// copy of [N, K] indices per forward, as every dropless MoE must know its
+// counts). One rank holds every expert here; expert parallelism splits them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+#include "parallel/llama_layers.h"
+#include "parallel/tensor_parallel.h"
+
+namespace tessera::parallel {
+
+struct MoeConfig {
+  int64_t num_experts = 8;     // --num-experts
+  int64_t top_k = 2;           // --moe-router-topk
+  int64_t ffn_hidden = 0;      // --moe-ffn-hidden-size: each expert's F
+  double capacity_factor = 0;  // --moe-expert-capacity-factor (0: dropless)
+  double aux_loss_coeff = 0;   // --moe-aux-loss-coeff
+  double z_loss_coeff = 0;     // --moe-z-loss-coeff
+};
+
+// What one forward routed: the losses' values and the load per expert.
+struct MoeStats {
+  double aux_loss = 0, z_loss = 0;         // with their coefficients
+  std::vector<int64_t> tokens_per_expert;  // choices kept per expert
+  int64_t dropped = 0;                     // choices dropped over capacity
+};
+
+// Where each choice goes: pairs[m] = t·K + j for the M kept slots, grouped by
+// expert in token order; slot_of[t·K + j] = m or −1; offsets[e] the first
+// slot of expert e (offsets[E] = M); chosen[e] the choices naming e before
+// capacity (the load-balancing loss counts them).
+struct MoePlan {
+  std::vector<int32_t> pairs, slot_of;
+  std::vector<int64_t> offsets, chosen;
+};
+// The plan of N tokens' choices `experts` [N·K] over E experts, each keeping
+// at most `capacity` (≤ 0: no limit).
+MoePlan moe_plan(const std::vector<int32_t>& experts, int64_t num_experts, int64_t capacity);
+
+class MixtureOfExperts : public nn::Module {
+ public:
+  MixtureOfExperts(const nn::ModelSpec& spec, std::string name, int64_t hidden, MoeConfig config, float dropout);
+  // input [..., C] → [..., C]
+  Tensor forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
+  Tensor backward_impl(const Tensor& grad_output, nn::Saved& saved) override;
+
+  const MoeConfig& config() const { return config_; }
+  const MoeStats& last_stats() const { return stats_; }
+  ColumnParallelLinear& router() { return *router_; }
+  ParallelGatedMlp& expert(int64_t e) { return *experts_[size_t(e)]; }
+
+ private:
+  struct Routing;
+  Routing route(const Tensor& tokens, nn::Saved& saved, const nn::Pass& pass);
+  Tensor run_experts(const Tensor& slots, const MoePlan& plan, nn::Saved& saved, const nn::Pass& pass);
+  Tensor experts_backward(const Tensor& grad_slots, const MoePlan& plan, nn::Saved& saved);
+  Tensor router_backward(const Tensor& grad_weights, const std::vector<Tensor>& routed, const MoePlan& plan,
+                         float gradient_scale, nn::Saved& saved);
+  int64_t capacity(int64_t tokens) const;
+
+  int64_t hidden_;
+  MoeConfig config_;
+  ColumnParallelLinear* router_;
+  std::vector<ParallelGatedMlp*> experts_;
+  TensorParallelDropout* dropout_;  // --hidden-dropout on the combined output
+  MoeStats stats_;
+};
+
+}  // namespace tessera::parallel
