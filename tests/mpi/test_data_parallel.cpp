@@ -285,9 +285,12 @@ TEST(DataParallel, ZeroStagesMatchPlainDataParallel) {
         // (bf16: in the last bits of bf16 activations), and AdamW's normalised
         // update turns that into a little more on the few elements whose
         // gradient is near zero: up to ~5e-5 relative in f32, ~3e-5 absolute
-        // (one in 2,000 of the update lr) in bf16, seen at dp = 4.
+        // (one in 2,000 of the update lr) in bf16, seen at dp = 4; in f32 at
+        // dp = 2 up to 2.2e-5 absolute (3 of 192 elements of one seed in
+        // about ten), so f32 gets bf16's absolute bound too: a wrong
+        // reduction moves every element by about lr (1e-2), 50 times more.
         SCOPED_TRACE("zero 2");
-        expect_same_parameters(zero2, expected, dtype == DType::f32 ? Tolerance{2e-4, 1e-6} : Tolerance{8e-3, 2e-4});
+        expect_same_parameters(zero2, expected, dtype == DType::f32 ? Tolerance{2e-4, 2e-4} : Tolerance{8e-3, 2e-4});
       }
       // The norms follow the parameters (bf16 ZeRO-2: the drift above, ~1e-4 relative).
       const double zero2_norm = dtype == DType::f32 ? 1e-5 : 5e-4;
