@@ -53,10 +53,10 @@ struct Parameter {
   ParameterShard shard;      // the whole tensor unless a tensor-parallel layer says otherwise
   // The layout axes whose ranks hold replicas of this parameter (the same
   // part of it, fed different data): its gradient is averaged over their
-  // group (parallel::gradient_group). Data and context parallelism by
-  // default; a parameter held by some ranks of an axis only (an expert)
-  // names fewer.
-  std::vector<std::string> gradient_axes{"dp", "cp"};
+  // group (parallel::gradient_group). Data, context and expert parallelism
+  // by default (the ep ranks read different samples); an expert, held by
+  // one rank of the ep group, names dp and cp only.
+  std::vector<std::string> gradient_axes{"dp", "cp", "ep"};
   // A copy of a parameter another pipeline stage owns (the LM head's tied
   // embedding on the last stage): kept equal by summing the two gradients,
   // updated identically, and neither counted in the gradient norm nor

@@ -55,7 +55,7 @@ struct MixtureOfExperts::Routing {
 };
 
 MixtureOfExperts::MixtureOfExperts(const nn::ModelSpec& spec, std::string name, int64_t hidden, MoeConfig config,
-                                   float dropout)
+                                   float dropout, Communicator* expert_group)
     : Module(spec, std::move(name)), hidden_(hidden), config_(config) {
   TESSERA_CHECK(config_.num_experts >= 1, this->name(), ": --num-experts must be at least 1, got ",
                 config_.num_experts);
@@ -65,13 +65,22 @@ MixtureOfExperts::MixtureOfExperts(const nn::ModelSpec& spec, std::string name, 
                 config_.ffn_hidden);
   TESSERA_CHECK(config_.capacity_factor >= 0 && config_.aux_loss_coeff >= 0 && config_.z_loss_coeff >= 0, this->name(),
                 ": --moe-expert-capacity-factor, --moe-aux-loss-coeff and --moe-z-loss-coeff must not be negative");
+  if (expert_group && expert_group->size() > 1)
+    exchange_ = std::make_unique<ExpertExchange>(*expert_group, config_.num_experts);
   router_ = &add_child<ColumnParallelLinear>(spec, child_name("router"), TensorParallelism{}, hidden,
                                              config_.num_experts, false);
-  for (int64_t e = 0; e < config_.num_experts; ++e)
+  const int64_t first = exchange_ ? exchange_->first_expert() : 0;
+  const int64_t held = exchange_ ? exchange_->local_experts() : config_.num_experts;
+  for (int64_t e = first; e < first + held; ++e) {
     experts_.push_back(&add_child<ParallelGatedMlp>(spec, child_name("experts." + std::to_string(e)),
                                                     TensorParallelism{}, hidden, config_.ffn_hidden, 0.0f));
+    if (exchange_)  // held by one rank of the ep group: its replicas are on the data axes only
+      for (nn::Parameter* p : experts_.back()->parameters()) p->gradient_axes = {"dp", "cp"};
+  }
   dropout_ = &add_child<TensorParallelDropout>(spec, child_name("dropout"), TensorParallelism{}, dropout);
 }
+
+MixtureOfExperts::~MixtureOfExperts() = default;
 
 int64_t MixtureOfExperts::capacity(int64_t tokens) const {
   if (config_.capacity_factor <= 0) return 0;
@@ -111,18 +120,29 @@ MixtureOfExperts::Routing MixtureOfExperts::route(const Tensor& tokens, nn::Save
   return r;
 }
 
-// Each expert's forward on its rows of `slots` [M, C]; the outputs [M, C].
-Tensor MixtureOfExperts::run_experts(const Tensor& slots, const MoePlan& plan, nn::Saved& saved, const nn::Pass& pass) {
-  Tensor outputs = context().empty(slots.shape(), slots.dtype(), slots.device());
-  for (int64_t e = 0; e < config_.num_experts; ++e) {
-    const int64_t begin = plan.offsets[size_t(e)], end = plan.offsets[size_t(e + 1)];
+// This rank's experts on their rows of `rows` [R, C] (expert l: rows
+// [offsets[l], offsets[l + 1])); the outputs [R, C].
+Tensor MixtureOfExperts::run_experts(const Tensor& rows, const std::vector<int64_t>& offsets, nn::Saved& saved,
+                                     const nn::Pass& pass) {
+  Tensor outputs = context().empty(rows.shape(), rows.dtype(), rows.device());
+  for (size_t l = 0; l < experts_.size(); ++l) {
+    const int64_t begin = offsets[l], end = offsets[l + 1];
     if (begin == end) continue;  // no token chose it (or all were dropped)
-    const Tensor y = experts_[size_t(e)]->forward(slots.slice(begin, end).view(Shape{1, end - begin, hidden_}),
-                                                  saved.child(size_t(1 + e)), pass);
+    const Tensor y =
+        experts_[l]->forward(rows.slice(begin, end).view(Shape{1, end - begin, hidden_}), saved.child(1 + l), pass);
     Tensor into = outputs.slice(begin, end);
     into.copy_(y.view(into.shape()));
   }
   return outputs;
+}
+
+// The experts' outputs for `slots` [M, C] (grouped by expert, plan.offsets):
+// run here, or, under expert parallelism, on the ranks that hold them.
+Tensor MixtureOfExperts::experts_forward(const Tensor& slots, const MoePlan& plan, nn::Saved& saved,
+                                         const nn::Pass& pass) {
+  if (!exchange_) return run_experts(slots, plan.offsets, saved, pass);
+  const Tensor rows = exchange_->dispatch(slots, plan.offsets);
+  return exchange_->combine(run_experts(rows, exchange_->local_offsets(), saved, pass));
 }
 
 Tensor MixtureOfExperts::forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) {
@@ -137,10 +157,10 @@ Tensor MixtureOfExperts::forward_impl(const Tensor& input, nn::Saved& saved, con
   const Tensor slot_of = ctx.from_vector(Shape{n, config_.top_k}, r.plan.slot_of, input.device());
   Tensor slots = ctx.empty(Shape{pairs.size(0), hidden_}, input.dtype(), input.device());
   ops::moe_permute(tokens, pairs, config_.top_k, slots);
-  const Tensor outputs = run_experts(slots, r.plan, saved, pass);
+  const Tensor outputs = experts_forward(slots, r.plan, saved, pass);
   Tensor out = ctx.empty(tokens.shape(), input.dtype(), input.device());
   ops::moe_combine(outputs, slot_of, r.routed[kWeights], out);
-  const Tensor y = dropout_->forward(out.view(input.shape()), saved.child(size_t(1 + config_.num_experts)), pass);
+  const Tensor y = dropout_->forward(out.view(input.shape()), saved.child(1 + experts_.size()), pass);
   if (!pass.kv_cache) {
     saved.tensors = {r.routed[kProbs], r.routed[kExperts], r.routed[kWeights], r.routed[kLogsumexp], pairs, slot_of,
                      outputs};
@@ -152,18 +172,29 @@ Tensor MixtureOfExperts::forward_impl(const Tensor& input, nn::Saved& saved, con
   return y;
 }
 
-// The experts' backward on their rows of `grad_slots` [M, C]; the gradient of their inputs [M, C].
-Tensor MixtureOfExperts::experts_backward(const Tensor& grad_slots, const MoePlan& plan, nn::Saved& saved) {
-  Tensor grads = context().empty(grad_slots.shape(), grad_slots.dtype(), grad_slots.device());
-  for (int64_t e = 0; e < config_.num_experts; ++e) {
-    const int64_t begin = plan.offsets[size_t(e)], end = plan.offsets[size_t(e + 1)];
+// This rank's experts' backward on their rows of `grad_rows` [R, C]; the
+// gradient of their inputs [R, C].
+Tensor MixtureOfExperts::run_experts_backward(const Tensor& grad_rows, const std::vector<int64_t>& offsets,
+                                              nn::Saved& saved) {
+  Tensor grads = context().empty(grad_rows.shape(), grad_rows.dtype(), grad_rows.device());
+  for (size_t l = 0; l < experts_.size(); ++l) {
+    const int64_t begin = offsets[l], end = offsets[l + 1];
     if (begin == end) continue;
-    const Tensor dx = experts_[size_t(e)]->backward(grad_slots.slice(begin, end).view(Shape{1, end - begin, hidden_}),
-                                                    saved.child(size_t(1 + e)));
+    const Tensor dx =
+        experts_[l]->backward(grad_rows.slice(begin, end).view(Shape{1, end - begin, hidden_}), saved.child(1 + l));
     Tensor into = grads.slice(begin, end);
     into.copy_(dx.view(into.shape()));
   }
   return grads;
+}
+
+// The gradient of the slots' inputs from that of their outputs [M, C]: the
+// exchange's two halves swapped (each is the other's adjoint) around the
+// experts' backward; the dispatch's counts are the forward's.
+Tensor MixtureOfExperts::experts_backward(const Tensor& grad_slots, const MoePlan& plan, nn::Saved& saved) {
+  if (!exchange_) return run_experts_backward(grad_slots, plan.offsets, saved);
+  const Tensor grad_rows = exchange_->dispatch(grad_slots, plan.offsets);
+  return exchange_->combine(run_experts_backward(grad_rows, exchange_->local_offsets(), saved));
 }
 
 // The router's backward: the weights' gradient through ops::moe_route_backward

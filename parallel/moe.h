@@ -24,14 +24,20 @@
 //
 // The plan is built on the host from the chosen experts (one device-to-host
 // copy of [N, K] indices per forward, as every dropless MoE must know its
-// counts). One rank holds every expert here; expert parallelism splits them.
+// counts). Under expert parallelism (an ep group of P ranks) each rank
+// holds E/P experts and routes its own tokens; their slots travel to the
+// experts' ranks and back (parallel::ExpertExchange), forward and backward.
+// The losses are over this rank's tokens (Megatron-Core's per-micro-batch
+// auxiliary loss).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "nn/module.h"
+#include "parallel/expert_exchange.h"
 #include "parallel/llama_layers.h"
 #include "parallel/tensor_parallel.h"
 
@@ -67,7 +73,11 @@ MoePlan moe_plan(const std::vector<int32_t>& experts, int64_t num_experts, int64
 
 class MixtureOfExperts : public nn::Module {
  public:
-  MixtureOfExperts(const nn::ModelSpec& spec, std::string name, int64_t hidden, MoeConfig config, float dropout);
+  // expert_group: the ep group (null or one rank: every expert here); this
+  // rank then holds experts [r·E/P, (r+1)·E/P), named by their global index.
+  MixtureOfExperts(const nn::ModelSpec& spec, std::string name, int64_t hidden, MoeConfig config, float dropout,
+                   Communicator* expert_group = nullptr);
+  ~MixtureOfExperts() override;
   // input [..., C] → [..., C]
   Tensor forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, nn::Saved& saved) override;
@@ -75,19 +85,23 @@ class MixtureOfExperts : public nn::Module {
   const MoeConfig& config() const { return config_; }
   const MoeStats& last_stats() const { return stats_; }
   ColumnParallelLinear& router() { return *router_; }
-  ParallelGatedMlp& expert(int64_t e) { return *experts_[size_t(e)]; }
+  // This rank's experts, in order (all of them without expert parallelism).
+  const std::vector<ParallelGatedMlp*>& experts() const { return experts_; }
 
  private:
   struct Routing;
   Routing route(const Tensor& tokens, nn::Saved& saved, const nn::Pass& pass);
-  Tensor run_experts(const Tensor& slots, const MoePlan& plan, nn::Saved& saved, const nn::Pass& pass);
+  Tensor experts_forward(const Tensor& slots, const MoePlan& plan, nn::Saved& saved, const nn::Pass& pass);
+  Tensor run_experts(const Tensor& rows, const std::vector<int64_t>& offsets, nn::Saved& saved, const nn::Pass& pass);
   Tensor experts_backward(const Tensor& grad_slots, const MoePlan& plan, nn::Saved& saved);
+  Tensor run_experts_backward(const Tensor& grad_rows, const std::vector<int64_t>& offsets, nn::Saved& saved);
   Tensor router_backward(const Tensor& grad_weights, const std::vector<Tensor>& routed, const MoePlan& plan,
                          float gradient_scale, nn::Saved& saved);
   int64_t capacity(int64_t tokens) const;
 
   int64_t hidden_;
   MoeConfig config_;
+  std::unique_ptr<ExpertExchange> exchange_;  // expert parallelism (null: every expert here)
   ColumnParallelLinear* router_;
   std::vector<ParallelGatedMlp*> experts_;
   TensorParallelDropout* dropout_;  // --hidden-dropout on the combined output

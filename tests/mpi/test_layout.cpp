@@ -320,7 +320,7 @@ TEST(LayoutSimulated, GradientGroupIsTheOneTheParametersName) {
   nn::Parameter first, second;
   first.name = "blocks.0.attn.qkv.weight";
   second.name = "blocks.0.mlp.fc.weight";
-  EXPECT_EQ(first.gradient_axes, (std::vector<std::string>{"dp", "cp"}));
+  EXPECT_EQ(first.gradient_axes, (std::vector<std::string>{"dp", "cp", "ep"}));
   const std::vector<nn::Parameter*> both = {&first, &second};
   Communicator& replicas = parallel::gradient_group(layout, both);
   EXPECT_EQ(&replicas, &layout.group({"dp", "cp"}));

@@ -148,10 +148,10 @@ TEST(TensorParallelGpt, MatchesOneRankExactlyAtInitAndWithinF32InForwardAndBackw
         ASSERT_TRUE(whole.count(p->name)) << p->name;
         EXPECT_TRUE(all_close(gather_whole(layout.group("tp"), p->shard, p->value), whole[p->name]->value.to_doubles(), kValues))
             << p->name;
-        // A split parameter names the axis it is split over; all are averaged over dp and cp.
+        // A split parameter names the axis it is split over; all are averaged over dp, cp and ep.
         EXPECT_EQ(p->shard.axes, p->shard.split ? std::vector<std::string>{"tp"} : std::vector<std::string>{}) << p->name;
         EXPECT_TRUE(whole[p->name]->shard.axes.empty()) << p->name;
-        EXPECT_EQ(p->gradient_axes, (std::vector<std::string>{"dp", "cp"})) << p->name;
+        EXPECT_EQ(p->gradient_axes, (std::vector<std::string>{"dp", "cp", "ep"})) << p->name;
       }
 
       nn::Saved saved, loss_saved, split_saved, split_loss_saved;
