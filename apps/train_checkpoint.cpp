@@ -5,6 +5,7 @@
 // checks, each rank reading its own slices, counters and scaler state).
 #include "apps/train_checkpoint.h"
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <filesystem>
@@ -140,6 +141,16 @@ io::TensorPiece state_piece(const parallel::OptimizerStateSlice& slice) {
   return piece;
 }
 
+// Whether this rank holds the first of `p`'s replicas: coordinate 0 on
+// every axis its gradient is averaged over (an expert under expert
+// parallelism is held by one rank of the ep group: each writes its own).
+bool first_replica(const TrainState& s, const nn::Parameter& p) {
+  const auto replicated_over = [&p](const char* axis) {
+    return std::find(p.gradient_axes.begin(), p.gradient_axes.end(), axis) != p.gradient_axes.end();
+  };
+  return s.dp_axis_rank == 0 && s.cp_rank == 0 && (s.ep_rank == 0 || !replicated_over("ep"));
+}
+
 // This rank's pieces of the training state (one owner per element).
 std::vector<io::TensorPiece> training_pieces(const TrainState& s) {
   std::vector<io::TensorPiece> pieces;
@@ -152,7 +163,7 @@ std::vector<io::TensorPiece> training_pieces(const TrainState& s) {
       // One writer per element: data-parallel replicas and, for tensors every
       // tensor-parallel rank holds whole, the tp ranks after the first write
       // nothing; nor does the last pipeline stage's tied copy of the embedding.
-      piece.owner = s.dp_rank == 0 && s.cp_rank == 0 && (p->shard.split || s.tp_rank == 0) && !p->tied_copy;
+      piece.owner = first_replica(s, *p) && (p->shard.split || s.tp_rank == 0) && !p->tied_copy;
       pieces.push_back(std::move(piece));
     }
   }
@@ -176,6 +187,7 @@ io::CheckpointMetadata training_metadata(const TrainState& s, const Counters& k)
   meta["layout.tp"] = std::to_string(s.tp);
   meta["layout.pp"] = std::to_string(s.pp);
   meta["layout.cp"] = std::to_string(s.cp);
+  meta["layout.ep"] = std::to_string(s.ep);
   meta["layout.virtual_stages"] = std::to_string(s.virtual_stages);
   meta["layout.zero"] = std::to_string(s.replica->zero_stage());
   meta["optimizer.kind"] = nn::optimizer_kind_name(s.replica->optimizer().config().kind);

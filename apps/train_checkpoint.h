@@ -71,9 +71,12 @@ struct TrainState {
   nn::GradScaler* scaler = nullptr;
   const nn::LrScheduleConfig* schedule = nullptr;
   parallel::Communicator* world = nullptr;
-  int dp = 1, tp = 1, pp = 1, cp = 1;
+  // dp: the ranks reading different samples (data parallelism × expert
+  // parallelism, parallel::data_group); ep: its expert-parallel part.
+  int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
   int virtual_stages = 1;  // --virtual-pipeline-stages (chunks per pipeline stage)
-  int dp_rank = 0, tp_rank = 0, pp_rank = 0, cp_rank = 0;
+  int dp_rank = 0, tp_rank = 0, pp_rank = 0, cp_rank = 0, ep_rank = 0;
+  int dp_axis_rank = 0;  // the coordinate on the dp axis alone
   int64_t global_micro_batch = 0;  // samples of one micro-batch over the data-parallel ranks
   // Rank 0 under --mlflow-uri: the MLflow run's id once the server gave it
   // (stored in checkpoints, so that a resumed run goes on with the same run).

@@ -116,6 +116,31 @@ void add_llama_options(CLI::App& command, TrainConfig& c, const std::string& gro
       ->group(group);
 }
 
+// A mixture of experts in the decoder (Megatron-Core's flag names).
+void add_moe_options(CLI::App& command, TrainConfig& c, const std::string& group) {
+  command.add_option("--num-experts", c.num_experts, "Experts per mixture-of-experts layer (gpt, llama; 0: dense MLPs)")
+      ->check(whole_number_at_least(0))
+      ->group(group);
+  command.add_option("--moe-router-topk", c.moe_router_topk, "Experts each token goes to (default 2)")
+      ->check(whole_number_at_least(1))
+      ->group(group);
+  command
+      .add_option("--moe-layer-freq", c.moe_layer_freq,
+                  "Which layers have experts: N (layers 0, N, 2N, ...; default 1: all) or a pattern [1,0,1,1]")
+      ->group(group);
+  command.add_option("--moe-ffn-hidden-size", c.moe_ffn_hidden_size, "Each expert's SwiGLU width (default: --ffn-hidden-size's)")
+      ->check(whole_number_at_least(0))
+      ->group(group);
+  command.add_option("--moe-aux-loss-coeff", c.moe_aux_loss_coeff, "Load-balancing loss coefficient (Switch; e.g. 1e-2)")
+      ->group(group);
+  command.add_option("--moe-z-loss-coeff", c.moe_z_loss_coeff, "Router z-loss coefficient (ST-MoE; e.g. 1e-3)")->group(group);
+  command
+      .add_option("--moe-expert-capacity-factor", c.moe_expert_capacity_factor,
+                  "Each expert keeps at most factor x tokens x topk / experts choices, the micro-batch's first "
+                  "tokens (0: dropless)")
+      ->group(group);
+}
+
 }  // namespace
 
 void add_train_options(CLI::App& command, TrainConfig& c) {
@@ -153,6 +178,7 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
   command.add_flag("--recompute", c.recompute, "Recompute each Transformer block's activations in backward")
       ->group(model);
   add_llama_options(command, c, model);
+  add_moe_options(command, c, "Mixture of experts (gpt, llama)");
 
   const std::string data = "Data";
   command.add_option("--data", c.data, "Training data: an HDF5 file made by `tessera prepare`")->group(data);
@@ -214,6 +240,12 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
       .add_option("--context-parallel-size,--cp", c.context_parallel,
                   "Split every sequence over C ranks (gpt, llama): rank r holds chunks r and 2C-1-r of 2C, "
                   "attention runs as ring attention; --seq-length a multiple of 2C")
+      ->check(whole_number_at_least(1))
+      ->group(parallel);
+  command
+      .add_option("--expert-model-parallel-size,--ep", c.expert_parallel,
+                  "Split each mixture-of-experts layer's experts over P ranks of the data-parallel ones (tokens go to "
+                  "their experts and back by all-to-all); --num-experts a multiple of P")
       ->check(whole_number_at_least(1))
       ->group(parallel);
   command
@@ -800,6 +832,25 @@ void refuse_decoder_choices(nn::ModelKind kind, const TrainConfig& c, const Give
                   c.num_heads, "; 1: multi-query)");
 }
 
+// The mixture-of-experts flags need experts (--num-experts, in a language model).
+template <typename Refuse>
+void refuse_expert_settings(const TrainConfig& c, const Refuse& refuse_if) {
+  if (!nn::model_traits(c.model).reads_tokens)
+    refuse_if("--num-experts", c.num_experts > 0,
+              "experts replace the MLPs of a language model's blocks, and --model " + model_text(c) +
+                  " has none; use --model gpt or llama");
+  const std::string why = c.num_experts > 0 ? "" : "a setting of the mixture-of-experts layers, and there are none; add "
+                                                  "--num-experts E, or drop it";
+  if (c.num_experts > 0 && nn::model_traits(c.model).reads_tokens) return;
+  for (const char* flag : {"--moe-router-topk", "--moe-layer-freq", "--moe-ffn-hidden-size", "--moe-aux-loss-coeff",
+                           "--moe-z-loss-coeff", "--moe-expert-capacity-factor"})
+    refuse_if(flag, true, why.empty() ? "a setting of the mixture-of-experts layers, which --model " + model_text(c) +
+                                            " cannot have" : why);
+  refuse_if("--expert-model-parallel-size", c.expert_parallel > 1,
+            "splits the experts of mixture-of-experts layers over ranks, and there are none; add --num-experts E "
+            "(a multiple of it), or drop it");
+}
+
 void record_given_flags(const CLI::App& command, TrainConfig& c) {
   for (const CLI::Option* option : command.get_options())
     if (option->count() > 0) c.given.insert(option->get_name());
@@ -829,6 +880,7 @@ void refuse_unused_settings(const CLI::App& command, const TrainConfig& c, const
 
   const bool language_model = nn::model_traits(kind).reads_tokens;
   refuse_decoder_choices(kind, c, given, refuse_if);
+  refuse_expert_settings(c, refuse_if);
   if (!language_model) {
     const std::string model = setting("--model", model_text(c));
     const bool mlp = kind == nn::ModelKind::mlp;
@@ -1017,6 +1069,9 @@ void validate(const TrainConfig& c) {
   TESSERA_CHECK(c.context_parallel == 1 || c.seq_length % (2 * c.context_parallel) == 0, "--context-parallel-size ",
                 c.context_parallel, " cuts each sequence into ", 2 * c.context_parallel,
                 " equal chunks; --seq-length ", c.seq_length, " is not a multiple of ", 2 * c.context_parallel);
+  TESSERA_CHECK(c.expert_parallel == 1 || (c.num_experts > 0 && c.num_experts % c.expert_parallel == 0),
+                "--expert-model-parallel-size ", c.expert_parallel, " splits the experts over ", c.expert_parallel,
+                " ranks; --num-experts ", c.num_experts, " is not a multiple of it (each rank holds the same number)");
   TESSERA_CHECK(c.context_parallel == 1 || c.sample_interval == 0, "--context-parallel-size ", c.context_parallel,
                 " does not sample during training yet; drop --sample-interval (the checkpoints generate without "
                 "context parallelism: tessera generate)");
@@ -1066,6 +1121,11 @@ std::string describe(const TrainConfig& c) {
         << " num_query_groups=" << (c.group_query_attention ? c.num_query_groups : c.num_heads)
         << " untie_embeddings_and_output_weights=" << (c.untie_embeddings || d.untie_embeddings);
     if (rope) out << " rotary_base=" << c.rotary_base;
+    if (c.num_experts > 0)
+      out << " num_experts=" << c.num_experts << " moe_router_topk=" << c.moe_router_topk
+          << " moe_layer_freq=" << c.moe_layer_freq << " moe_ffn_hidden_size=" << c.moe_ffn_hidden_size
+          << " moe_aux_loss_coeff=" << c.moe_aux_loss_coeff << " moe_z_loss_coeff=" << c.moe_z_loss_coeff
+          << " moe_expert_capacity_factor=" << c.moe_expert_capacity_factor;
   }
   if (nn::model_traits(kind).reads_tokens)
     out << " vocab_size=" << (c.vocab_size ? std::to_string(c.vocab_size) : "auto") << " seq_length=" << c.seq_length
@@ -1079,7 +1139,7 @@ std::string describe(const TrainConfig& c) {
       << " weight_decay=" << c.weight_decay << " clip_grad=" << c.clip_grad << "\nprecision=" << c.precision
       << " device=" << c.device << " threads=" << c.threads << " seed=" << c.seed
       << "\ntensor_parallel=" << c.tensor_parallel << " sequence_parallel=" << c.sequence_parallel
-      << " context_parallel=" << c.context_parallel
+      << " context_parallel=" << c.context_parallel << " expert_parallel=" << c.expert_parallel
       << " pipeline_parallel=" << c.pipeline_parallel << " rank_order=" << c.rank_order
       << " pipeline_schedule=" << c.pipeline_schedule
       << " pipeline_split=" << c.pipeline_split << " virtual_pipeline_stages=" << c.virtual_pipeline_stages
@@ -1137,6 +1197,13 @@ std::vector<std::pair<std::string, std::string>> settings(const TrainConfig& c) 
       {"num-query-groups", std::to_string(c.num_query_groups)},
       {"disable-bias-linear", flag(c.disable_bias_linear)},
       {"untie-embeddings-and-output-weights", flag(c.untie_embeddings)},
+      {"num-experts", std::to_string(c.num_experts)},
+      {"moe-router-topk", std::to_string(c.moe_router_topk)},
+      {"moe-layer-freq", c.moe_layer_freq},
+      {"moe-ffn-hidden-size", std::to_string(c.moe_ffn_hidden_size)},
+      {"moe-aux-loss-coeff", exact(c.moe_aux_loss_coeff)},
+      {"moe-z-loss-coeff", exact(c.moe_z_loss_coeff)},
+      {"moe-expert-capacity-factor", exact(c.moe_expert_capacity_factor)},
       {"data", c.data},
       {"eval-data", c.eval_data},
       {"synthetic", flag(c.synthetic)},
@@ -1164,6 +1231,7 @@ std::vector<std::pair<std::string, std::string>> settings(const TrainConfig& c) 
       {"tensor-parallel", std::to_string(c.tensor_parallel)},
       {"sequence-parallel", flag(c.sequence_parallel)},
       {"context-parallel-size", std::to_string(c.context_parallel)},
+      {"expert-model-parallel-size", std::to_string(c.expert_parallel)},
       {"pipeline-parallel", std::to_string(c.pipeline_parallel)},
       {"rank-order", c.rank_order},
       {"pipeline-schedule", c.pipeline_schedule},

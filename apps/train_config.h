@@ -44,6 +44,14 @@ struct TrainConfig {
   int64_t num_query_groups = 0;         // --num-query-groups (with --group-query-attention)
   bool disable_bias_linear = false;     // --disable-bias-linear
   bool untie_embeddings = false;        // --untie-embeddings-and-output-weights
+  // Mixture of experts (gpt, llama; Megatron's flags, parallel/moe.h): 0 experts: dense MLPs.
+  int64_t num_experts = 0;                 // --num-experts E
+  int64_t moe_router_topk = 2;             // --moe-router-topk K
+  std::string moe_layer_freq = "1";        // --moe-layer-freq N or [1,0,1,1]
+  int64_t moe_ffn_hidden_size = 0;         // --moe-ffn-hidden-size (0: --ffn-hidden-size's width)
+  double moe_aux_loss_coeff = 0.0;         // --moe-aux-loss-coeff (Switch load balancing)
+  double moe_z_loss_coeff = 0.0;           // --moe-z-loss-coeff (ST-MoE router z-loss)
+  double moe_expert_capacity_factor = 0.0; // --moe-expert-capacity-factor (0: dropless)
 
   // Data.
   std::string data;        // prepared HDF5 file (tessera prepare ...)
@@ -80,6 +88,7 @@ struct TrainConfig {
   int tensor_parallel = 1;         // --tensor-parallel/--tp K: split each GPT layer over K ranks (Megatron-style)
   bool sequence_parallel = false;  // --sequence-parallel: shard norms/dropout along the sequence (tp > 1)
   int context_parallel = 1;        // --context-parallel-size/--cp C: each sequence split over C ranks (ring attention)
+  int expert_parallel = 1;         // --expert-model-parallel-size/--ep P: the experts split over P data ranks
   int pipeline_parallel = 1;       // --pipeline-parallel/--pp P: consecutive layers on P stages
   std::string rank_order = "tp-cp-ep-dp-pp";  // --rank-order: the layout's axes, fastest-varying first
   std::string pipeline_schedule = "1f1b";  // --pipeline-schedule gpipe|1f1b

@@ -160,6 +160,13 @@ nn::ModelConfig model_config(const TrainConfig& c, const std::optional<io::Datas
   m.num_query_groups = c.group_query_attention ? c.num_query_groups : 0;
   m.rotary_base = c.rotary_base;
   m.norm_epsilon = c.norm_epsilon;
+  m.num_experts = c.num_experts;
+  m.moe_router_topk = c.moe_router_topk;
+  m.moe_layer_freq = c.moe_layer_freq;
+  m.moe_ffn_hidden_size = c.moe_ffn_hidden_size;
+  m.moe_aux_loss_coeff = c.moe_aux_loss_coeff;
+  m.moe_z_loss_coeff = c.moe_z_loss_coeff;
+  m.moe_expert_capacity_factor = c.moe_expert_capacity_factor;
   // The decoder's switches given (each on its own); the others keep the model's defaults.
   if (!c.normalization.empty())
     m.normalization = c.normalization == "RMSNorm" ? nn::Normalization::rms_norm : nn::Normalization::layer_norm;
@@ -718,17 +725,18 @@ TrainResult estimate_only(const TrainConfig& c, const nn::ModelConfig& model_cfg
   const models::StageModel stage_model = models::build_stage_model(
       model_cfg, shapes, layout, c.sequence_parallel, c.pipeline_split, c.virtual_pipeline_stages);
   TrainResult estimate;
-  estimate.data_parallel_size = layout.size("dp");
+  const int data_ranks = parallel::data_group(layout).size();
+  estimate.data_parallel_size = data_ranks;
   estimate.memory_estimate =
-      estimate_memory(c, *stage_model.module, layout.size("dp") * layout.size("cp"), micro_batches, spec.dtype, world,
-                      ctx);  // ZeRO shards over the replicas: dp × cp
+      estimate_memory(c, *stage_model.module, data_ranks * layout.size("cp"), micro_batches, spec.dtype, world,
+                      ctx);  // ZeRO shards over the replicas: dp × ep × cp
   return estimate;
 }
 
 // --zero 1/2/3 shards over the data-parallel ranks: with one it only adds
 // memory (the flat buffers and, at 2/3, the units' gathers), so it is refused.
 void check_zero_has_ranks(const TrainConfig& c, const parallel::Layout& layout) {
-  if (c.zero == 0 || layout.size("dp") > 1) return;
+  if (c.zero == 0 || layout.size("dp") * layout.size("ep") > 1) return;
   const int64_t model_ranks = int64_t(layout.size("tp")) * layout.size("pp");
   TESSERA_THROW("--zero ", c.zero, " shards ", c.zero == 1 ? "the optimizer state" : c.zero == 2
                     ? "the optimizer state and gradients" : "the parameters, gradients and optimizer state",
@@ -761,16 +769,20 @@ TrainState train_state(const TrainConfig& c, const nn::ModelConfig& model, DType
   state.parameters = parameters;
   state.scaler = &scaler;
   state.world = &world;
-  state.dp = layout.size("dp");
+  parallel::Communicator& data = parallel::data_group(layout);
+  state.dp = data.size();
+  state.ep = layout.size("ep");
+  state.ep_rank = layout.rank("ep");
+  state.dp_axis_rank = layout.rank("dp");
   state.tp = layout.size("tp");
   state.pp = layout.size("pp");
   state.cp = layout.size("cp");
   state.cp_rank = layout.rank("cp");
   state.virtual_stages = c.virtual_pipeline_stages;
-  state.dp_rank = layout.rank("dp");
+  state.dp_rank = data.rank();
   state.tp_rank = layout.rank("tp");
   state.pp_rank = layout.rank("pp");
-  state.global_micro_batch = c.micro_batch_size * layout.size("dp");
+  state.global_micro_batch = c.micro_batch_size * data.size();
   return state;
 }
 
@@ -807,6 +819,7 @@ parallel::LayoutSizes layout_sizes(const TrainConfig& c) {
   sizes.tp = c.tensor_parallel;
   sizes.pp = c.pipeline_parallel;
   sizes.cp = c.context_parallel;
+  sizes.ep = c.expert_parallel;
   sizes.order = c.rank_order;
   return sizes;
 }
@@ -868,8 +881,8 @@ parallel::TrainStepParts train_step_parts(const TrainConfig& c, Context& ctx, De
   parts.replica = &replica;
   parts.scaler = &scaler;
   parts.pipeline = &layout.group("pp");
-  parts.data_parallel = layout.size("cp") > 1 ? &layout.group({"dp", "cp"}) : &layout.group("dp");
-  parts.samples = &layout.group("dp");
+  parts.data_parallel = &parallel::replicas_along(layout, {"dp", "ep", "cp"});  // the loss's average
+  parts.samples = &parallel::data_group(layout);
   parts.embedding_group = groups.embedding.get();
   parts.tied_table = stage_model.tied_table;
   parts.seed = c.seed;
@@ -1063,7 +1076,7 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   if (world->rank() == 0) lock_save_directory(c, save_lock);
 
   parallel::Layout layout(*world, layout_sizes(c));
-  parallel::Communicator& dp = layout.group("dp");
+  parallel::Communicator& dp = parallel::data_group(layout);  // the ranks reading different samples
   const bool root = world->rank() == 0;
   check_zero_has_ranks(c, layout);
   const std::string placement =

@@ -243,7 +243,11 @@ std::vector<DecoderField> decoder_fields(const nn::ModelConfig& m) {
         {"model.untie_embeddings", flag(d.untie_embeddings), "--untie-embeddings-and-output-weights"},
         {"model.num_query_groups", std::to_string(c.query_groups()), "--num-query-groups"},
         {"model.rotary_base", shortest_text(c.rotary_base), "--rotary-base"},
-        {"model.norm_epsilon", shortest_text(c.norm_epsilon), "--norm-epsilon"}};
+        {"model.norm_epsilon", shortest_text(c.norm_epsilon), "--norm-epsilon"},
+        {"model.num_experts", std::to_string(c.num_experts), "--num-experts"},
+        {"model.moe_router_topk", std::to_string(c.moe_router_topk), "--moe-router-topk"},
+        {"model.moe_layer_freq", c.moe_layer_freq, "--moe-layer-freq"},
+        {"model.moe_ffn_hidden_size", std::to_string(c.num_experts > 0 ? c.moe_ffn() : 0), "--moe-ffn-hidden-size"}};
   };
   const auto now = fields(m), then = fields(before);
   std::vector<DecoderField> out;
@@ -271,8 +275,11 @@ void read_decoder_fields(const CheckpointReader& reader, nn::ModelConfig& c) {
     } else if (field.key == "model.position_embedding_type") {
       TESSERA_CHECK(value == "rope" || value == "learned_absolute", damaged(field));
       c.rotary = value == "rope";
+    } else if (field.key == "model.moe_layer_freq") {
+      c.moe_layer_freq = value;  // validated with the rest of the model
     } else if (field.key == "model.num_query_groups" || field.key == "model.rotary_base" ||
-               field.key == "model.norm_epsilon") {
+               field.key == "model.norm_epsilon" || field.key == "model.num_experts" ||
+               field.key == "model.moe_router_topk" || field.key == "model.moe_ffn_hidden_size") {
       size_t used = 0;
       double number = 0;
       try {
@@ -283,6 +290,9 @@ void read_decoder_fields(const CheckpointReader& reader, nn::ModelConfig& c) {
       if (field.key == "model.num_query_groups") c.num_query_groups = int64_t(number);
       if (field.key == "model.rotary_base") c.rotary_base = float(number);
       if (field.key == "model.norm_epsilon") c.norm_epsilon = float(number);
+      if (field.key == "model.num_experts") c.num_experts = int64_t(number);
+      if (field.key == "model.moe_router_topk") c.moe_router_topk = int64_t(number);
+      if (field.key == "model.moe_ffn_hidden_size") c.moe_ffn_hidden_size = int64_t(number);
     } else {
       TESSERA_CHECK(value == "0" || value == "1", damaged(field));
       const bool on = value == "1";

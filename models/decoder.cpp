@@ -59,7 +59,7 @@ Decoder::Decoder(const nn::ModelConfig& config, const nn::ModelSpec& spec, Tenso
     wte_->weight().tied_copy = true;
   }
   for (int64_t i = stage_.begin; i < stage_.end; ++i)
-    blocks_.push_back(&add_child<ParallelTransformerBlock>(spec, "blocks." + std::to_string(i), tp_, config_));
+    blocks_.push_back(&add_child<ParallelTransformerBlock>(spec, "blocks." + std::to_string(i), tp_, config_, i));
   if (stage_.last()) {
     ln_f_ = &adopt_child(parallel::make_norm(spec, "ln_f", c, config_));
     head_ = tied ? wte_ : &add_child<VocabParallelEmbedding>(spec, "lm_head", tp_, config_.vocab_size, c);
@@ -84,7 +84,7 @@ void Decoder::initialise() {
     if (ends_with(n, ".bias"))
       init_constant(*p, 0.0f);
     else
-      init_normal(*p, ends_with(n, "attn.proj.weight") || ends_with(n, "mlp.proj.weight") ? residual_std : kStd);
+      init_normal(*p, ends_with(n, ".proj.weight") ? residual_std : kStd);  // attn, mlp and experts' output layers
   }
 }
 
@@ -168,8 +168,11 @@ nn::LayerCosts decoder_costs(const nn::ModelConfig& m) {
   const int64_t attention = qkv_rows * h + bias * qkv_rows + h * h + bias * h;
   const int64_t mlp_rows = choices.swiglu ? 2 * f : f;
   const int64_t mlp = mlp_rows * h + bias * mlp_rows + f * h + bias * h;
+  // A mixture of experts: the router [E, C] and E SwiGLU experts without biases.
+  const int64_t experts = m.num_experts * h + m.num_experts * 3 * m.moe_ffn() * h;
   nn::LayerCosts costs;
-  costs.layers.assign(size_t(m.num_layers), 2 * norm + attention + mlp);
+  for (int64_t layer = 0; layer < m.num_layers; ++layer)
+    costs.layers.push_back(2 * norm + attention + (m.moe_layer(layer) ? experts : mlp));
   costs.first = m.vocab_size * h + (choices.rotary ? 0 : m.seq_length * h);
   costs.last = m.vocab_size * h + norm;  // the head: its own table or the tied copy
   return costs;

@@ -82,7 +82,7 @@ StageModel build_stage_model(const nn::ModelConfig& config, const nn::ModelSpec&
   const ModelRow& row = model_row(config.kind);
   check_layout_fits(config, row, layout, sequence_parallel, virtual_stages);
   const int p = layout.size("pp"), s = layout.rank("pp"), chunks = p * virtual_stages;
-  const TensorParallelism tp{&layout.group("tp"), sequence_parallel, &layout.group("cp")};
+  const TensorParallelism tp{&layout.group("tp"), sequence_parallel, &layout.group("cp"), &layout.group("ep")};
   StageModel stage;
   stage.layers.stage = s;
   stage.layers.stages = p;

@@ -620,15 +620,17 @@ Tensor PreLnBlock::forward_impl(const Tensor& input, Saved& saved, const Pass& p
     y = forward_all(input, discarded, pass);
   }
   saved.tensors = {input};
-  saved.scalars = {int64_t(pass.seed), int64_t(pass.step), int64_t(pass.micro_batch)};
+  saved.scalars = {int64_t(pass.seed), int64_t(pass.step), int64_t(pass.micro_batch),
+                   int64_t(std::bit_cast<uint32_t>(pass.loss_gradient_scale))};
   return y;
 }
 
 Tensor PreLnBlock::backward_impl(const Tensor& grad_output, Saved& saved) {
   if (saved.scalars.empty()) return backward_all(grad_output, saved);  // recompute was off at forward time
-  check_saved(*this, saved, 1, 3);
+  check_saved(*this, saved, 1, 4);
   const Tensor input = saved.tensors[0];
-  const Pass pass{uint64_t(saved.scalars[0]), uint64_t(saved.scalars[1]), uint64_t(saved.scalars[2])};
+  const Pass pass{uint64_t(saved.scalars[0]), uint64_t(saved.scalars[1]), uint64_t(saved.scalars[2]), nullptr,
+                  std::bit_cast<float>(uint32_t(saved.scalars[3]))};  // the pass of the forward, scale included
   saved.clear();
   Saved fresh;
   // The same calls on the same input: the same activations, dropout masks

@@ -69,6 +69,18 @@ struct ModelConfig {
   float rotary_base = 10000.0f;
   float norm_epsilon = 1e-5f;
 
+  // Mixture of experts (Megatron's flags; parallel/moe.h). --num-experts E >
+  // 0 makes the MLP of the layers --moe-layer-freq picks a router over E
+  // SwiGLU experts of width --moe-ffn-hidden-size (0: ffn()), each token going
+  // to its --moe-router-topk best; the coefficients of the load-balancing and
+  // z losses, and the capacity factor (0: dropless).
+  int64_t num_experts = 0;
+  int64_t moe_router_topk = 2;
+  // "N": layers 0, N, 2N, ... (Megatron's integer); "[1,0,1,1]": one 0/1 per layer.
+  std::string moe_layer_freq = "1";
+  int64_t moe_ffn_hidden_size = 0;
+  double moe_aux_loss_coeff = 0.0, moe_z_loss_coeff = 0.0, moe_expert_capacity_factor = 0.0;
+
   // The choices in force: those set, else the model's defaults.
   DecoderChoices decoder() const;
   bool untied() const { return decoder().untie_embeddings; }
@@ -81,6 +93,10 @@ struct ModelConfig {
   // (parallel::ParallelGroupedAttention: the Llama's, and any model with
   // rotary embeddings or G < H) rather than GPT-2's [3, H, Dh].
   bool grouped_attention() const;
+  // Whether block `layer`'s MLP is a mixture of experts (--num-experts and --moe-layer-freq).
+  bool moe_layer(int64_t layer) const;
+  // Each expert's width: --moe-ffn-hidden-size, else ffn().
+  int64_t moe_ffn() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn(); }
   // Throws tessera::Error naming the flag and the value at fault.
   void validate() const;
 };

@@ -158,10 +158,18 @@ Communicator& gradient_group(Layout& layout, const std::vector<nn::Parameter*>& 
     TESSERA_CHECK(p->gradient_axes == axes, "layout: parameter '", p->name, "' has its gradient averaged over ",
                   axis_list(p->gradient_axes), " and '", parameters.front()->name, "' over ", axis_list(axes),
                   "; one data-parallel replica reduces every gradient over one group");
+  return replicas_along(layout, axes);
+}
+
+Communicator& replicas_along(Layout& layout, const std::vector<std::string>& axes) {
   std::vector<std::string> used;  // the axes of size 1 add no rank
   for (const std::string& axis : axes)
     if (layout.size(axis) > 1) used.push_back(axis);
   return used.empty() ? layout.group("dp") : layout.group(used);
+}
+
+Communicator& data_group(Layout& layout) {
+  return replicas_along(layout, {"dp", "ep"});
 }
 
 int Layout::world_rank_of(const std::map<std::string, int>& coordinates) const {

@@ -99,4 +99,12 @@ PipelineGroups pipeline_groups(Layout& layout, bool end_stage);
 // naming two that differ. Collective the first time a combination is used.
 Communicator& gradient_group(Layout& layout, const std::vector<nn::Parameter*>& parameters);
 
+// The ranks that differ only along `axes` (those of size 1 left out; none
+// left: the dp axis's group of one). Collective the first time.
+Communicator& replicas_along(Layout& layout, const std::vector<std::string>& axes);
+// The ranks that read different samples: dp and ep (expert parallelism lies
+// within the data-parallel ranks, as Megatron-Core places it). Rank r of them
+// reads samples [r·B, (r+1)·B) of each global micro-batch.
+Communicator& data_group(Layout& layout);
+
 }  // namespace tessera::parallel

@@ -52,10 +52,22 @@ float scalar_float(int64_t value) {
 struct MixtureOfExperts::Routing {
   std::vector<Tensor> routed;  // probs, experts, weights, logsumexp
   MoePlan plan;
+  std::vector<double> chosen;  // per expert: the choices naming it over the sequence's ranks
+  double tokens = 0;           // the tokens over the sequence's ranks
 };
 
+// Sums `values` over the ranks that hold parts of the same sequences.
+void MixtureOfExperts::sum_over_token_groups(std::vector<double>& values) const {
+  if (token_groups_.empty()) return;
+  const std::vector<float> narrow(values.begin(), values.end());  // f32: counts exact below 2^24
+  Tensor sums = context().from_vector(Shape{int64_t(values.size())}, narrow, Device::cpu());
+  for (Communicator* group : token_groups_) group->all_reduce(sums, ReduceOp::sum)->wait();
+  const std::vector<float> summed = sums.to_vector<float>();
+  values.assign(summed.begin(), summed.end());
+}
+
 MixtureOfExperts::MixtureOfExperts(const nn::ModelSpec& spec, std::string name, int64_t hidden, MoeConfig config,
-                                   float dropout, Communicator* expert_group)
+                                   float dropout, TensorParallelism tp)
     : Module(spec, std::move(name)), hidden_(hidden), config_(config) {
   TESSERA_CHECK(config_.num_experts >= 1, this->name(), ": --num-experts must be at least 1, got ",
                 config_.num_experts);
@@ -65,8 +77,10 @@ MixtureOfExperts::MixtureOfExperts(const nn::ModelSpec& spec, std::string name, 
                 config_.ffn_hidden);
   TESSERA_CHECK(config_.capacity_factor >= 0 && config_.aux_loss_coeff >= 0 && config_.z_loss_coeff >= 0, this->name(),
                 ": --moe-expert-capacity-factor, --moe-aux-loss-coeff and --moe-z-loss-coeff must not be negative");
-  if (expert_group && expert_group->size() > 1)
-    exchange_ = std::make_unique<ExpertExchange>(*expert_group, config_.num_experts);
+  if (tp.experts && tp.experts->size() > 1)
+    exchange_ = std::make_unique<ExpertExchange>(*tp.experts, config_.num_experts);
+  if (tp.sequence_parallel && tp.size() > 1) token_groups_.push_back(tp.group);
+  if (tp.context_size() > 1) token_groups_.push_back(tp.context);
   router_ = &add_child<ColumnParallelLinear>(spec, child_name("router"), TensorParallelism{}, hidden,
                                              config_.num_experts, false);
   const int64_t first = exchange_ ? exchange_->first_expert() : 0;
@@ -104,15 +118,24 @@ MixtureOfExperts::Routing MixtureOfExperts::route(const Tensor& tokens, nn::Save
               ctx.empty(Shape{n, k}, DType::f32, logits.device()), ctx.empty(Shape{n}, DType::f32, logits.device())};
   ops::moe_route(logits, r.routed[kProbs], r.routed[kExperts], r.routed[kWeights], r.routed[kLogsumexp]);
   r.plan = moe_plan(r.routed[kExperts].to_vector<int32_t>(), e, capacity(n));
-  // The losses' values (the load-balancing loss over the choices before capacity).
+  // The losses' values (the load-balancing loss over the choices before
+  // capacity), over the sequence's ranks: per expert its choices and summed
+  // probability, then the tokens and the summed lse².
   const std::vector<float> probs = r.routed[kProbs].to_vector<float>(), lse = r.routed[kLogsumexp].to_vector<float>();
-  double balance = 0.0, z = 0.0;
+  std::vector<double> sums(size_t(2 * e + 2), 0.0);
+  for (int64_t x = 0; x < e; ++x) sums[size_t(x)] = double(r.plan.chosen[size_t(x)]);
   for (int64_t t = 0; t < n; ++t) {
-    for (int64_t x = 0; x < e; ++x) balance += double(r.plan.chosen[size_t(x)]) * probs[size_t(t * e + x)];
-    z += double(lse[size_t(t)]) * lse[size_t(t)];
+    for (int64_t x = 0; x < e; ++x) sums[size_t(e + x)] += probs[size_t(t * e + x)];
+    sums[size_t(2 * e + 1)] += double(lse[size_t(t)]) * lse[size_t(t)];
   }
-  stats_.aux_loss = config_.aux_loss_coeff * double(e) / (double(n) * double(n) * double(k)) * balance;
-  stats_.z_loss = config_.z_loss_coeff * z / double(n);
+  sums[size_t(2 * e)] = double(n);
+  sum_over_token_groups(sums);
+  r.tokens = sums[size_t(2 * e)];
+  double balance = 0.0;
+  for (int64_t x = 0; x < e; ++x) balance += sums[size_t(x)] * sums[size_t(e + x)];
+  r.chosen.assign(sums.begin(), sums.begin() + e);
+  stats_.aux_loss = config_.aux_loss_coeff * double(e) / (r.tokens * r.tokens * double(k)) * balance;
+  stats_.z_loss = config_.z_loss_coeff * sums[size_t(2 * e + 1)] / r.tokens;
   stats_.tokens_per_expert.clear();
   for (int64_t x = 0; x < e; ++x)
     stats_.tokens_per_expert.push_back(r.plan.offsets[size_t(x + 1)] - r.plan.offsets[size_t(x)]);
@@ -167,7 +190,8 @@ Tensor MixtureOfExperts::forward_impl(const Tensor& input, nn::Saved& saved, con
     saved.push_shape(input.shape());
     saved.scalars.push_back(float_scalar(pass.loss_gradient_scale));
     saved.scalars.insert(saved.scalars.end(), r.plan.offsets.begin(), r.plan.offsets.end());
-    saved.scalars.insert(saved.scalars.end(), r.plan.chosen.begin(), r.plan.chosen.end());
+    for (const double chosen : r.chosen) saved.scalars.push_back(int64_t(chosen));  // counts: exact
+    saved.scalars.push_back(int64_t(r.tokens));
   }
   return y;
 }
@@ -201,17 +225,18 @@ Tensor MixtureOfExperts::experts_backward(const Tensor& grad_slots, const MoePla
 // with the load-balancing and z losses' gradients (scaled like the loss's),
 // then the router's linear layer; the gradient of its input [N, C].
 Tensor MixtureOfExperts::router_backward(const Tensor& grad_weights, const std::vector<Tensor>& routed,
-                                         const MoePlan& plan, float gradient_scale, nn::Saved& saved) {
+                                         const MoePlan& plan, double tokens, float gradient_scale, nn::Saved& saved) {
   const int64_t n = routed[kProbs].size(0), e = config_.num_experts, k = config_.top_k;
   Context& ctx = context();
   const Device device = grad_weights.device();
+  // With N the tokens and n_e the choices over the sequence's ranks:
   // d(balance)/d(p_te) = coeff·E/(N²K)·n_e for every token; d(z)/d(lse_t) = coeff·2·lse_t/N.
   std::vector<float> per_expert(size_t(n * e));
-  const double balance = config_.aux_loss_coeff * double(e) / (double(n) * double(n) * double(k)) * gradient_scale;
+  const double balance = config_.aux_loss_coeff * double(e) / (tokens * tokens * double(k)) * gradient_scale;
   for (int64_t t = 0; t < n; ++t)
     for (int64_t x = 0; x < e; ++x) per_expert[size_t(t * e + x)] = float(balance * double(plan.chosen[size_t(x)]));
   std::vector<float> lse = routed[kLogsumexp].to_vector<float>();
-  for (float& v : lse) v = float(config_.z_loss_coeff * 2.0 * double(v) / double(n) * gradient_scale);
+  for (float& v : lse) v = float(config_.z_loss_coeff * 2.0 * double(v) / tokens * gradient_scale);
   const Tensor grad_probs = ctx.from_vector(Shape{n, e}, per_expert, device);
   const Tensor grad_lse = ctx.from_vector(Shape{n}, lse, device);
   Tensor grad_logits = ctx.empty(Shape{n, e}, DType::f32, device);
@@ -234,18 +259,19 @@ Tensor MixtureOfExperts::backward_impl(const Tensor& grad_output, nn::Saved& sav
   MoePlan plan;
   const auto scalars = saved.scalars.begin() + long(after_shape) + 1;
   plan.offsets.assign(scalars, scalars + e + 1);
-  plan.chosen.assign(scalars + e + 1, scalars + 2 * e + 1);
+  plan.chosen.assign(scalars + e + 1, scalars + 2 * e + 1);  // over the sequence's ranks
+  const double tokens = double(*(scalars + 2 * e + 1));
   const std::vector<Tensor> routed(saved.tensors.begin(), saved.tensors.begin() + kPairs);
   const Tensor pairs = saved.tensors[kPairs], slot_of = saved.tensors[kSlotOf], outputs = saved.tensors[kOutputs];
   Context& ctx = context();
-  const Tensor grad = dropout_->backward(grad_output, saved.child(size_t(1 + e))).view(Shape{n, hidden_});
+  const Tensor grad = dropout_->backward(grad_output, saved.child(1 + experts_.size())).view(Shape{n, hidden_});
   Tensor grad_slots = ctx.empty(outputs.shape(), outputs.dtype(), outputs.device());
   Tensor grad_weights = ctx.empty(Shape{n, k}, DType::f32, outputs.device());
   ops::moe_combine_backward(grad, outputs, pairs, slot_of, routed[kWeights], grad_slots, grad_weights);
   const Tensor grad_inputs = experts_backward(grad_slots, plan, saved);
   Tensor dx = ctx.empty(Shape{n, hidden_}, grad_output.dtype(), grad_output.device());
   ops::moe_permute_backward(grad_inputs, slot_of, dx);
-  const Tensor from_router = router_backward(grad_weights, routed, plan, gradient_scale, saved);
+  const Tensor from_router = router_backward(grad_weights, routed, plan, tokens, gradient_scale, saved);
   ops::axpy(1.0f, from_router, dx);
   saved.clear();
   return dx.view(input_shape);

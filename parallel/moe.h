@@ -27,8 +27,18 @@
 // counts). Under expert parallelism (an ep group of P ranks) each rank
 // holds E/P experts and routes its own tokens; their slots travel to the
 // experts' ranks and back (parallel::ExpertExchange), forward and backward.
-// The losses are over this rank's tokens (Megatron-Core's per-micro-batch
-// auxiliary loss).
+// The losses are over the micro-batch's tokens on this rank (Megatron-Core's
+// per-micro-batch auxiliary loss), counting a sequence split over ranks
+// whole: under sequence parallelism (the tp group) and context parallelism
+// (the cp group) their counts, probabilities and token numbers are summed
+// over those groups first.
+//
+// Under tensor parallelism the experts are not split: every tp rank holds
+// the router and its experts whole. Without sequence parallelism the tp
+// ranks hold the same tokens and compute the same (their gradients agree);
+// with it each routes its own part of the sequence, and the router's and
+// experts' gradients are partial sums, which the block sums over the group
+// (SequenceParallelGradients).
 #pragma once
 
 #include <cstdint>
@@ -73,10 +83,12 @@ MoePlan moe_plan(const std::vector<int32_t>& experts, int64_t num_experts, int64
 
 class MixtureOfExperts : public nn::Module {
  public:
-  // expert_group: the ep group (null or one rank: every expert here); this
+  // tp.experts: the ep group (null or one rank: every expert here); this
   // rank then holds experts [r·E/P, (r+1)·E/P), named by their global index.
+  // tp.group under sequence parallelism and tp.context: the ranks the
+  // losses' statistics are summed over (see above).
   MixtureOfExperts(const nn::ModelSpec& spec, std::string name, int64_t hidden, MoeConfig config, float dropout,
-                   Communicator* expert_group = nullptr);
+                   TensorParallelism tp = {});
   ~MixtureOfExperts() override;
   // input [..., C] → [..., C]
   Tensor forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
@@ -96,15 +108,17 @@ class MixtureOfExperts : public nn::Module {
   Tensor experts_backward(const Tensor& grad_slots, const MoePlan& plan, nn::Saved& saved);
   Tensor run_experts_backward(const Tensor& grad_rows, const std::vector<int64_t>& offsets, nn::Saved& saved);
   Tensor router_backward(const Tensor& grad_weights, const std::vector<Tensor>& routed, const MoePlan& plan,
-                         float gradient_scale, nn::Saved& saved);
+                         double tokens, float gradient_scale, nn::Saved& saved);
   int64_t capacity(int64_t tokens) const;
+  void sum_over_token_groups(std::vector<double>& values) const;
 
   int64_t hidden_;
   MoeConfig config_;
   std::unique_ptr<ExpertExchange> exchange_;  // expert parallelism (null: every expert here)
   ColumnParallelLinear* router_;
   std::vector<ParallelGatedMlp*> experts_;
-  TensorParallelDropout* dropout_;  // --hidden-dropout on the combined output
+  TensorParallelDropout* dropout_;           // --hidden-dropout on the combined output
+  std::vector<Communicator*> token_groups_;  // tp under sequence parallelism, cp: one sequence's ranks
   MoeStats stats_;
 };
 

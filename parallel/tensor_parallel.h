@@ -69,6 +69,9 @@ struct TensorParallelism {
   // sequence (parallel/ring_attention.h); attention runs as ring attention
   // over this group, positions are the share's global ones.
   Communicator* context = nullptr;
+  // Expert parallelism: the ep axis a mixture of experts spreads its experts
+  // over (parallel/moe.h; null or one rank: every expert on every rank).
+  Communicator* experts = nullptr;
   int context_size() const { return context ? context->size() : 1; }
   int size() const { return group ? group->size() : 1; }
   int rank() const { return group ? group->rank() : 0; }

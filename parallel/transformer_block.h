@@ -9,7 +9,9 @@
 //   attn  ParallelSelfAttention (GPT-2's qkv layout [3, H, Dh]) or, with
 //         rotary embeddings or G < H key/value groups, ParallelGroupedAttention
 //         (Megatron's grouped layout; rotary when chosen);
-//   mlp   ParallelMlp (fused GELU) or ParallelGatedMlp (--swiglu);
+//   mlp   ParallelMlp (fused GELU) or ParallelGatedMlp (--swiglu), or in the
+//         layers --moe-layer-freq picks (with --num-experts) a
+//         MixtureOfExperts (parallel/moe.h: its experts over the ep group);
 //   biases in every linear layer unless --disable-bias-linear.
 //
 // Children "<name>.ln1", "<name>.attn", "<name>.ln2", "<name>.mlp";
@@ -24,14 +26,16 @@
 #include <string>
 
 #include "nn/models.h"
+#include "parallel/moe.h"
 #include "parallel/tensor_parallel.h"
 
 namespace tessera::parallel {
 
 class ParallelTransformerBlock : public nn::PreLnBlock {
  public:
+  // Block `layer` of the model (whether its MLP has experts: ModelConfig::moe_layer).
   ParallelTransformerBlock(const nn::ModelSpec& spec, std::string name, TensorParallelism tp,
-                           const nn::ModelConfig& model);
+                           const nn::ModelConfig& model, int64_t layer = 0);
   // GPT-2's block of these sizes.
   ParallelTransformerBlock(const nn::ModelSpec& spec, std::string name, TensorParallelism tp, int64_t hidden,
                            int64_t heads, int64_t ffn_hidden, float dropout, float attention_dropout, bool recompute);
@@ -48,6 +52,9 @@ class ParallelTransformerBlock : public nn::PreLnBlock {
 };
 
 // A norm of the model's choice (nn::LayerNorm or nn::RMSNorm, --norm-epsilon) over `dim` features.
+// The mixture of experts' settings of the model's flags.
+MoeConfig moe_config(const nn::ModelConfig& model);
+
 std::unique_ptr<nn::Module> make_norm(const nn::ModelSpec& spec, std::string name, int64_t dim,
                                       const nn::ModelConfig& model);
 

@@ -322,6 +322,12 @@ TEST(UnusedSettings, AreRefusedWithTheReasonAndTheFix) {
       {{"--zero", "3", "--bucket-size-mb", "4"}, {"--bucket-size-mb 4", "--zero 3 reduces one unit"}},
       {{"--ckpt-format", "gathered", "--async-save"},
        {"--async-save:", "--ckpt-format gathered is written by rank 0", "use --ckpt-format sharded"}},
+      {{"--model", "llama", "--moe-router-topk", "1"},
+       {"--moe-router-topk 1", "mixture-of-experts layers, and there are none", "add --num-experts E"}},
+      {{"--model", "gpt", "--moe-layer-freq", "2", "--moe-aux-loss-coeff", "0.01"},
+       {"--moe-layer-freq 2", "--moe-aux-loss-coeff 0.01", "add --num-experts E"}},
+      {{"--model", "llama", "--ep", "2"}, {"--expert-model-parallel-size 2", "add --num-experts E"}},
+      {{"--model", "mlp", "--num-experts", "4"}, {"--num-experts 4", "--model mlp has none", "use --model gpt or llama"}},
       // Several at once: all named.
       {{"--hidden-size", "64", "--nesterov"}, {"these settings", "--hidden-size 64", "--nesterov"}},
   };

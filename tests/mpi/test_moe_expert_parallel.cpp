@@ -51,7 +51,9 @@ TEST(MoeExpertParallel, EqualsOneProcessRunningEveryRanksTokens) {
   for (nn::Parameter* p : whole.parameters()) reference[p->name] = p;
 
   // This rank: its samples [me·B, (me + 1)·B), its 12/P experts.
-  parallel::MixtureOfExperts split(spec, "moe", kHidden, config, 0.0f, comm.get());
+  parallel::TensorParallelism layout;
+  layout.experts = comm.get();
+  parallel::MixtureOfExperts split(spec, "moe", kHidden, config, 0.0f, layout);
   ASSERT_EQ(int64_t(split.experts().size()), config.num_experts / ranks);
   const Tensor mine = x.tensor.slice(me * kBatch, (me + 1) * kBatch).clone();
   nn::Saved saved;

@@ -595,9 +595,11 @@ struct LlamaLayout {
   std::vector<std::string> flags;  // the layout, its micro-batch size included
 };
 
+// One rank runs micro-batches of `one_rank_micro_batch` (a mixture of
+// experts' auxiliary losses are per micro-batch: the layouts then keep its size).
 void expect_llama_layouts_equal_one_rank(const std::vector<std::string>& args, const std::vector<LlamaLayout>& layouts,
-                                         const ScratchDirectory& dir) {
-  run_training(1, joined(args, {"--micro-batch-size", "4", "--metrics", dir / "llama_one.jsonl"}),
+                                         const ScratchDirectory& dir, const std::string& one_rank_micro_batch = "4") {
+  run_training(1, joined(args, {"--micro-batch-size", one_rank_micro_batch, "--metrics", dir / "llama_one.jsonl"}),
                dir / "llama_one.log");
   const std::vector<double> expected = losses(dir / "llama_one.jsonl", 1, 6);
   const std::vector<double> expected_evals = eval_losses(dir / "llama_one.jsonl");  // with --eval-data
@@ -629,6 +631,46 @@ TEST(LlamaLayouts, TensorSequencePipelineInterleavedAndZeroThreeEqualOneRank) {
        {"dp 2 x tp 2, data-parallel ranks neighbours", 4,
         {"--micro-batch-size", "2", "--tp", "2", "--rank-order", "dp-tp-pp"}}},
       dir);
+}
+
+// Mixtures of experts (4 experts, top-2, in layers 0, 2 and 3 of 4; the
+// load-balancing and z losses on) in the Llama and the GPT under every layout
+// against one rank: the same losses. Every run keeps micro-batches of 2
+// samples, the token sets the auxiliary losses are taken over (under
+// sequence parallelism each rank's statistics are summed over the group).
+TEST(MoeLayouts, TensorSequencePipelineAndDataParallelEqualOneRank) {
+  TESSERA_SEED_TRACE();
+  std::mt19937_64 rng = make_rng();
+  const std::vector<std::string> experts = {"--num-experts", "4", "--moe-router-topk", "2", "--moe-layer-freq",
+                                            "[1,0,1,1]", "--moe-ffn-hidden-size", "40", "--moe-aux-loss-coeff",
+                                            "0.01", "--moe-z-loss-coeff", "0.001"};
+  {
+    SCOPED_TRACE("llama");
+    ScratchDirectory dir("tessera_processes_");
+    const auto args = joined(llama_args(write_text_dataset(dir.path, 4000, rng), rng()), experts);
+    expect_llama_layouts_equal_one_rank(
+        args,
+        {{"tp 2", 2, {"--micro-batch-size", "2", "--tp", "2"}},
+         {"tp 2 sequence parallel, recompute", 2,
+          {"--micro-batch-size", "2", "--tp", "2", "--sequence-parallel", "--recompute"}},
+         {"pp 2 1f1b", 2, {"--micro-batch-size", "2", "--pp", "2"}},
+         {"pp 2 x 2 chunks interleaved", 2, {"--micro-batch-size", "2", "--pp", "2", "--virtual-pipeline-stages", "2"}},
+         {"dp 2", 2, {"--micro-batch-size", "2"}},
+         {"dp 2 x tp 2 sequence parallel", 4, {"--micro-batch-size", "2", "--tp", "2", "--sequence-parallel"}}},
+        dir, "2");
+  }
+  {
+    SCOPED_TRACE("gpt");
+    ScratchDirectory dir("tessera_processes_");
+    auto gpt = gpt_args(write_text_dataset(dir.path, 4000, rng), rng());
+    for (const char* flag : {"--micro-batch-size", "--bucket-size-mb", "--hidden-dropout"}) gpt = without(gpt, flag);
+    const auto args = joined(joined(gpt, experts), {"--num-layers", "4", "--train-steps", "6"});
+    expect_llama_layouts_equal_one_rank(args,
+                                        {{"tp 2 sequence parallel", 2,
+                                          {"--micro-batch-size", "2", "--tp", "2", "--sequence-parallel"}},
+                                         {"pp 2", 2, {"--micro-batch-size", "2", "--pp", "2"}}},
+                                        dir, "2");
+  }
 }
 
 // The decoder's switches on their own, under layouts: the GPT with rotary

@@ -740,6 +740,46 @@ TEST(ModelConfig, ValidationNamesTheFlag) {
   EXPECT_THROW(models::build_model(c, spec_for(ctx, DType::f32, 1)), Error);
 }
 
+// --moe-layer-freq: Megatron's integer N (layers 0, N, 2N, ...) or a list of
+// one 0/1 per layer; the mixture of experts' settings refused naming the flag.
+TEST(ModelConfig, MoeLayersFollowTheFrequencyOrThePattern) {
+  nn::ModelConfig m;
+  m.kind = nn::ModelKind::llama;
+  m.num_layers = 7;
+  m.num_experts = 4;
+  for (const int every : {1, 2, 3, 7}) {
+    m.moe_layer_freq = std::to_string(every);
+    EXPECT_NO_THROW(m.validate());
+    for (int64_t layer = 0; layer < m.num_layers; ++layer)
+      EXPECT_EQ(m.moe_layer(layer), layer % every == 0) << "every " << every << ", layer " << layer;
+  }
+  m.moe_layer_freq = "[0, 1,1,0,0,1,1]";
+  EXPECT_NO_THROW(m.validate());
+  const std::vector<bool> expected = {false, true, true, false, false, true, true};
+  for (int64_t layer = 0; layer < m.num_layers; ++layer) EXPECT_EQ(m.moe_layer(layer), expected[size_t(layer)]);
+  nn::ModelConfig dense = m;
+  dense.num_experts = 0;
+  for (int64_t layer = 0; layer < m.num_layers; ++layer) EXPECT_FALSE(dense.moe_layer(layer));
+  nn::ModelConfig c = m;
+  c.moe_layer_freq = "[1,0,1]";
+  expect_rejected(c, "--moe-layer-freq '[1,0,1]' has 3 entries; --num-layers is 7");
+  c.moe_layer_freq = "[1,2,1,1,1,1,1]";
+  expect_rejected(c, "a 0 (dense) or 1 (experts) per layer");
+  c.moe_layer_freq = "0";
+  expect_rejected(c, "--moe-layer-freq '0' must be a whole number N >= 1");
+  c.moe_layer_freq = "2x";
+  expect_rejected(c, "--moe-layer-freq '2x'");
+  c = m;
+  c.moe_router_topk = 5;
+  expect_rejected(c, "--moe-router-topk 5 must be from 1 to --num-experts 4");
+  c = m;
+  c.moe_expert_capacity_factor = -1;
+  expect_rejected(c, "--moe-expert-capacity-factor -1");
+  c = m;
+  c.moe_aux_loss_coeff = -0.5;
+  expect_rejected(c, "--moe-aux-loss-coeff -0.5");
+}
+
 // Sizes have upper bounds (a typo is refused at once, naming the flag), and
 // the head count suggested for a width it does not divide is found in
 // O(sqrt n): the old search tried every number up to the width (minutes for
