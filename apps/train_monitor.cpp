@@ -257,6 +257,38 @@ std::vector<std::pair<std::string, double>> TrainingMonitor::exchange(int64_t st
   return extra;
 }
 
+namespace {
+
+// A mixture of experts' figures of the last step (apps/expert_load.h: the
+// record's moe_* entries): the losses and dropped share as gauges, the
+// tokens per expert (fewest, most) and the imbalance per layer.
+std::vector<io::PrometheusFamily> expert_families(const io::StepRecord& record) {
+  io::PrometheusFamily tokens{"tessera_moe_expert_tokens", "Tokens an expert of the layer received in the last step",
+                              "gauge", {}};
+  io::PrometheusFamily imbalance{"tessera_moe_imbalance", "Most tokens of an expert over the mean, per layer", "gauge",
+                                 {}};
+  std::vector<io::PrometheusFamily> families;
+  for (const auto& [key, value] : record.extra) {
+    if (key == "moe_aux_loss" || key == "moe_z_loss" || key == "moe_dropped_fraction")
+      families.push_back({"tessera_" + key, key == "moe_dropped_fraction" ? "Share of expert choices dropped over "
+                                                                              "capacity in the last step"
+                                                                          : "Mixture-of-experts loss of the last step "
+                                                                            "(mean per micro-batch, summed over layers)",
+                          "gauge", {{{}, value}}});
+    if (key.rfind("moe_l", 0) != 0) continue;
+    const size_t end = key.find('_', 5);
+    const std::string layer = key.substr(5, end - 5), what = key.substr(end + 1);
+    if (what == "imbalance") imbalance.samples.push_back({{{"layer", layer}}, value});
+    if (what == "tokens_min" || what == "tokens_max")
+      tokens.samples.push_back({{{"layer", layer}, {"stat", what == "tokens_min" ? "min" : "max"}}, value});
+  }
+  if (!tokens.samples.empty()) families.push_back(std::move(tokens));
+  if (!imbalance.samples.empty()) families.push_back(std::move(imbalance));
+  return families;
+}
+
+}  // namespace
+
 std::string TrainingMonitor::prometheus(const std::vector<std::vector<double>>& ranks,
                                         const std::optional<Straggler>& straggler) const {
   std::vector<io::PrometheusFamily> families = {
@@ -312,6 +344,7 @@ std::string TrainingMonitor::prometheus(const std::vector<std::vector<double>>& 
   }
   for (io::PrometheusFamily& family : GpuMonitor::families(ranks, kGpuFirst, nodes_))
     families.push_back(std::move(family));
+  for (io::PrometheusFamily& family : expert_families(last_record_)) families.push_back(std::move(family));
   families.push_back({"tessera_eval_loss", "Loss of the last evaluation", "gauge", {{{}, eval_loss_}}});
   families.push_back({"tessera_straggler_rank",
                       "The rank named a straggler at the last exchange (-1: none)",

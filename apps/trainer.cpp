@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "apps/expert_load.h"
 #include "apps/preemption.h"
 #include "apps/rank_agreement.h"
 #include "apps/train_checkpoint.h"
@@ -1167,6 +1168,8 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   events.add(std::make_unique<StepMemory>(ctx, device, result));
   events.add(std::make_unique<CheckpointCadence>(state, counters, result, trace, say));
   events.add(std::make_unique<TensorParallelTraffic>(layout));
+  if (model_cfg.num_experts > 0)
+    events.add(std::make_unique<ExpertLoad>(ctx, *model, layout, model_cfg, c.sequence_parallel, accumulation));
   events.add(std::make_unique<TrainingMonitor>(c, layout, ctx, device, say, env ? env->hostname() : "localhost"));
   events.add(std::move(metrics));
   events.add(std::make_unique<ProgressReport>(c, root, progress, result, trace, world->size()));

@@ -80,6 +80,27 @@ std::string format_step_time(double ms_per_step) {
   return printf_string("%.1f", ms_per_step) + " ms/step";
 }
 
+namespace {
+
+std::optional<double> extra_value(const StepRecord& record, std::string_view name) {
+  for (const auto& [key, value] : record.extra)
+    if (key == name) return value;
+  return std::nullopt;
+}
+
+// A mixture of experts' figures (apps/expert_load.h): the load-balancing
+// loss, the worst layer's imbalance and the share of choices dropped.
+std::string format_experts(const StepRecord& record) {
+  const std::optional<double> aux = extra_value(record, "moe_aux_loss"), imbalance = extra_value(record, "moe_imbalance");
+  if (!aux || !imbalance) return "";
+  std::string text = printf_string(" | moe aux %.3g", *aux) + printf_string(" imb %.2f", *imbalance);
+  if (const auto dropped = extra_value(record, "moe_dropped_fraction"); dropped && *dropped > 0)
+    text += printf_string(" drop %.1f%%", 100.0 * *dropped);
+  return text;
+}
+
+}  // namespace
+
 std::string format_progress(const StepRecord& record, std::optional<double> eta_seconds) {
   // Appended piece by piece: GCC 12 warns (-Wrestrict, falsely) on "literal" + std::string temporaries.
   std::string text = "step ";
@@ -93,6 +114,7 @@ std::string format_progress(const StepRecord& record, std::optional<double> eta_
     text.append(" | ").append(format_rate(*record.tokens_per_s)).append(" tokens/s");
   }
   text.append(" | ").append(format_step_time(record.ms_per_step));
+  text.append(format_experts(record));
   if (eta_seconds) text.append(" | ETA ").append(format_duration(*eta_seconds));
   if (record.skipped) text += " | skipped";
   return text;

@@ -192,6 +192,8 @@ Tensor MixtureOfExperts::forward_impl(const Tensor& input, nn::Saved& saved, con
     saved.scalars.insert(saved.scalars.end(), r.plan.offsets.begin(), r.plan.offsets.end());
     for (const double chosen : r.chosen) saved.scalars.push_back(int64_t(chosen));  // counts: exact
     saved.scalars.push_back(int64_t(r.tokens));
+    saved.scalars.push_back(std::bit_cast<int64_t>(stats_.aux_loss));  // for the step's figures
+    saved.scalars.push_back(std::bit_cast<int64_t>(stats_.z_loss));
   }
   return y;
 }
@@ -261,6 +263,8 @@ Tensor MixtureOfExperts::backward_impl(const Tensor& grad_output, nn::Saved& sav
   plan.offsets.assign(scalars, scalars + e + 1);
   plan.chosen.assign(scalars + e + 1, scalars + 2 * e + 1);  // over the sequence's ranks
   const double tokens = double(*(scalars + 2 * e + 1));
+  add_to_step_stats(plan.offsets, n * k, std::bit_cast<double>(*(scalars + 2 * e + 2)),
+                    std::bit_cast<double>(*(scalars + 2 * e + 3)));
   const std::vector<Tensor> routed(saved.tensors.begin(), saved.tensors.begin() + kPairs);
   const Tensor pairs = saved.tensors[kPairs], slot_of = saved.tensors[kSlotOf], outputs = saved.tensors[kOutputs];
   Context& ctx = context();
@@ -275,6 +279,42 @@ Tensor MixtureOfExperts::backward_impl(const Tensor& grad_output, nn::Saved& sav
   ops::axpy(1.0f, from_router, dx);
   saved.clear();
   return dx.view(input_shape);
+}
+
+void MixtureOfExperts::add_to_step_stats(const std::vector<int64_t>& offsets, int64_t choices, double aux_loss,
+                                         double z_loss) {
+  MoeStepStats& s = step_stats_;
+  s.tokens_per_expert.resize(size_t(config_.num_experts), 0);
+  for (int64_t x = 0; x < config_.num_experts; ++x) s.tokens_per_expert[size_t(x)] += offsets[size_t(x + 1)] - offsets[size_t(x)];
+  s.dropped += choices - offsets.back();
+  s.aux_loss += aux_loss;
+  s.z_loss += z_loss;
+  s.micro_batches += 1;
+}
+
+MoeStepStats MixtureOfExperts::take_step_stats() {
+  MoeStepStats taken = std::move(step_stats_);
+  step_stats_ = MoeStepStats{};
+  taken.tokens_per_expert.resize(size_t(config_.num_experts), 0);
+  return taken;
+}
+
+namespace {
+
+void collect_mixtures(nn::Module& module, std::vector<MixtureOfExperts*>& found) {
+  if (auto* moe = dynamic_cast<MixtureOfExperts*>(&module)) {
+    found.push_back(moe);
+    return;
+  }
+  for (nn::Module* child : module.children()) collect_mixtures(*child, found);
+}
+
+}  // namespace
+
+std::vector<MixtureOfExperts*> mixtures_of_experts(nn::Module& root) {
+  std::vector<MixtureOfExperts*> found;
+  collect_mixtures(root, found);
+  return found;
 }
 
 }  // namespace tessera::parallel

@@ -69,6 +69,15 @@ struct MoeStats {
   int64_t dropped = 0;                     // choices dropped over capacity
 };
 
+// What a step's micro-batches routed through one layer, added up in each
+// backward (once per micro-batch, also under recomputation).
+struct MoeStepStats {
+  std::vector<int64_t> tokens_per_expert;  // choices kept per expert
+  int64_t dropped = 0;                     // choices dropped over capacity
+  double aux_loss = 0, z_loss = 0;         // summed over the micro-batches, with their coefficients
+  int micro_batches = 0;
+};
+
 // Where each choice goes: pairs[m] = t·K + j for the M kept slots, grouped by
 // expert in token order; slot_of[t·K + j] = m or −1; offsets[e] the first
 // slot of expert e (offsets[E] = M); chosen[e] the choices naming e before
@@ -96,6 +105,8 @@ class MixtureOfExperts : public nn::Module {
 
   const MoeConfig& config() const { return config_; }
   const MoeStats& last_stats() const { return stats_; }
+  // The step's figures so far, and a fresh start for the next step.
+  MoeStepStats take_step_stats();
   ColumnParallelLinear& router() { return *router_; }
   // This rank's experts, in order (all of them without expert parallelism).
   const std::vector<ParallelGatedMlp*>& experts() const { return experts_; }
@@ -111,6 +122,7 @@ class MixtureOfExperts : public nn::Module {
                          double tokens, float gradient_scale, nn::Saved& saved);
   int64_t capacity(int64_t tokens) const;
   void sum_over_token_groups(std::vector<double>& values) const;
+  void add_to_step_stats(const std::vector<int64_t>& offsets, int64_t choices, double aux_loss, double z_loss);
 
   int64_t hidden_;
   MoeConfig config_;
@@ -120,6 +132,10 @@ class MixtureOfExperts : public nn::Module {
   TensorParallelDropout* dropout_;           // --hidden-dropout on the combined output
   std::vector<Communicator*> token_groups_;  // tp under sequence parallelism, cp: one sequence's ranks
   MoeStats stats_;
+  MoeStepStats step_stats_;
 };
+
+// The mixture-of-experts layers of `root`, in parameter order.
+std::vector<MixtureOfExperts*> mixtures_of_experts(nn::Module& root);
 
 }  // namespace tessera::parallel

@@ -625,6 +625,14 @@ TEST(Progress, LineHasEveryField) {
   record.total_steps = 0;
   EXPECT_EQ(io::format_progress(record, 3.0 * 86400 + 5),
             "step 120 | loss nan | lr 1.0e-03 | 1.50M tokens/s | 12.3 s/step | ETA 3d 00:00:05 | skipped");
+  // A mixture of experts' figures (apps/expert_load.h): the dropped share only when some were dropped.
+  record.skipped = false;
+  record.extra = {{"moe_aux_loss", 0.020078}, {"moe_imbalance", 1.1636}, {"moe_dropped_fraction", 0.0}};
+  EXPECT_EQ(io::format_progress(record, std::nullopt),
+            "step 120 | loss nan | lr 1.0e-03 | 1.50M tokens/s | 12.3 s/step | moe aux 0.0201 imb 1.16");
+  record.extra.back().second = 0.1171875;
+  EXPECT_EQ(io::format_progress(record, std::nullopt),
+            "step 120 | loss nan | lr 1.0e-03 | 1.50M tokens/s | 12.3 s/step | moe aux 0.0201 imb 1.16 drop 11.7%");
 }
 
 TEST(Progress, EtaIsAMovingAverageOfTimePerStep) {

@@ -86,6 +86,7 @@ TEST(Observability, PrometheusScrapesEveryRankAndThePushgatewayTakesPushes) {
   // Training runs until Prometheus has both ranks' loss, then is stopped (SIGUSR1 to mpirun: every rank stops).
   Job train(tessera_command(2, words("--model gpt --synthetic --vocab-size 64 --seq-length 16 --num-layers 1 "
                                      "--num-heads 2 --hidden-size 32 --micro-batch-size 4 --train-steps 1000000 "
+                                     "--num-experts 2 --moe-router-topk 1 --moe-aux-loss-coeff 0.01 "
                                      "--threads 1 --log-interval 2 --save-interval 4 --metrics " +
                                      (dir / "metrics.jsonl") + " --save " + (dir / "save") + " --metrics-port " +
                                      std::to_string(metrics_port) +
@@ -136,6 +137,21 @@ TEST(Observability, PrometheusScrapesEveryRankAndThePushgatewayTakesPushes) {
       if (name == "checkpoint_write_s" && value == served_write) recorded = true;
   EXPECT_TRUE(recorded) << "served checkpoint write time " << served_write << " is in no checkpoint_write_s";
   EXPECT_FALSE(contains(served, "job=\"")) << served;
+  // The mixture of experts' figures: the most tokens an expert of block 0 got
+  // in a step, as the metrics file recorded it (moe_l0_tokens_max), and the losses.
+  const std::string most = "tessera_moe_expert_tokens{layer=\"0\",stat=\"max\"} ";
+  const size_t most_at = served.find(most);
+  ASSERT_NE(most_at, std::string::npos) << served;
+  const double served_most = std::stod(served.substr(most_at + most.size()));
+  bool most_recorded = false;
+  for (const io::StepRecord& step : io::read_metrics(dir / "metrics.jsonl").steps)
+    for (const auto& [name, value] : step.extra)
+      if (name == "moe_l0_tokens_max" && value == served_most) most_recorded = true;
+  EXPECT_TRUE(most_recorded) << "served " << most << served_most << " is in no moe_l0_tokens_max";
+  EXPECT_GE(served_most, 2 * 4 * 16 / 2) << "two ranks' 4 x 16 tokens over 2 experts: the busier has at least half";
+  for (const char* family : {"tessera_moe_aux_loss ", "tessera_moe_z_loss ", "tessera_moe_imbalance{layer=\"0\"} ",
+                             "tessera_moe_dropped_fraction 0"})
+    EXPECT_TRUE(contains(served, family)) << family << "\n" << served;
 
   const std::string pushed = http_get(gateway_port, "/metrics");
   for (const char* rank : {"0", "1"})

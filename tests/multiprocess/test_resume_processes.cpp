@@ -633,6 +633,15 @@ TEST(LlamaLayouts, TensorSequencePipelineInterleavedAndZeroThreeEqualOneRank) {
       dir);
 }
 
+// A run's mixture-of-experts figures (apps/expert_load.h): each moe_* entry's values over the steps.
+std::map<std::string, std::vector<double>> moe_figures(const std::string& metrics) {
+  std::map<std::string, std::vector<double>> figures;
+  for (const io::StepRecord& record : io::read_metrics(metrics).steps)
+    for (const auto& [key, value] : record.extra)
+      if (key.rfind("moe_", 0) == 0) figures[key].push_back(value);
+  return figures;
+}
+
 // Mixtures of experts (4 experts, top-2, in layers 0, 2 and 3 of 4; the
 // load-balancing and z losses on) in the Llama and the GPT under every layout
 // against one rank: the same losses. Every run keeps micro-batches of 2
@@ -658,6 +667,18 @@ TEST(MoeLayouts, TensorSequencePipelineAndDataParallelEqualOneRank) {
          {"dp 2", 2, {"--micro-batch-size", "2"}},
          {"dp 2 x tp 2 sequence parallel", 4, {"--micro-batch-size", "2", "--tp", "2", "--sequence-parallel"}}},
         dir, "2");
+    // The routing figures (tokens per expert, imbalance, the losses) are one rank's too.
+    const auto expected = moe_figures(dir / "llama_one.jsonl");
+    ASSERT_EQ(expected.count("moe_l0_tokens_max"), 1u);
+    EXPECT_EQ(expected.count("moe_l1_tokens_max"), 0u) << "block 1 is dense";
+    ASSERT_EQ(expected.at("moe_dropped_fraction"), std::vector<double>(6, 0.0)) << "dropless";
+    for (int layout = 0; layout < 6; ++layout) {
+      SCOPED_TRACE("layout " + std::to_string(layout));
+      const auto actual = moe_figures(dir / ("llama_" + std::to_string(layout) + ".jsonl"));
+      ASSERT_EQ(actual.size(), expected.size());
+      for (const auto& [key, values] : expected)
+        EXPECT_TRUE(all_close(actual.at(key), values, Tolerance{1e-4, 1e-6})) << key;
+    }
   }
   {
     SCOPED_TRACE("gpt");
