@@ -512,15 +512,18 @@ parallel::DataParallelOptions data_parallel_options(const TrainConfig& c, parall
   return options;
 }
 
-// Ring attention's blocks, exchanges and waits into the trace (--trace with
-// --context-parallel-size > 1): recorded through the cp group's events.
-void trace_ring_attention(parallel::Layout& layout, io::TraceWriter& trace) {
-  if (!trace.enabled() || layout.size("cp") == 1) return;
-  layout.group("cp").set_events(parallel::GroupEvents{
-      [&trace] { return trace.now_ns(); },
-      [&trace](const std::string& name, const std::string& category, int64_t start, int64_t end) {
-        trace.complete(name, category, start, end);
-      }});
+// Ring attention's blocks, exchanges and waits (--context-parallel-size >
+// 1) and the experts' exchanges (--expert-model-parallel-size > 1) into the
+// trace: recorded through the cp and ep groups' events.
+void trace_group_work(parallel::Layout& layout, io::TraceWriter& trace) {
+  if (!trace.enabled()) return;
+  for (const char* axis : {"cp", "ep"})
+    if (layout.size(axis) > 1)
+      layout.group(axis).set_events(parallel::GroupEvents{
+          [&trace] { return trace.now_ns(); },
+          [&trace](const std::string& name, const std::string& category, int64_t start, int64_t end) {
+            trace.complete(name, category, start, end);
+          }});
 }
 
 // The pipeline schedule (one stage: 1F1B, i.e. F0 B0 F1 B1 ...) and its events into the trace.
@@ -1104,9 +1107,9 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   const parallel::PipelineGroups groups =
       parallel::pipeline_groups(layout, stage_model.layers.first() || stage_model.layers.last());
 
-  // The trace first: the data-parallel reducer and ring attention write their communication into it.
+  // The trace first: the data-parallel reducer, ring attention and the experts' exchange write into it.
   io::TraceWriter trace(trace_options(c, *world));
-  trace_ring_attention(layout, trace);
+  trace_group_work(layout, trace);
   // The replicas a gradient is averaged over, as the parameters say (dp, and
   // the cp ranks that share its samples).
   parallel::Communicator& replicas = parallel::gradient_group(layout, parameters);

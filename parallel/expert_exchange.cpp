@@ -23,6 +23,22 @@ Tensor gather_rows(const Tensor& source, const Tensor& order) {
   return out;
 }
 
+// One exchange's span on the group's timeline ("expert dispatch", "expert
+// combine"), recorded when a trace asks for it (Communicator::set_events).
+class ExchangeSpan {
+ public:
+  ExchangeSpan(const GroupEvents& events, const char* name)
+      : events_(events), name_(name), start_(events.enabled() ? events.clock() : 0) {}
+  void end() const {
+    if (events_.enabled()) events_.record(name_, "comm", start_, events_.clock());
+  }
+
+ private:
+  const GroupEvents& events_;
+  const char* name_;
+  int64_t start_;
+};
+
 }  // namespace
 
 ExpertExchange::ExpertExchange(Communicator& group, int64_t num_experts)
@@ -33,6 +49,7 @@ ExpertExchange::ExpertExchange(Communicator& group, int64_t num_experts)
 }
 
 Tensor ExpertExchange::dispatch(const Tensor& slots, const std::vector<int64_t>& offsets) {
+  const ExchangeSpan span(group_.events(), "expert dispatch");
   const int ranks = group_.size();
   const int64_t width = slots.size(1), local = local_experts_;
   TESSERA_CHECK(int64_t(offsets.size()) == num_experts_ + 1 && offsets.back() == slots.size(0),
@@ -76,19 +93,23 @@ Tensor ExpertExchange::dispatch(const Tensor& slots, const std::vector<int64_t>&
   }
   to_expert_order_ = ctx.from_vector(Shape{total}, order, slots.device());
   to_source_order_ = ctx.from_vector(Shape{total}, inverse, slots.device());
-  return gather_rows(received, to_expert_order_);
+  Tensor rows = gather_rows(received, to_expert_order_);
+  span.end();
+  return rows;
 }
 
 Tensor ExpertExchange::combine(const Tensor& rows) {
   TESSERA_CHECK(to_source_order_.defined() && rows.size(0) == to_source_order_.size(0),
                 "ExpertExchange::combine: ", rows.size(0), " rows, but the last dispatch delivered ",
                 to_source_order_.defined() ? to_source_order_.size(0) : 0);
+  const ExchangeSpan span(group_.events(), "expert combine");
   const int64_t width = rows.size(1);
   const Tensor by_source = gather_rows(rows, to_source_order_);
   int64_t total = 0;
   for (const int64_t r : sent_rows_) total += r;
   Tensor back = rows.context().empty(Shape{total, width}, rows.dtype(), rows.device());
   group_.all_to_all(by_source, elements(received_rows_, width), back, elements(sent_rows_, width))->wait();
+  span.end();
   return back;
 }
 

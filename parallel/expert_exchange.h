@@ -18,7 +18,9 @@
 // all-to-all in the other direction. The two are each other's adjoints, so
 // a backward runs them swapped on the gradients (combine's gradient is a
 // dispatch with the same counts). The counts of the last dispatch are kept
-// for the combine that follows it.
+// for the combine that follows it. With a trace (the group's
+// Communicator::events) each dispatch and combine is recorded as an
+// "expert dispatch" / "expert combine" event of category comm.
 #pragma once
 
 #include <cstdint>

@@ -106,6 +106,49 @@ TEST(ExpertExchange, DispatchGroupsEachExpertsRowsAndCombineReturnsThem) {
   }
 }
 
+// With a trace (the group's events) each dispatch and combine is one event
+// of its name, inside the clock's reading before and after the call, and
+// results unchanged; without one nothing is recorded.
+TEST(ExpertExchange, RecordsEachDispatchAndCombineForATrace) {
+  TESSERA_SEED_TRACE();
+  auto comm = world();
+  Context ctx;
+  auto rng = make_rng();
+  const int ranks = comm->size(), me = comm->rank();
+  if (kExperts % ranks != 0) GTEST_SKIP() << kExperts << " experts do not split over " << ranks << " ranks";
+  struct Event {
+    std::string name, category;
+    int64_t start, end;
+  };
+  std::vector<Event> events;
+  int64_t ticks = 0;
+  parallel::ExpertExchange exchange(*comm, kExperts);
+  const Slots s = random_slots(ranks, rng);
+  const Local mine = slots_of(ctx, s, me);
+  const Tensor untraced = exchange.combine(exchange.dispatch(mine.slots, mine.offsets));
+  comm->set_events(parallel::GroupEvents{
+      [&ticks] { return ++ticks; },
+      [&events](const std::string& name, const std::string& category, int64_t start, int64_t end) {
+        events.push_back({name, category, start, end});
+      }});
+  const int64_t before = ++ticks;
+  const Tensor traced = exchange.combine(exchange.dispatch(mine.slots, mine.offsets));
+  const int64_t after = ++ticks;
+  comm->set_events({});
+  exchange.combine(exchange.dispatch(mine.slots, mine.offsets));
+  EXPECT_TRUE(all_close(traced, untraced.to_doubles(), Tolerance{0, 0}));
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].name, "expert dispatch");
+  EXPECT_EQ(events[1].name, "expert combine");
+  for (const Event& e : events) {
+    EXPECT_EQ(e.category, "comm");
+    EXPECT_LT(before, e.start);
+    EXPECT_LT(e.start, e.end);
+    EXPECT_LT(e.end, after);
+  }
+  EXPECT_LE(events[0].end, events[1].start);
+}
+
 TEST(ExpertExchange, ExpertsThatDoNotSplitOverTheRanksAreRefused) {
   auto comm = world();
   try {
