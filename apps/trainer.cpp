@@ -666,12 +666,10 @@ nn::LrScheduleConfig lr_schedule_config(const TrainConfig& c, int64_t total_step
   return schedule;
 }
 
-// --estimate-memory: this rank's predicted model-state bytes
-// (parallel/memory_plan.h) from its sharding units, gathered to every rank;
-// rank 0 prints one line per rank and the formula with its own numbers.
-std::vector<std::array<int64_t, 3>> estimate_memory(const TrainConfig& c, nn::Module& model, int data_parallel,
-                                                    int64_t micro_batches, DType dtype, parallel::Communicator& world,
-                                                    Context& ctx) {
+// The prediction for the parameters of `model` whose gradients are averaged
+// over `axes` (their ZeRO shards split over that group of `data_parallel` ranks).
+parallel::MemoryPlan predict_group(const TrainConfig& c, nn::Module& model, const std::vector<std::string>& axes,
+                                   int data_parallel, int64_t micro_batches, DType dtype) {
   parallel::MemoryPlanInput input;
   for (nn::Module* unit : nn::sharding_units(model)) {
     // This rank's elements (its tensor-parallel shards), and whether it is the
@@ -680,9 +678,11 @@ std::vector<std::array<int64_t, 3>> estimate_memory(const TrainConfig& c, nn::Mo
     int64_t elements = 0;
     bool held = false;
     for (const nn::Parameter* p : unit->parameters()) {
+      if (p->gradient_axes != axes) continue;
       elements += p->value.numel();
       held |= p->name == "wte.weight";
     }
+    if (elements == 0) continue;
     input.unit_elements.push_back(elements);
     input.unit_held.push_back(held);
   }
@@ -692,7 +692,35 @@ std::vector<std::array<int64_t, 3>> estimate_memory(const TrainConfig& c, nn::Mo
   input.zero_stage = c.zero;
   input.prefetch = int(c.zero_prefetch);
   input.accumulates = micro_batches > 1;
-  const parallel::MemoryPlan plan = parallel::predict_memory(input);
+  return parallel::predict_memory(input);
+}
+
+// --estimate-memory: this rank's predicted model-state bytes
+// (parallel/memory_plan.h) from its sharding units, per gradient group (a
+// mixture of experts' experts shard over dp x cp, the rest over the ep ranks
+// too), gathered to every rank; rank 0 prints one line per rank and the
+// formula with its own numbers.
+std::vector<std::array<int64_t, 3>> estimate_memory(const TrainConfig& c, nn::Module& model, parallel::Layout& layout,
+                                                    int64_t micro_batches, DType dtype, Context& ctx) {
+  parallel::Communicator& world = layout.world();
+  std::vector<std::vector<std::string>> groups;
+  for (const nn::Parameter* p : model.parameters())
+    if (std::find(groups.begin(), groups.end(), p->gradient_axes) == groups.end()) groups.push_back(p->gradient_axes);
+  parallel::MemoryPlan plan;
+  int64_t elements = 0;
+  for (const std::vector<std::string>& axes : groups) {
+    int replicas = 1;  // the ranks the group's ZeRO shards split over (no communicator made: stages differ)
+    for (const std::string& axis : axes) replicas *= layout.size(axis);
+    const parallel::MemoryPlan part = predict_group(c, model, axes, replicas, micro_batches, dtype);
+    plan.parameters += part.parameters;
+    plan.gradients += part.gradients;
+    plan.optimizer += part.optimizer;
+    plan.formula += (plan.formula.empty() ? "" : "; ") + part.formula;
+    elements += std::stoll(part.formula.substr(2));  // "P=<elements> ..."
+  }
+  if (groups.size() > 1)  // the whole first, then each group's
+    plan.formula = "P=" + std::to_string(elements) + " = " + std::to_string(plan.model_state()) + " bytes: " +
+                   plan.formula;
   Tensor mine = ctx.from_vector(Shape{3}, std::vector<int64_t>{plan.parameters, plan.gradients, plan.optimizer},
                                 Device::cpu());
   Tensor all = ctx.empty(Shape{3 * int64_t(world.size())}, DType::i64, Device::cpu());
@@ -722,18 +750,14 @@ std::vector<std::array<int64_t, 3>> estimate_memory(const TrainConfig& c, nn::Mo
 // (placeholders: nothing is allocated or initialised), so a model of any
 // size is estimated at once, on any machine.
 TrainResult estimate_only(const TrainConfig& c, const nn::ModelConfig& model_cfg, const nn::ModelSpec& spec,
-                          parallel::Layout& layout, int64_t micro_batches, parallel::Communicator& world,
-                          Context& ctx) {
+                          parallel::Layout& layout, int64_t micro_batches, Context& ctx) {
   nn::ModelSpec shapes = spec;
   shapes.shapes_only = true;
   const models::StageModel stage_model = models::build_stage_model(
       model_cfg, shapes, layout, c.sequence_parallel, c.pipeline_split, c.virtual_pipeline_stages);
   TrainResult estimate;
-  const int data_ranks = parallel::data_group(layout).size();
-  estimate.data_parallel_size = data_ranks;
-  estimate.memory_estimate =
-      estimate_memory(c, *stage_model.module, data_ranks * layout.size("cp"), micro_batches, spec.dtype, world,
-                      ctx);  // ZeRO shards over the replicas: dp × ep × cp
+  estimate.data_parallel_size = parallel::data_group(layout).size();
+  estimate.memory_estimate = estimate_memory(c, *stage_model.module, layout, micro_batches, spec.dtype, ctx);
   return estimate;
 }
 
@@ -1094,7 +1118,7 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   spec.dtype = dtype;
   spec.seed = c.seed;
   const int64_t accumulation = micro_batches_per_step(c, dp.size(), layout.size("pp"));
-  if (c.estimate_memory) return estimate_only(c, model_cfg, spec, layout, accumulation, *world, ctx);
+  if (c.estimate_memory) return estimate_only(c, model_cfg, spec, layout, accumulation, ctx);
   // This rank's part of the model: the layers of its pipeline stage, split
   // over its tensor-parallel group, with its loss (models/stage_model.h).
   models::StageModel stage_model = models::build_stage_model(model_cfg, spec, layout, c.sequence_parallel,
