@@ -1134,11 +1134,13 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   // The trace first: the data-parallel reducer, ring attention and the experts' exchange write into it.
   io::TraceWriter trace(trace_options(c, *world));
   trace_group_work(layout, trace);
-  // The replicas a gradient is averaged over, as the parameters say (dp, and
-  // the cp ranks that share its samples).
-  parallel::Communicator& replicas = parallel::gradient_group(layout, parameters);
+  // The replicas a gradient is averaged over, as the parameters say (dp, the
+  // cp ranks that share its samples and the ep ranks; an expert's over dp
+  // and cp only): one group, or the dense and the experts' groups.
+  const parallel::GradientGroups gradient_groups = parallel::gradient_groups(layout, parameters);
+  parallel::Communicator& replicas = *gradient_groups.replicas;
   parallel::DataParallel replica(
-      parameters, replicas, optimizer_config(c),
+      gradient_groups, optimizer_config(c),
       data_parallel_options(c, layout, groups.model, stage_model.tied_table, *model, trace));
   nn::GradScaler scaler = nn::GradScaler::for_dtype(dtype);
   // The step: the same driver for every layout (one stage is the degenerate pipeline).

@@ -71,6 +71,7 @@
 #include "nn/optimizer.h"
 #include "nn/parameter.h"
 #include "parallel/communicator.h"
+#include "parallel/layout.h"
 
 namespace tessera::parallel {
 
@@ -153,16 +154,24 @@ struct OptimizerStateSlice {
   bool owner = true;
 };
 
+class GradientReducer;  // one gradient group's buckets, pieces and units (gradient_reducer.h)
+
 class DataParallel : private nn::ParameterHooks {
  public:
-  // Re-points every parameter's grad (and, for ZeRO-1, value) to views of the
-  // flat buffers, keeping their current contents; installs the gradient hooks;
-  // builds the optimizer (over all parameters, or over this rank's shard).
-  // Parameters must outlive this object and share one device; with ZeRO-1 also
-  // one dtype. No communication here, but every rank of `comm` must build one
-  // with the same parameters (names and shapes, same order) and options.
+  // Re-points every parameter's grad (and, for ZeRO-1/2, value) to views of
+  // the flat buffers, keeping their current contents; installs the gradient
+  // hooks; builds the optimizer (over all parameters, or over this rank's
+  // shard). Parameters must outlive this object and share one device; with
+  // ZeRO also one dtype per group. No communication here, but every rank of
+  // a group must build one with the same parameters (names and shapes, same
+  // order) and options.
+  // One group: every gradient averaged over `comm`.
   DataParallel(std::vector<nn::Parameter*> parameters, Communicator& comm, const nn::OptimizerConfig& optimizer,
                DataParallelOptions options = {});
+  // Several (parallel::gradient_groups): each group's gradients averaged, and
+  // under ZeRO sharded, over its own communicator, with its own buckets,
+  // pieces and units; one optimizer (one step count) over all of them.
+  DataParallel(const GradientGroups& groups, const nn::OptimizerConfig& optimizer, DataParallelOptions options = {});
   // Removes the hooks (parameters keep their flat-buffer views).
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
@@ -177,30 +186,34 @@ class DataParallel : private nn::ParameterHooks {
   // bucket not launched yet and waits for all of them; no-op otherwise.
   void finish_backward();
 
-  // The global L2 norm of the averaged gradients, identical on every rank
-  // (one small all-reduce: plain DP takes the max of the ranks' identical
-  // sums, ZeRO-1 sums the shards' sums of squares; one more over the
-  // model-parallel group when there is one), and whether any rank saw an
-  // inf or NaN. One host synchronisation.
+  // The global L2 norm of the averaged gradients, identical on every rank,
+  // and whether any rank saw an inf or NaN: each group's gradients counted
+  // once per distinct copy (plain DP: by the group's rank 0, its gradients
+  // being the same on all its ranks; ZeRO: each rank its pieces), summed over
+  // the replicas (GradientGroups::replicas: an expert, different on each ep
+  // rank, counts on each), then over the model-parallel group when there is
+  // one. One small all-reduce each; one host synchronisation.
   nn::GradNorm grad_norm();
   // The optimizer update with the scheduled `lr` and gradients multiplied by
-  // `grad_scale` (see nn::Optimizer::step); ZeRO-1 then all-gathers the
+  // `grad_scale` (see nn::Optimizer::step); ZeRO-1/2 then all-gather the
   // updated values into every rank's parameters.
   void step(double lr, float grad_scale = 1.0f);
 
   nn::Optimizer& optimizer() { return *optimizer_; }
-  Communicator& communicator() { return comm_; }
+  // The widest group: the one every gradient is averaged over with one group.
+  Communicator& communicator() { return *replicas_; }
   int zero_stage() const { return options_.zero_stage; }
   // Bytes of this rank's optimizer state (Optimizer::state_tensors: moments,
   // momentum, f32 masters).
   int64_t optimizer_state_bytes();
   // This rank's optimizer state as slices of the logical per-parameter
-  // tensors, in optimizer order. Plain: the whole tensors (owner: rank 0).
-  // ZeRO-1: one flat range per parameter that intersects this rank's pieces;
+  // tensors, in optimizer order. Plain: the whole tensors (owner: rank 0 of
+  // the parameter's group, so an expert is written by its ep rank).
+  // ZeRO: one flat range per parameter that intersects this rank's pieces;
   // over the ranks they cover every element exactly once, so a checkpoint
   // written under one dp size and --zero setting reads back under any other.
   // After reading masters into them, call optimizer().values_from_masters()
-  // and then gather_values() (ZeRO-1).
+  // and then gather_values() (ZeRO-1/2).
   std::vector<OptimizerStateSlice> optimizer_state_slices();
   // ZeRO-3: the parameter values as this rank's pieces (name: the
   // parameter's; flat ranges, each rank the owner of its own), which
@@ -209,15 +222,15 @@ class DataParallel : private nn::ParameterHooks {
   std::vector<OptimizerStateSlice> value_slices();
   // ZeRO-1/2: all-gathers every rank's pieces of the parameter values (as
   // after a step), e.g. after values_from_masters() on a resumed run; plain
-  // and ZeRO-3: nothing. Collective over the communicator.
+  // and ZeRO-3: nothing. Collective over each group.
   void gather_values();
   // ZeRO-3: gives every parameter its whole value again, each a tensor of its
   // own (as FSDP's full parameters: for tests, export and evaluation after
   // training; the replica takes no further steps). Collective; others: nothing.
   void unshard_values();
-  // Elements of the flat buffers (padding included) and bucket count.
-  int64_t flat_numel() const { return flat_numel_; }
-  int bucket_count() const { return int(buckets_.size()); }
+  // Elements of the flat buffers (padding included) and bucket count, over the groups.
+  int64_t flat_numel() const;
+  int bucket_count() const;
   // Whether `parameter` is one of this replica's and waits for finish_backward()
   // (DataParallelOptions::reduced_after_backward).
   bool reduced_after_backward(const nn::Parameter& parameter) const;
@@ -225,103 +238,35 @@ class DataParallel : private nn::ParameterHooks {
   // pieces of it) holds an inf or NaN, for the message of a run that stops
   // on non-finite gradients; empty if none on this rank.
   std::string first_non_finite_gradient();
-  // The names of each bucket's parameters, in buffer order (for tests and logs).
+  // The names of each bucket's parameters, in buffer order, group after group
+  // (for tests and logs).
   std::vector<std::vector<std::string>> bucket_parameter_names() const;
   const ReductionStats& last_reduction() const { return stats_; }
-  // "dp=2 zero=1 buckets=3 (25 MiB) flat=1.2M elements, optimizer state 4.8 MB"
+  // One group: "dp=2 zero=1 buckets=3 (25 MiB) flat=1.2M elements, optimizer
+  // state 4.8 MB"; several: "zero=1, gradients of dp+ep over 4 ranks:
+  // buckets=..., of dp over 2 ranks: ..., optimizer state ...".
   std::string describe();
 
  private:
-  struct Bucket {
-    std::vector<size_t> parameters;  // indices into parameters_, buffer order
-    int64_t begin = 0, numel = 0;    // range of the flat buffers (padded for ZeRO)
-    int64_t shard_begin = 0;         // ZeRO: this rank's piece in shard_grads_ / shard_values_
-    int ready = 0;                   // parameters whose gradient is complete this step (ZeRO-2/3: micro-batch)
-    bool launched = false, completed = false, in_backward = false;
-    int64_t start_ns = 0;
-    CommHandle handle;
-  };
-  // ZeRO-2/3: one sharding unit's live state (its bucket holds its parameters).
-  struct Unit {
-    nn::Module* module = nullptr;
-    size_t bucket = 0;
-    int holds = 0;                // acquires not yet released
-    int64_t use_start_ns = 0;     // when the outermost acquire began
-    nn::ParameterPhase phase = nn::ParameterPhase::forward;
-    Tensor values;                // ZeRO-3: the gathered values (undefined when freed)
-    CommHandle gather;            // ZeRO-3: the all-gather filling `values`, until seen complete
-    int64_t gather_start_ns = 0;
-    bool prefetched = false;      // gathered ahead and not used yet
-    Tensor grads;                 // the whole f32 gradient, from backward's start to its reduction
-    Tensor reduced;               // where the reduce-scatter writes (a temporary when adding in)
-    CommHandle reduction;         // in flight
-    bool written_this_step = false;  // this rank's pieces hold a reduction of this step already
-  };
-
-  // Construction, in this order.
-  void check_parameters() const;
-  void lay_out_buckets();               // bucket_of_, offset_, buckets_, flat_numel_, deferred_
-  void create_flat_buffers();           // flat gradients (not ZeRO-2/3), flat values (ZeRO-1/2); views
-  std::vector<nn::Parameter*> create_shards();  // ZeRO: the pieces and their pseudo-parameters, for the optimizer
-
-  void on_grad_ready(size_t index);
-  // ZeRO-2/3 (data_parallel_units.cpp).
-  void build_units();
-  void assign_unit_buckets();  // after the layout: each unit's bucket
+  void check_parameters(const GradientGroups& groups) const;
+  void install_unit_hooks();
+  void collect_origins();
+  void combine_reduction_stats();
   void acquire(nn::Module& module, nn::ParameterPhase phase) override;
   void release(nn::Module& module, nn::ParameterPhase phase) noexcept override;
-  Unit& unit_of(const nn::Module& module);
-  void gather_unit(size_t unit);           // launches the all-gather of a freed unit's values
-  void wait_gathered(size_t unit);         // until its values are there; points the parameters at them
-  void free_values(size_t unit) noexcept;  // back to placeholders
-  void prefetch_after(size_t unit, nn::ParameterPhase phase);
-  void allocate_gradients(size_t unit);
-  void launch_unit_reduction(size_t unit, bool in_backward);
-  void finish_unit_reduction(size_t unit);
-  void progress_units();                   // polls; completes what is done
-  void wait_reductions_above(int in_flight);
-  void finish_units_backward();
-  void unit_event(const char* name, const char* category, size_t unit, int64_t start, int64_t bytes,
-                  bool in_backward = false);
-  bool units_mode() const { return options_.zero_stage >= 2; }
-  bool shards_values() const { return options_.zero_stage == 3; }
-  bool shards_optimizer() const { return options_.zero_stage >= 1; }
-  void launch(size_t bucket, bool in_backward);
-  void launch_ready_in_order(bool in_backward);
-  void check_completions();
-  void complete(Bucket& bucket, size_t index);
-  int64_t now() const;
-  int64_t piece_numel(const Bucket& bucket) const { return bucket.numel / comm_.size(); }
+  bool reduced() const;
 
-  std::vector<nn::Parameter*> parameters_;
-  Communicator& comm_;
   DataParallelOptions options_;
-  std::vector<size_t> bucket_of_;  // per parameter
-  std::vector<bool> ready_;        // per parameter, this step
-  std::vector<bool> deferred_;     // per parameter: reduced after backward (options_.reduced_after_backward)
-  std::vector<Bucket> buckets_;
-  size_t next_launch_ = 0;  // buckets [0, next_launch_) are launched
-  bool last_micro_batch_ = true;
-  bool reduced_ = false;  // this step's gradients are averaged (finish_backward ran)
-  int64_t flat_numel_ = 0;
-  Tensor flat_grads_;                                   // [flat_numel_] f32
-  Tensor flat_values_;                                  // ZeRO-1: [flat_numel_] model dtype
-  Tensor shard_grads_;                                  // ZeRO: this rank's pieces of the gradients (f32)
-  Tensor shard_values_;                                 // ZeRO-3: this rank's pieces of the values
-  std::vector<int64_t> offset_;                         // per parameter: first element in the flat layout
-  std::vector<Unit> units_;                             // ZeRO-2/3, in parameter order
-  std::vector<size_t> unit_of_parameter_;               // ZeRO-2/3: per parameter
-  std::unordered_map<const nn::Module*, size_t> unit_index_;  // ZeRO-2/3: module -> index into units_
-  std::vector<size_t> reductions_in_flight_;            // ZeRO-2/3: units, oldest first
-  std::vector<size_t> prefetched_;                      // ZeRO-3: units gathered ahead, oldest first
-  bool unsharded_ = false;                              // ZeRO-3: unshard_values() ran
-  std::vector<std::unique_ptr<nn::Parameter>> shards_;  // ZeRO-1 pseudo-parameters
-  struct ShardOrigin {
-    size_t parameter = 0;  // index into parameters_
-    int64_t begin = 0;     // first element of the parameter the shard covers
-  };
-  std::vector<ShardOrigin> shard_origins_;  // per shard
+  Communicator* replicas_ = nullptr;
+  std::vector<std::unique_ptr<GradientReducer>> reducers_;  // one per group, in the groups' order
+  std::vector<nn::Module*> hooked_units_;                   // ZeRO-2/3: the modules whose hooks are this
   std::unique_ptr<nn::Optimizer> optimizer_;
+  struct StateOwner {
+    const nn::Parameter* parameter = nullptr;
+    int64_t begin = 0;
+    bool flat_range = false, owner = true;
+  };
+  std::unordered_map<std::string, StateOwner> state_owners_;  // by optimized parameter name
   ReductionStats stats_;
 };
 

@@ -1,7 +1,8 @@
-// DataParallel: the flat gradient (and, for ZeRO-1, value) buffers and their
-// buckets, the gradient hooks that launch each bucket's reduction during
-// backward, the cross-rank gradient norm, and the (sharded) optimizer step.
-#include "parallel/data_parallel.h"
+// GradientReducer (gradient_reducer.h): one gradient group's flat gradient
+// (and, for ZeRO-1/2, value) buffers and their buckets, the gradient hooks
+// that launch each bucket's reduction during backward, ZeRO's pieces and
+// their pseudo-parameters, and this rank's share of the gradient norm.
+#include "parallel/gradient_reducer.h"
 
 #include <algorithm>
 #include <chrono>
@@ -32,38 +33,35 @@ int64_t steady_ns() {
 
 }  // namespace
 
-void validate(const DataParallelOptions& options) {
-  TESSERA_CHECK(options.zero_stage >= 0 && options.zero_stage <= 3, "--zero must be 0 (plain data parallelism), 1 ",
-                "(optimizer state sharded over the data-parallel ranks), 2 (and gradients) or 3 (and parameters, ",
-                "as FSDP), got ", options.zero_stage);
-  TESSERA_CHECK(options.prefetch >= 0, "--zero-prefetch must be 0 (no overlap) or more units, got ", options.prefetch);
-  TESSERA_CHECK(std::isfinite(options.bucket_size_mb) && options.bucket_size_mb > 0.0,
-                "--bucket-size-mb must be a positive number of MiB, got ", options.bucket_size_mb);
-}
-
-DataParallel::DataParallel(std::vector<nn::Parameter*> parameters, Communicator& comm,
-                           const nn::OptimizerConfig& optimizer, DataParallelOptions options)
-    : parameters_(std::move(parameters)), comm_(comm), options_(std::move(options)) {
-  validate(options_);
+GradientReducer::GradientReducer(std::vector<nn::Parameter*> parameters, Communicator& comm,
+                                 const DataParallelOptions& options, int replicas)
+    : parameters_(std::move(parameters)), comm_(comm), options_(options),
+      replica_share_(float(double(comm.size()) / double(replicas))) {
+  TESSERA_CHECK(replicas >= comm.size() && replicas % comm.size() == 0, "data parallel: a gradient group of ",
+                comm.size(), " ranks (", comm.name(), ") within ", replicas,
+                " replicas; the replicas must be a multiple of every group");
   check_parameters();
   if (units_mode()) build_units();
   lay_out_buckets();
   if (units_mode()) assign_unit_buckets();
   create_flat_buffers();
-  const std::vector<nn::Parameter*> optimized = shards_optimizer() ? create_shards() : parameters_;
+  if (shards_optimizer()) {
+    create_shards();
+  } else {
+    optimized_ = parameters_;
+    for (const nn::Parameter* p : parameters_) origins_.push_back({p, 0, false});
+  }
   // ZeRO-3: the whole values are dropped (their memory returns) once every
   // rank's pieces are in shard_values_.
   if (shards_values())
     for (nn::Parameter* p : parameters_) p->value = Tensor::placeholder(p->value.shape(), p->value.dtype());
-  optimizer_ = std::make_unique<nn::Optimizer>(optimized, optimizer);
 
   ready_.assign(parameters_.size(), false);
   for (size_t i = 0; i < parameters_.size(); ++i)
     parameters_[i]->on_grad_ready = [this, i](nn::Parameter&) { on_grad_ready(i); };
-  for (Unit& unit : units_) unit.module->set_parameter_hooks(this);
 }
 
-void DataParallel::check_parameters() const {
+void GradientReducer::check_parameters() const {
   TESSERA_CHECK(!parameters_.empty(), "data parallel: the model has no parameters to train");
   const nn::Parameter& first = *parameters_.front();
   TESSERA_CHECK(first.value.defined(), "data parallel: parameter '", first.name, "' has no value");
@@ -87,7 +85,7 @@ void DataParallel::check_parameters() const {
   }
 }
 
-void DataParallel::lay_out_buckets() {
+void GradientReducer::lay_out_buckets() {
   // Buckets of whole parameters in reverse order (the order backward
   // completes them); parameters reduced after backward in buckets of their
   // own, last, so they hold back no other bucket. ZeRO-2/3: one bucket per unit.
@@ -128,7 +126,7 @@ void DataParallel::lay_out_buckets() {
   flat_numel_ = cursor;
 }
 
-void DataParallel::create_flat_buffers() {
+void GradientReducer::create_flat_buffers() {
   // The flat gradients, then the views (keeping what the gradients held);
   // ZeRO-2/3 have none: a unit's gradients exist only while its backward
   // needs them (allocate_gradients).
@@ -160,7 +158,7 @@ void DataParallel::create_flat_buffers() {
   }
 }
 
-std::vector<nn::Parameter*> DataParallel::create_shards() {
+void GradientReducer::create_shards() {
   const Tensor& first = parameters_.front()->value;
   Context& ctx = first.context();
   int64_t shard_total = 0;
@@ -180,7 +178,6 @@ std::vector<nn::Parameter*> DataParallel::create_shards() {
   }
   // One pseudo-parameter per intersection of a parameter with this rank's piece of a bucket.
   const int rank = comm_.rank();
-  std::vector<nn::Parameter*> optimized;
   for (Bucket& bucket : buckets_) {
     const int64_t piece = piece_numel(bucket);
     const int64_t piece_begin = bucket.begin + int64_t(rank) * piece, piece_end = piece_begin + piece;
@@ -200,18 +197,17 @@ std::vector<nn::Parameter*> DataParallel::create_shards() {
       }
       shard->grad = shard_grads_.slice(at, at + (end - begin));
       shard->weight_decay = p.weight_decay;
-      optimized.push_back(shard.get());
+      optimized_.push_back(shard.get());
       shards_.push_back(std::move(shard));
       shard_origins_.push_back({index, begin - offset_[index]});
+      origins_.push_back({&p, begin - offset_[index], true});
     }
   }
-  return optimized;
 }
 
-DataParallel::~DataParallel() {
+GradientReducer::~GradientReducer() {
   for (nn::Parameter* p : parameters_) p->on_grad_ready = nullptr;
   for (Unit& unit : units_) {
-    if (unit.module->parameter_hooks() == this) unit.module->set_parameter_hooks(nullptr);
     for (CommHandle* handle : {&unit.gather, &unit.reduction}) {
       try {
         if (*handle) (*handle)->wait();
@@ -230,11 +226,11 @@ DataParallel::~DataParallel() {
   }
 }
 
-int64_t DataParallel::now() const {
+int64_t GradientReducer::now() const {
   return options_.clock ? options_.clock() : steady_ns();
 }
 
-void DataParallel::begin_step() {
+void GradientReducer::begin_step() {
   for (Bucket& bucket : buckets_) {
     TESSERA_CHECK(!bucket.handle, "data parallel: begin_step() while a bucket's reduction is still in flight; ",
                   "call finish_backward() after the last micro-batch's backward");
@@ -245,6 +241,7 @@ void DataParallel::begin_step() {
   next_launch_ = 0;
   last_micro_batch_ = true;
   reduced_ = false;
+  rest_launched_ = false;
   stats_ = ReductionStats{};
   if (units_mode()) {
     for (Unit& unit : units_) {
@@ -259,7 +256,7 @@ void DataParallel::begin_step() {
   }
 }
 
-void DataParallel::begin_micro_batch(bool last) {
+void GradientReducer::begin_micro_batch(bool last) {
   TESSERA_CHECK(next_launch_ == 0 && !reduced_, "data parallel: a micro-batch began after the step's gradients were ",
                 "reduced; call begin_step() before the next step");
   last_micro_batch_ = last;
@@ -268,7 +265,7 @@ void DataParallel::begin_micro_batch(bool last) {
   for (Bucket& bucket : buckets_) bucket.ready = 0;
 }
 
-void DataParallel::on_grad_ready(size_t index) {
+void GradientReducer::on_grad_ready(size_t index) {
   if (units_mode() && !reduced_ && !deferred_[index]) {
     TESSERA_CHECK(!ready_[index], "data parallel: parameter '", parameters_[index]->name,
                   "' reported a complete gradient twice in one backward (a module used twice in one forward?)");
@@ -292,13 +289,13 @@ void DataParallel::on_grad_ready(size_t index) {
   }
 }
 
-void DataParallel::launch_ready_in_order(bool in_backward) {
+void GradientReducer::launch_ready_in_order(bool in_backward) {
   while (next_launch_ < buckets_.size() &&
          buckets_[next_launch_].ready == int(buckets_[next_launch_].parameters.size()))
     launch(next_launch_++, in_backward);
 }
 
-void DataParallel::launch(size_t index, bool in_backward) {
+void GradientReducer::launch(size_t index, bool in_backward) {
   Bucket& bucket = buckets_[index];
   bucket.launched = true;
   bucket.in_backward = in_backward;
@@ -315,15 +312,21 @@ void DataParallel::launch(size_t index, bool in_backward) {
   }
 }
 
-void DataParallel::check_completions() {
+void GradientReducer::check_completions() {
   for (size_t i = 0; i < next_launch_; ++i) {
     Bucket& bucket = buckets_[i];
     if (bucket.handle && !bucket.completed && bucket.handle->test()) complete(bucket, i);
   }
 }
 
-void DataParallel::complete(Bucket& bucket, size_t index) {
+void GradientReducer::complete(Bucket& bucket, size_t index) {
   bucket.completed = true;
+  if (replica_share_ != 1.0f) {
+    Tensor averaged = shards_optimizer()
+                          ? shard_grads_.slice(bucket.shard_begin, bucket.shard_begin + piece_numel(bucket))
+                          : flat_grads_.slice(bucket.begin, bucket.begin + bucket.numel);
+    ops::scale_(averaged, replica_share_);
+  }
   if (!options_.on_event) return;
   CommEvent event;
   event.name = shards_optimizer() ? "reduce_scatter" : "all_reduce";
@@ -335,14 +338,24 @@ void DataParallel::complete(Bucket& bucket, size_t index) {
   options_.on_event(event);
 }
 
-void DataParallel::finish_backward() {
+void GradientReducer::launch_rest() {
+  if (!last_micro_batch_ || reduced_ || rest_launched_) return;
+  rest_launched_ = true;
+  stats_.backward_end_ns = now();
+  if (units_mode()) {
+    launch_held_units();
+    return;
+  }
+  while (next_launch_ < buckets_.size()) launch(next_launch_++, false);
+}
+
+void GradientReducer::finish_backward() {
   if (!last_micro_batch_ || reduced_) return;
+  launch_rest();  // unless the caller did
   if (units_mode()) {
     finish_units_backward();
     return;
   }
-  stats_.backward_end_ns = now();
-  while (next_launch_ < buckets_.size()) launch(next_launch_++, false);
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Bucket& bucket = buckets_[i];
     bucket.handle->wait();
@@ -353,49 +366,15 @@ void DataParallel::finish_backward() {
   reduced_ = true;
 }
 
-nn::GradNorm DataParallel::grad_norm() {
+double GradientReducer::gradient_sum_squares(const std::function<bool(const nn::Parameter&)>& counted) {
   TESSERA_CHECK(reduced_, "data parallel: grad_norm() before finish_backward() of the step's last micro-batch");
-  // Under tensor parallelism a replicated parameter is counted by the
-  // group's first rank only; split ones by every rank (their parts).
-  Communicator* model_parallel =
-      options_.model_parallel && options_.model_parallel->size() > 1 ? options_.model_parallel : nullptr;
-  const auto counted = [&](const nn::Parameter& p) {
-    if (options_.counts_in_norm) return options_.counts_in_norm(p);
-    return !model_parallel || p.shard.split || model_parallel->rank() == 0;
-  };
   std::vector<nn::Parameter*> local;
-  if (shards_optimizer()) {
-    for (size_t i = 0; i < shards_.size(); ++i)
-      if (counted(*parameters_[shard_origins_[i].parameter])) local.push_back(shards_[i].get());
-  } else {
-    for (nn::Parameter* p : parameters_)
-      if (counted(*p)) local.push_back(p);
-  }
-  const double sum = local.empty() ? 0.0 : double(nn::grad_sum_squares(local).to_vector<float>()[0]);
-  const bool finite = std::isfinite(sum);
-  if (comm_.size() == 1 && !model_parallel) return {std::sqrt(sum), finite};
-  // [sum of squares (0 if not finite), non-finite flag]: plain DP holds the
-  // same averaged gradients on every rank (max keeps them agreeing bit for
-  // bit), ZeRO-1 holds disjoint shards (sum). A NaN never travels: MPI's max
-  // may drop it.
-  const Tensor& any_grads = shards_optimizer() ? shard_grads_ : flat_grads_;
-  Context& ctx = any_grads.context();
-  Tensor both = ctx.from_vector(Shape{2}, std::vector<float>{finite ? float(sum) : 0.0f, finite ? 0.0f : 1.0f},
-                                any_grads.device());
-  if (comm_.size() > 1) comm_.all_reduce(both, shards_optimizer() ? ReduceOp::sum : ReduceOp::max)->wait();
-  if (model_parallel) model_parallel->all_reduce(both, ReduceOp::sum)->wait();
-  const std::vector<float> global = both.to_vector<float>();
-  return {std::sqrt(double(global[0])), global[1] == 0.0f && std::isfinite(global[0])};
+  for (size_t i = 0; i < optimized_.size(); ++i)
+    if (counted(*origins_[i].parameter)) local.push_back(optimized_[i]);
+  return local.empty() ? 0.0 : double(nn::grad_sum_squares(local).to_vector<float>()[0]);
 }
 
-void DataParallel::step(double lr, float grad_scale) {
-  TESSERA_CHECK(reduced_, "data parallel: step() before finish_backward() of the step's last micro-batch");
-  TESSERA_CHECK(!unsharded_, "data parallel: step() after unshard_values(); the sharded values are no longer used");
-  optimizer_->step(lr, grad_scale);
-  gather_values();
-}
-
-void DataParallel::gather_values() {
+void GradientReducer::gather_values() {
   if (!flat_values_.defined()) return;  // plain (values whole), ZeRO-3 (gathered per unit when used)
   const int rank = comm_.rank();
   std::vector<CommHandle> handles(buckets_.size());
@@ -424,43 +403,7 @@ void DataParallel::gather_values() {
   }
 }
 
-int64_t DataParallel::optimizer_state_bytes() {
-  int64_t bytes = 0;
-  for (const auto& [name, tensor] : optimizer_->state_tensors()) bytes += int64_t(tensor->nbytes());
-  return bytes;
-}
-
-std::vector<OptimizerStateSlice> DataParallel::optimizer_state_slices() {
-  // Optimizer parameter name -> (the model parameter, first element covered).
-  const bool zero = shards_optimizer();
-  std::map<std::string, std::pair<const nn::Parameter*, int64_t>> origin;
-  if (zero)
-    for (size_t i = 0; i < shards_.size(); ++i)
-      origin[shards_[i]->name] = {parameters_[shard_origins_[i].parameter], shard_origins_[i].begin};
-  else
-    for (const nn::Parameter* p : parameters_) origin[p->name] = {p, 0};
-  std::vector<OptimizerStateSlice> out;
-  for (auto& [state_name, tensor] : optimizer_->state_tensors()) {
-    // "<optimizer parameter>.<state>", the state's name having no dot.
-    const size_t dot = state_name.rfind('.');
-    const auto found = origin.find(state_name.substr(0, dot));
-    TESSERA_CHECK(dot != std::string::npos && found != origin.end(), "data parallel: optimizer state '", state_name,
-                  "' belongs to no parameter");
-    const auto [parameter, begin] = found->second;
-    OptimizerStateSlice slice;
-    slice.name = parameter->name + state_name.substr(dot);
-    slice.parameter = parameter;
-    slice.shape = parameter->value.shape();
-    slice.local = tensor;
-    slice.flat_range = zero;
-    slice.begin = begin;
-    slice.owner = zero || comm_.rank() == 0;
-    out.push_back(std::move(slice));
-  }
-  return out;
-}
-
-std::vector<OptimizerStateSlice> DataParallel::value_slices() {
+std::vector<OptimizerStateSlice> GradientReducer::value_slices() {
   std::vector<OptimizerStateSlice> out;
   if (!shards_values()) return out;
   for (size_t i = 0; i < shards_.size(); ++i) {
@@ -478,7 +421,7 @@ std::vector<OptimizerStateSlice> DataParallel::value_slices() {
   return out;
 }
 
-std::string DataParallel::first_non_finite_gradient() {
+std::string GradientReducer::first_non_finite_gradient() {
   const auto finite = [](const Tensor& grad) {
     Tensor out = grad.context().empty(Shape{1}, DType::f32, grad.device());
     ops::sum_squares(grad, out);
@@ -494,13 +437,13 @@ std::string DataParallel::first_non_finite_gradient() {
   return "";
 }
 
-bool DataParallel::reduced_after_backward(const nn::Parameter& parameter) const {
+bool GradientReducer::reduced_after_backward(const nn::Parameter& parameter) const {
   for (size_t i = 0; i < parameters_.size(); ++i)
     if (parameters_[i] == &parameter) return deferred_[i];
   return false;
 }
 
-std::vector<std::vector<std::string>> DataParallel::bucket_parameter_names() const {
+std::vector<std::vector<std::string>> GradientReducer::bucket_parameter_names() const {
   std::vector<std::vector<std::string>> out;
   for (const Bucket& bucket : buckets_) {
     out.emplace_back();
@@ -509,14 +452,17 @@ std::vector<std::vector<std::string>> DataParallel::bucket_parameter_names() con
   return out;
 }
 
-std::string DataParallel::describe() {
+bool GradientReducer::holds(const nn::Parameter& parameter) const {
+  return std::find(parameters_.begin(), parameters_.end(), &parameter) != parameters_.end();
+}
+
+std::string GradientReducer::describe() const {
   std::ostringstream out;
-  out << "dp=" << comm_.size() << " zero=" << options_.zero_stage;
   if (units_mode())
-    out << " units=" << units_.size() << " (prefetch " << options_.prefetch << ")";
+    out << "units=" << units_.size() << " (prefetch " << options_.prefetch << ")";
   else
-    out << " buckets=" << buckets_.size() << " (" << options_.bucket_size_mb << " MiB)";
-  out << " flat=" << flat_numel_ << " elements, optimizer state " << optimizer_state_bytes() << " bytes on this rank";
+    out << "buckets=" << buckets_.size() << " (" << options_.bucket_size_mb << " MiB)";
+  out << " flat=" << flat_numel_ << " elements";
   return out.str();
 }
 

@@ -1,21 +1,21 @@
-// DataParallel's ZeRO-2/3 side (see data_parallel.h): the sharding units and
-// their hooks. Before a unit runs, its values are gathered from every rank's
+// GradientReducer's ZeRO-2/3 side (see data_parallel.h): the sharding units
+// (each unit's parameters of this reducer's group) and their hooks. Before a unit runs, its values are gathered from every rank's
 // pieces (ZeRO-3) and, for its backward, a gradient buffer is allocated;
 // after it runs the values are freed; once backward has completed every
 // gradient of the unit, the buffer is reduce-scattered into this rank's
 // pieces and freed when that completes. The next unit is gathered ahead
 // (prefetch) so its all-gather overlaps this unit's compute.
 //
-// Every rank of the data-parallel group runs the same model code, so every
-// rank acquires, prefetches, evicts and reduces the same units in the same
-// order: the collectives below match without any extra agreement.
+// Every rank of the group runs the same model code, so every rank acquires,
+// prefetches, evicts and reduces the same units in the same order: the
+// collectives below match without any extra agreement.
 #include <algorithm>
 #include <limits>
 
 #include "core/allocator.h"
 #include "core/context.h"
 #include "kernels/ops.h"
-#include "parallel/data_parallel.h"  // the class these functions belong to
+#include "parallel/gradient_reducer.h"  // the class these functions belong to
 
 namespace tessera::parallel {
 namespace {
@@ -28,27 +28,27 @@ void erase_value(std::vector<size_t>& values, size_t value) {
 
 }  // namespace
 
-void DataParallel::build_units() {
+void GradientReducer::build_units() {
   TESSERA_CHECK(!options_.units.empty(), "data parallel: --zero ", options_.zero_stage,
                 " needs the model's sharding units (DataParallelOptions::units, e.g. nn::sharding_units(model))");
   std::unordered_map<const nn::Parameter*, size_t> index;
   for (size_t i = 0; i < parameters_.size(); ++i) index[parameters_[i]] = i;
   unit_of_parameter_.assign(parameters_.size(), kNone);
+  // A unit may hold parameters of other groups (a block's experts): those are
+  // their reducers'; a unit with none of this group's is not this reducer's.
   for (nn::Module* module : options_.units) {
-    TESSERA_CHECK(module != nullptr, "data parallel: a null sharding unit was passed");
-    TESSERA_CHECK(module->parameter_hooks() == nullptr, "data parallel: unit '", module->name(),
-                  "' already has parameter hooks; is the model wrapped by two DataParallel objects at once?");
-    TESSERA_CHECK(unit_index_.emplace(module, units_.size()).second, "data parallel: unit '", module->name(),
-                  "' is passed twice");
+    bool holds_any = false;
     for (nn::Parameter* p : module->parameters()) {
       const auto found = index.find(p);
-      TESSERA_CHECK(found != index.end(), "data parallel: unit '", module->name(), "' holds parameter '", p->name,
-                    "', which is not one of the replica's parameters");
+      if (found == index.end()) continue;
+      holds_any = true;
       TESSERA_CHECK(unit_of_parameter_[found->second] == kNone, "data parallel: parameter '", p->name,
                     "' is in two sharding units ('", units_[unit_of_parameter_[found->second]].module->name(),
                     "' and '", module->name(), "')");
       unit_of_parameter_[found->second] = units_.size();
     }
+    if (!holds_any) continue;
+    unit_index_.emplace(module, units_.size());
     units_.emplace_back();
     units_.back().module = module;
     units_.back().bucket = kNone;
@@ -59,7 +59,7 @@ void DataParallel::build_units() {
                   " needs every parameter in one (nn::sharding_units of the model lists them)");
 }
 
-void DataParallel::assign_unit_buckets() {
+void GradientReducer::assign_unit_buckets() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Unit& unit = units_[unit_of_parameter_[buckets_[b].parameters.front()]];
     TESSERA_CHECK(unit.bucket == kNone, "data parallel: unit '", unit.module->name(),
@@ -69,13 +69,13 @@ void DataParallel::assign_unit_buckets() {
   }
 }
 
-DataParallel::Unit& DataParallel::unit_of(const nn::Module& module) {
+GradientReducer::Unit& GradientReducer::unit_of(const nn::Module& module) {
   const auto found = unit_index_.find(&module);
   TESSERA_CHECK(found != unit_index_.end(), "data parallel: module '", module.name(), "' is not a sharding unit");
   return units_[found->second];
 }
 
-void DataParallel::acquire(nn::Module& module, nn::ParameterPhase phase) {
+void GradientReducer::acquire(nn::Module& module, nn::ParameterPhase phase) {
   Unit& unit = unit_of(module);
   const size_t u = size_t(&unit - units_.data());
   if (unit.holds++ == 0) {
@@ -98,7 +98,7 @@ void DataParallel::acquire(nn::Module& module, nn::ParameterPhase phase) {
   progress_units();
 }
 
-void DataParallel::release(nn::Module& module, nn::ParameterPhase phase) noexcept {
+void GradientReducer::release(nn::Module& module, nn::ParameterPhase phase) noexcept {
   const auto found = unit_index_.find(&module);
   if (found == unit_index_.end()) return;
   const size_t u = found->second;
@@ -112,7 +112,7 @@ void DataParallel::release(nn::Module& module, nn::ParameterPhase phase) noexcep
   }
 }
 
-void DataParallel::gather_unit(size_t u) {
+void GradientReducer::gather_unit(size_t u) {
   Unit& unit = units_[u];
   const Bucket& bucket = buckets_[unit.bucket];
   {
@@ -124,7 +124,7 @@ void DataParallel::gather_unit(size_t u) {
   unit.gather = comm_.all_gather(send, unit.values);
 }
 
-void DataParallel::wait_gathered(size_t u) {
+void GradientReducer::wait_gathered(size_t u) {
   Unit& unit = units_[u];
   const Bucket& bucket = buckets_[unit.bucket];
   if (unit.gather) {
@@ -139,7 +139,7 @@ void DataParallel::wait_gathered(size_t u) {
   }
 }
 
-void DataParallel::free_values(size_t u) noexcept {
+void GradientReducer::free_values(size_t u) noexcept {
   Unit& unit = units_[u];
   for (size_t k : buckets_[unit.bucket].parameters) {
     nn::Parameter& p = *parameters_[k];
@@ -148,7 +148,7 @@ void DataParallel::free_values(size_t u) noexcept {
   unit.values = Tensor();
 }
 
-void DataParallel::prefetch_after(size_t u, nn::ParameterPhase phase) {
+void GradientReducer::prefetch_after(size_t u, nn::ParameterPhase phase) {
   const bool forward = phase == nn::ParameterPhase::forward;
   for (int ahead = 1; ahead <= options_.prefetch; ++ahead) {
     if (!forward && u < size_t(ahead)) return;
@@ -169,7 +169,7 @@ void DataParallel::prefetch_after(size_t u, nn::ParameterPhase phase) {
   }
 }
 
-void DataParallel::allocate_gradients(size_t u) {
+void GradientReducer::allocate_gradients(size_t u) {
   wait_reductions_above(options_.prefetch);
   Unit& unit = units_[u];
   const Bucket& bucket = buckets_[unit.bucket];
@@ -185,7 +185,7 @@ void DataParallel::allocate_gradients(size_t u) {
   }
 }
 
-void DataParallel::launch_unit_reduction(size_t u, bool in_backward) {
+void GradientReducer::launch_unit_reduction(size_t u, bool in_backward) {
   Unit& unit = units_[u];
   Bucket& bucket = buckets_[unit.bucket];
   TESSERA_CHECK(unit.grads.defined() && !unit.reduction, "data parallel: unit '", unit.module->name(),
@@ -210,7 +210,7 @@ void DataParallel::launch_unit_reduction(size_t u, bool in_backward) {
   reductions_in_flight_.push_back(u);
 }
 
-void DataParallel::finish_unit_reduction(size_t u) {
+void GradientReducer::finish_unit_reduction(size_t u) {
   Unit& unit = units_[u];
   Bucket& bucket = buckets_[unit.bucket];
   unit.reduction->wait();
@@ -218,7 +218,9 @@ void DataParallel::finish_unit_reduction(size_t u) {
   erase_value(reductions_in_flight_, u);
   if (!unit.reduced.shares_storage_with(shard_grads_)) {
     Tensor shard = shard_grads_.slice(bucket.shard_begin, bucket.shard_begin + piece_numel(bucket));
-    ops::axpy(1.0f, unit.reduced, shard);
+    ops::axpy(replica_share_, unit.reduced, shard);
+  } else if (replica_share_ != 1.0f) {
+    ops::scale_(unit.reduced, replica_share_);
   }
   unit_event("reduce_scatter", "comm", u, bucket.start_ns, bucket.numel * 4, bucket.in_backward);
   for (size_t k : bucket.parameters) {
@@ -229,7 +231,7 @@ void DataParallel::finish_unit_reduction(size_t u) {
   unit.reduced = Tensor();
 }
 
-void DataParallel::progress_units() {
+void GradientReducer::progress_units() {
   comm_.poll();
   ++stats_.hook_polls;
   for (const size_t u : std::vector<size_t>(reductions_in_flight_))
@@ -244,19 +246,21 @@ void DataParallel::progress_units() {
   }
 }
 
-void DataParallel::wait_reductions_above(int in_flight) {
+void GradientReducer::wait_reductions_above(int in_flight) {
   progress_units();
   while (int(reductions_in_flight_.size()) > in_flight) finish_unit_reduction(reductions_in_flight_.front());
 }
 
-void DataParallel::finish_units_backward() {
-  stats_.backward_end_ns = now();
+void GradientReducer::launch_held_units() {
   // What backward left: units reduced after backward (the tied embedding) and
   // any whose gradients are still held, in bucket order on every rank.
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const size_t u = unit_of_parameter_[buckets_[b].parameters.front()];
     if (units_[u].grads.defined() && !units_[u].reduction) launch_unit_reduction(u, false);
   }
+}
+
+void GradientReducer::finish_units_backward() {
   while (!reductions_in_flight_.empty()) finish_unit_reduction(reductions_in_flight_.front());
   // Units gathered ahead and not used: the step is about to change their values.
   for (const size_t u : prefetched_) {
@@ -269,7 +273,7 @@ void DataParallel::finish_units_backward() {
   reduced_ = true;
 }
 
-void DataParallel::unshard_values() {
+void GradientReducer::unshard_values() {
   if (!shards_values() || unsharded_) return;
   for (const size_t u : prefetched_) {
     units_[u].prefetched = false;
@@ -289,7 +293,7 @@ void DataParallel::unshard_values() {
   unsharded_ = true;
 }
 
-void DataParallel::unit_event(const char* name, const char* category, size_t u, int64_t start, int64_t bytes,
+void GradientReducer::unit_event(const char* name, const char* category, size_t u, int64_t start, int64_t bytes,
                               bool in_backward) {
   if (!options_.on_event) return;
   CommEvent event;

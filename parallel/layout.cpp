@@ -3,6 +3,7 @@
 // splits the world into a communicator per axis and per combination asked for.
 #include "parallel/layout.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "core/error.h"
@@ -151,6 +152,21 @@ Communicator& Layout::group_of(unsigned bits) {
   return group;
 }
 
+namespace {
+
+// The parameter's gradient_axes of size > 1, in the order of kLayoutAxes.
+std::vector<std::string> spanned_axes(Layout& layout, const nn::Parameter& parameter) {
+  for (const std::string& named : parameter.gradient_axes) layout.size(named);  // refuses an unknown axis
+  std::vector<std::string> used;
+  for (std::string_view axis : kLayoutAxes)
+    if (layout.size(axis) > 1 &&
+        std::find(parameter.gradient_axes.begin(), parameter.gradient_axes.end(), axis) != parameter.gradient_axes.end())
+      used.emplace_back(axis);
+  return used;
+}
+
+}  // namespace
+
 Communicator& gradient_group(Layout& layout, const std::vector<nn::Parameter*>& parameters) {
   TESSERA_CHECK(!parameters.empty(), "layout: no parameters, so no group averages their gradients");
   const std::vector<std::string>& axes = parameters.front()->gradient_axes;
@@ -166,6 +182,30 @@ Communicator& replicas_along(Layout& layout, const std::vector<std::string>& axe
   for (const std::string& axis : axes)
     if (layout.size(axis) > 1) used.push_back(axis);
   return used.empty() ? layout.group("dp") : layout.group(used);
+}
+
+GradientGroups gradient_groups(Layout& layout, const std::vector<nn::Parameter*>& parameters) {
+  TESSERA_CHECK(!parameters.empty(), "layout: no parameters, so no group averages their gradients");
+  std::vector<GradientGroup> groups;
+  for (nn::Parameter* p : parameters) {
+    std::vector<std::string> axes = spanned_axes(layout, *p);
+    auto same = std::find_if(groups.begin(), groups.end(), [&](const GradientGroup& g) { return g.axes == axes; });
+    if (same == groups.end()) same = groups.insert(groups.end(), GradientGroup{std::move(axes), nullptr, {}});
+    same->parameters.push_back(p);
+  }
+  std::stable_sort(groups.begin(), groups.end(),
+                   [](const GradientGroup& a, const GradientGroup& b) { return a.axes.size() > b.axes.size(); });
+  for (size_t wide = 0; wide < groups.size(); ++wide)
+    for (size_t narrow = wide + 1; narrow < groups.size(); ++narrow)
+      for (const std::string& axis : groups[narrow].axes)
+        TESSERA_CHECK(std::find(groups[wide].axes.begin(), groups[wide].axes.end(), axis) != groups[wide].axes.end(),
+                      "layout: parameter '", groups[narrow].parameters.front()->name, "' has its gradient averaged over ",
+                      axis_list(groups[narrow].axes), " and '", groups[wide].parameters.front()->name, "' over ",
+                      axis_list(groups[wide].axes), "; a replica's gradient groups must nest (an expert's axes a part ",
+                      "of a dense parameter's), so give every parameter the default axes {dp, cp, ep} or a part of them");
+  for (GradientGroup& group : groups) group.communicator = &replicas_along(layout, group.axes);
+  Communicator* widest = groups.front().communicator;
+  return {std::move(groups), widest};
 }
 
 Communicator& data_group(Layout& layout) {

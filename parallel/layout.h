@@ -106,5 +106,27 @@ Communicator& replicas_along(Layout& layout, const std::vector<std::string>& axe
 // within the data-parallel ranks, as Megatron-Core places it). Rank r of them
 // reads samples [r·B, (r+1)·B) of each global micro-batch.
 Communicator& data_group(Layout& layout);
+// A replica's parameters split by the group that averages their gradients
+// (under expert parallelism dense parameters over dp, cp and ep, an expert
+// over dp and cp): parameters whose gradient_axes of size > 1 are the same
+// share a group, so without expert parallelism there is one. Groups come
+// widest first (their communicators made in that order, collectively the
+// first time: every rank must hold parameters of the same combinations),
+// each with its parameters in the order given. Their axes must nest, each
+// group's a part of every wider one's (an expert's dp and cp within the dense
+// dp, cp and ep); a mix that does not is refused naming two parameters.
+// `replicas` is the widest group: over it the groups' gradient norms add up
+// to the replica's (GradientGroup::communicator's cosets in it hold
+// different parameters, e.g. each ep rank its experts).
+struct GradientGroup {
+  std::vector<std::string> axes;  // the axes of size > 1 it spans (empty: a group of one)
+  Communicator* communicator = nullptr;
+  std::vector<nn::Parameter*> parameters;
+};
+struct GradientGroups {
+  std::vector<GradientGroup> groups;
+  Communicator* replicas = nullptr;
+};
+GradientGroups gradient_groups(Layout& layout, const std::vector<nn::Parameter*>& parameters);
 
 }  // namespace tessera::parallel

@@ -47,6 +47,14 @@ float scalar_float(int64_t value) {
   return std::bit_cast<float>(uint32_t(value));
 }
 
+// An expert no row reached runs no backward; its gradients (nothing added)
+// are complete all the same, as on the ranks whose rows reached it, so a
+// data-parallel replica's buckets and units fill alike on every rank.
+void report_gradients_complete(nn::Module& expert) {
+  for (nn::Parameter* p : expert.parameters())
+    if (p->on_grad_ready) p->on_grad_ready(*p);
+}
+
 }  // namespace
 
 struct MixtureOfExperts::Routing {
@@ -205,7 +213,10 @@ Tensor MixtureOfExperts::run_experts_backward(const Tensor& grad_rows, const std
   Tensor grads = context().empty(grad_rows.shape(), grad_rows.dtype(), grad_rows.device());
   for (size_t l = 0; l < experts_.size(); ++l) {
     const int64_t begin = offsets[l], end = offsets[l + 1];
-    if (begin == end) continue;
+    if (begin == end) {
+      report_gradients_complete(*experts_[l]);
+      continue;
+    }
     const Tensor dx =
         experts_[l]->backward(grad_rows.slice(begin, end).view(Shape{1, end - begin, hidden_}), saved.child(1 + l));
     Tensor into = grads.slice(begin, end);

@@ -103,6 +103,11 @@ class MixtureOfExperts : public nn::Module {
   Tensor forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, nn::Saved& saved) override;
 
+  // ZeRO-2/3 gather, reduce and free the router and the experts together
+  // (an expert no token reaches runs no forward; the unit does): the
+  // data-parallel replica splits the unit by gradient group.
+  bool shards_as_one_unit() const override { return true; }
+
   const MoeConfig& config() const { return config_; }
   const MoeStats& last_stats() const { return stats_; }
   // The step's figures so far, and a fresh start for the next step.

@@ -344,6 +344,56 @@ TEST(LayoutSimulated, GradientGroupIsTheOneTheParametersName) {
   EXPECT_EQ(log["cp+dp"].size(), splits_before);
 }
 
+// Under expert parallelism a replica's parameters split by their groups:
+// dense ones over dp, cp and ep, experts over dp and cp, widest first
+// whatever order they come in, each keeping its parameters' order, the
+// widest being the replicas; where ep is 1 the two are one group; a mix
+// whose axes do not nest is refused naming two parameters and their axes.
+TEST(LayoutSimulated, GradientGroupsSplitExpertsFromDenseParameters) {
+  std::map<std::string, std::vector<SplitRecord>> log;
+  RecordingCommunicator world(5, 16, "world", &log);
+  LayoutSizes sizes;
+  sizes.cp = sizes.ep = 2;
+  Layout layout(world, sizes);  // dp 4
+  nn::Parameter expert, router, expert_bias, head;
+  expert.name = "blocks.0.mlp.experts.3.fc.weight";
+  router.name = "blocks.0.mlp.router.weight";
+  expert_bias.name = "blocks.0.mlp.experts.3.proj.weight";
+  head.name = "lm_head.weight";
+  expert.gradient_axes = expert_bias.gradient_axes = {"dp", "cp"};
+  const std::vector<nn::Parameter*> mixed = {&expert, &router, &expert_bias, &head};
+  const parallel::GradientGroups groups = parallel::gradient_groups(layout, mixed);
+  ASSERT_EQ(groups.groups.size(), 2u);
+  EXPECT_EQ(groups.groups[0].axes, (std::vector<std::string>{"cp", "ep", "dp"}));
+  EXPECT_EQ(groups.groups[0].communicator, &layout.group({"dp", "cp", "ep"}));
+  EXPECT_EQ(groups.groups[0].parameters, (std::vector<nn::Parameter*>{&router, &head}));
+  EXPECT_EQ(groups.groups[1].communicator, &layout.group({"dp", "cp"}));
+  EXPECT_EQ(groups.groups[1].parameters, (std::vector<nn::Parameter*>{&expert, &expert_bias}));
+  EXPECT_EQ(groups.replicas, groups.groups[0].communicator);
+
+  LayoutSizes no_experts;
+  no_experts.cp = 2;
+  Layout dense(world, no_experts);  // ep 1: an expert's axes are a dense parameter's
+  const parallel::GradientGroups one = parallel::gradient_groups(dense, mixed);
+  ASSERT_EQ(one.groups.size(), 1u);
+  EXPECT_EQ(one.groups[0].parameters, mixed);
+  EXPECT_EQ(one.replicas, &dense.group({"dp", "cp"}));
+
+  expert.gradient_axes = {"ep"};  // neither a part of {dp, cp} nor holding it
+  expert_bias.gradient_axes = {"dp", "cp", "ep"};
+  router.gradient_axes = head.gradient_axes = {"dp", "cp"};
+  try {
+    parallel::gradient_groups(layout, mixed);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("parameter 'blocks.0.mlp.experts.3.fc.weight' has its gradient averaged "
+                                             "over {ep} and 'blocks.0.mlp.router.weight' over {cp, dp}; a replica's "
+                                             "gradient groups must nest"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
 TEST(LayoutSimulated, SixRanksCannotMakeTensorParallelFour) {
   std::map<std::string, std::vector<SplitRecord>> log;
   RecordingCommunicator world(0, 6, "world", &log);
