@@ -1,7 +1,7 @@
 // DataParallel: one model replicated on the ranks of a data-parallel
-// communicator, its gradients averaged over them with communication that
-// overlaps backward, and the optimizer step (plain, or ZeRO-1 with the
-// optimizer state sharded over the ranks).
+// communicator (or of one per gradient group), its gradients averaged over
+// them with communication that overlaps backward, and the optimizer step
+// (plain, or ZeRO-1 with the optimizer state sharded over the ranks).
 //
 // Gradients live in one flat f32 buffer: every Parameter::grad becomes a view
 // of it. The buffer is laid out in reverse parameter order (the order backward
@@ -44,6 +44,15 @@
 // same). It costs one reduce-scatter per unit per micro-batch instead of per
 // step. A parameter reduced after backward (the pipeline's tied embedding)
 // keeps its unit's gradient buffer across the step and is reduced once.
+//
+// Gradient groups (expert parallelism): a replica whose parameters are
+// averaged over different groups (parallel::gradient_groups: dense ones over
+// dp, cp and ep, experts over dp and cp) holds one GradientReducer
+// (gradient_reducer.h) per group: everything above (flat buffers, buckets,
+// ZeRO's pieces and units) exists per group, over that group's communicator;
+// a sharding unit holding both kinds is one unit in each. One optimizer over
+// every group's parameters or pieces. Every rank runs the same model code,
+// so every group's collectives come in the same order on all of its ranks.
 //
 // One optimizer step:
 //   dp.begin_step();                                 // zeroes the flat gradients
