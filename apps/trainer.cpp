@@ -1139,9 +1139,8 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   // and cp only): one group, or the dense and the experts' groups.
   const parallel::GradientGroups gradient_groups = parallel::gradient_groups(layout, parameters);
   parallel::Communicator& replicas = *gradient_groups.replicas;
-  parallel::DataParallel replica(
-      gradient_groups, optimizer_config(c),
-      data_parallel_options(c, layout, groups.model, stage_model.tied_table, *model, trace));
+  parallel::DataParallel replica(gradient_groups, optimizer_config(c),
+                                 data_parallel_options(c, layout, groups.model, stage_model.tied_table, *model, trace));
   nn::GradScaler scaler = nn::GradScaler::for_dtype(dtype);
   // The step: the same driver for every layout (one stage is the degenerate pipeline).
   parallel::TrainStep train_step(train_step_parts(c, ctx, device, stage_model, replica, scaler, layout, groups, trace));

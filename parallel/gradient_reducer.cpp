@@ -35,7 +35,9 @@ int64_t steady_ns() {
 
 GradientReducer::GradientReducer(std::vector<nn::Parameter*> parameters, Communicator& comm,
                                  const DataParallelOptions& options, int replicas)
-    : parameters_(std::move(parameters)), comm_(comm), options_(options),
+    : parameters_(std::move(parameters)),
+      comm_(comm),
+      options_(options),
       replica_share_(float(double(comm.size()) / double(replicas))) {
   TESSERA_CHECK(replicas >= comm.size() && replicas % comm.size() == 0, "data parallel: a gradient group of ",
                 comm.size(), " ranks (", comm.name(), ") within ", replicas,
@@ -78,8 +80,8 @@ void GradientReducer::check_parameters() const {
                   "' is on ", p->value.device().to_string(), " but '", first.name, "' on ", device.to_string(),
                   "; one data-parallel replica lives on one device");
     TESSERA_CHECK(!shards_optimizer() || p->value.dtype() == dtype, "data parallel: --zero ", options_.zero_stage,
-                  " keeps all parameters in one flat layout, but '", p->name, "' holds ",
-                  dtype_name(p->value.dtype()), " and '", first.name, "' ", dtype_name(dtype));
+                  " keeps all parameters in one flat layout, but '", p->name, "' holds ", dtype_name(p->value.dtype()),
+                  " and '", first.name, "' ", dtype_name(dtype));
     TESSERA_CHECK(!p->on_grad_ready, "data parallel: parameter '", p->name,
                   "' already has a gradient hook; is the model wrapped by two DataParallel objects at once?");
   }

@@ -1,10 +1,11 @@
 // GradientReducer's ZeRO-2/3 side (see data_parallel.h): the sharding units
-// (each unit's parameters of this reducer's group) and their hooks. Before a unit runs, its values are gathered from every rank's
-// pieces (ZeRO-3) and, for its backward, a gradient buffer is allocated;
-// after it runs the values are freed; once backward has completed every
-// gradient of the unit, the buffer is reduce-scattered into this rank's
-// pieces and freed when that completes. The next unit is gathered ahead
-// (prefetch) so its all-gather overlaps this unit's compute.
+// (each unit's parameters of this reducer's group) and their hooks. Before a
+// unit runs, its values are gathered from every rank's pieces (ZeRO-3) and,
+// for its backward, a gradient buffer is allocated; after it runs the values
+// are freed; once backward has completed every gradient of the unit, the
+// buffer is reduce-scattered into this rank's pieces and freed when that
+// completes. The next unit is gathered ahead (prefetch) so its all-gather
+// overlaps this unit's compute.
 //
 // Every rank of the group runs the same model code, so every rank acquires,
 // prefetches, evicts and reduces the same units in the same order: the
@@ -130,7 +131,8 @@ void GradientReducer::wait_gathered(size_t u) {
   if (unit.gather) {
     unit.gather->wait();
     unit.gather.reset();
-    unit_event("all_gather", "comm", u, unit.gather_start_ns, piece_numel(bucket) * int64_t(unit.values.element_size()));
+    unit_event("all_gather", "comm", u, unit.gather_start_ns,
+               piece_numel(bucket) * int64_t(unit.values.element_size()));
   }
   for (size_t k : bucket.parameters) {
     nn::Parameter& p = *parameters_[k];
@@ -294,7 +296,7 @@ void GradientReducer::unshard_values() {
 }
 
 void GradientReducer::unit_event(const char* name, const char* category, size_t u, int64_t start, int64_t bytes,
-                              bool in_backward) {
+                                 bool in_backward) {
   if (!options_.on_event) return;
   CommEvent event;
   event.launched_in_backward = in_backward;

@@ -154,14 +154,21 @@ Communicator& Layout::group_of(unsigned bits) {
 
 namespace {
 
+bool names(const std::vector<std::string>& axes, std::string_view axis) {
+  return std::find(axes.begin(), axes.end(), axis) != axes.end();
+}
+
+// Whether every axis of `narrow` is one of `wide`'s.
+bool nests_in(const std::vector<std::string>& narrow, const std::vector<std::string>& wide) {
+  return std::all_of(narrow.begin(), narrow.end(), [&](const std::string& axis) { return names(wide, axis); });
+}
+
 // The parameter's gradient_axes of size > 1, in the order of kLayoutAxes.
 std::vector<std::string> spanned_axes(Layout& layout, const nn::Parameter& parameter) {
   for (const std::string& named : parameter.gradient_axes) layout.size(named);  // refuses an unknown axis
   std::vector<std::string> used;
   for (std::string_view axis : kLayoutAxes)
-    if (layout.size(axis) > 1 &&
-        std::find(parameter.gradient_axes.begin(), parameter.gradient_axes.end(), axis) != parameter.gradient_axes.end())
-      used.emplace_back(axis);
+    if (layout.size(axis) > 1 && names(parameter.gradient_axes, axis)) used.emplace_back(axis);
   return used;
 }
 
@@ -197,12 +204,11 @@ GradientGroups gradient_groups(Layout& layout, const std::vector<nn::Parameter*>
                    [](const GradientGroup& a, const GradientGroup& b) { return a.axes.size() > b.axes.size(); });
   for (size_t wide = 0; wide < groups.size(); ++wide)
     for (size_t narrow = wide + 1; narrow < groups.size(); ++narrow)
-      for (const std::string& axis : groups[narrow].axes)
-        TESSERA_CHECK(std::find(groups[wide].axes.begin(), groups[wide].axes.end(), axis) != groups[wide].axes.end(),
-                      "layout: parameter '", groups[narrow].parameters.front()->name, "' has its gradient averaged over ",
-                      axis_list(groups[narrow].axes), " and '", groups[wide].parameters.front()->name, "' over ",
-                      axis_list(groups[wide].axes), "; a replica's gradient groups must nest (an expert's axes a part ",
-                      "of a dense parameter's), so give every parameter the default axes {dp, cp, ep} or a part of them");
+      TESSERA_CHECK(nests_in(groups[narrow].axes, groups[wide].axes), "layout: parameter '",
+                    groups[narrow].parameters.front()->name, "' has its gradient averaged over ",
+                    axis_list(groups[narrow].axes), " and '", groups[wide].parameters.front()->name, "' over ",
+                    axis_list(groups[wide].axes), "; a replica's gradient groups must nest (an expert's axes a part ",
+                    "of a dense parameter's), so give every parameter the default axes {dp, cp, ep} or a part of them");
   for (GradientGroup& group : groups) group.communicator = &replicas_along(layout, group.axes);
   Communicator* widest = groups.front().communicator;
   return {std::move(groups), widest};

@@ -386,9 +386,10 @@ TEST(LayoutSimulated, GradientGroupsSplitExpertsFromDenseParameters) {
     parallel::gradient_groups(layout, mixed);
     ADD_FAILURE() << "no error";
   } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("parameter 'blocks.0.mlp.experts.3.fc.weight' has its gradient averaged "
-                                             "over {ep} and 'blocks.0.mlp.router.weight' over {cp, dp}; a replica's "
-                                             "gradient groups must nest"),
+    EXPECT_NE(std::string(error.what())
+                  .find("parameter 'blocks.0.mlp.experts.3.fc.weight' has its gradient averaged "
+                        "over {ep} and 'blocks.0.mlp.router.weight' over {cp, dp}; a replica's "
+                        "gradient groups must nest"),
               std::string::npos)
         << error.what();
   }
