@@ -50,7 +50,9 @@ std::unique_ptr<nn::Sequential> expert_network(const nn::ModelSpec& spec, const 
                                                parallel::Communicator* expert_group) {
   auto net = std::make_unique<nn::Sequential>(spec, "net");
   net->add<nn::Linear>(spec, "net.in", kHidden, kHidden);
-  net->add<parallel::MixtureOfExperts>(spec, "net.moe", kHidden, moe, 0.0f, expert_group);
+  parallel::TensorParallelism experts;
+  experts.experts = expert_group;
+  net->add<parallel::MixtureOfExperts>(spec, "net.moe", kHidden, moe, 0.0f, experts);
   net->add<nn::Linear>(spec, "net.out", kHidden, kHidden);
   return net;
 }
