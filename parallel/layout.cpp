@@ -209,6 +209,11 @@ GradientGroups gradient_groups(Layout& layout, const std::vector<nn::Parameter*>
                     axis_list(groups[narrow].axes), " and '", groups[wide].parameters.front()->name, "' over ",
                     axis_list(groups[wide].axes), "; a replica's gradient groups must nest (an expert's axes a part ",
                     "of a dense parameter's), so give every parameter the default axes {dp, cp, ep} or a part of them");
+  // Every rank first makes the groups any stage's parameters average over
+  // (dense and experts'), in one order: pipeline stages may hold different
+  // kinds (a stage without experts), and making a communicator is collective.
+  for (const std::vector<std::string>& axes : {std::vector<std::string>{"dp", "cp", "ep"}, {"dp", "cp"}})
+    replicas_along(layout, axes);
   for (GradientGroup& group : groups) group.communicator = &replicas_along(layout, group.axes);
   Communicator* widest = groups.front().communicator;
   return {std::move(groups), widest};

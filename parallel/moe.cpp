@@ -89,6 +89,7 @@ MixtureOfExperts::MixtureOfExperts(const nn::ModelSpec& spec, std::string name, 
     exchange_ = std::make_unique<ExpertExchange>(*tp.experts, config_.num_experts);
   if (tp.sequence_parallel && tp.size() > 1) token_groups_.push_back(tp.group);
   if (tp.context_size() > 1) token_groups_.push_back(tp.context);
+  context_ranks_ = tp.context_size();
   router_ = &add_child<ColumnParallelLinear>(spec, child_name("router"), TensorParallelism{}, hidden,
                                              config_.num_experts, false);
   const int64_t first = exchange_ ? exchange_->first_expert() : 0;
@@ -245,11 +246,15 @@ Tensor MixtureOfExperts::router_backward(const Tensor& grad_weights, const std::
   // With N the tokens and n_e the choices over the sequence's ranks:
   // d(balance)/d(p_te) = coeff·E/(N²K)·n_e for every token; d(z)/d(lse_t) = coeff·2·lse_t/N.
   std::vector<float> per_expert(size_t(n * e));
-  const double balance = config_.aux_loss_coeff * double(e) / (tokens * tokens * double(k)) * gradient_scale;
+  // Gradients are averaged over the cp ranks, each holding its part of the
+  // sequence's: the model's loss is each rank's mean, these losses are the
+  // whole sequence's on every rank, so their parts count C times.
+  const double scale = double(gradient_scale) * double(context_ranks_);
+  const double balance = config_.aux_loss_coeff * double(e) / (tokens * tokens * double(k)) * scale;
   for (int64_t t = 0; t < n; ++t)
     for (int64_t x = 0; x < e; ++x) per_expert[size_t(t * e + x)] = float(balance * double(plan.chosen[size_t(x)]));
   std::vector<float> lse = routed[kLogsumexp].to_vector<float>();
-  for (float& v : lse) v = float(config_.z_loss_coeff * 2.0 * double(v) / tokens * gradient_scale);
+  for (float& v : lse) v = float(config_.z_loss_coeff * 2.0 * double(v) / tokens * scale);
   const Tensor grad_probs = ctx.from_vector(Shape{n, e}, per_expert, device);
   const Tensor grad_lse = ctx.from_vector(Shape{n}, lse, device);
   Tensor grad_logits = ctx.empty(Shape{n, e}, DType::f32, device);

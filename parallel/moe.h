@@ -136,6 +136,7 @@ class MixtureOfExperts : public nn::Module {
   std::vector<ParallelGatedMlp*> experts_;
   TensorParallelDropout* dropout_;           // --hidden-dropout on the combined output
   std::vector<Communicator*> token_groups_;  // tp under sequence parallelism, cp: one sequence's ranks
+  int context_ranks_ = 1;                    // cp: the losses' gradients count this many times
   MoeStats stats_;
   MoeStepStats step_stats_;
 };

@@ -644,7 +644,10 @@ std::map<std::string, std::vector<double>> moe_figures(const std::string& metric
 
 // Mixtures of experts (4 experts, top-2, in layers 0, 2 and 3 of 4; the
 // load-balancing and z losses on) in the Llama and the GPT under every layout
-// against one rank: the same losses. Every run keeps micro-batches of 2
+// against one rank: the same losses. Expert parallelism (the experts split
+// over 2 and 4 ranks, tokens exchanged all-to-all) alone and with dp and
+// ZeRO-1, tp with sequence parallelism, the pipeline, ZeRO-3 and context
+// parallelism. Every run keeps micro-batches of 2
 // samples, the token sets the auxiliary losses are taken over (under
 // sequence parallelism each rank's statistics are summed over the group).
 TEST(MoeLayouts, TensorSequencePipelineAndDataParallelEqualOneRank) {
@@ -665,14 +668,21 @@ TEST(MoeLayouts, TensorSequencePipelineAndDataParallelEqualOneRank) {
          {"pp 2 1f1b", 2, {"--micro-batch-size", "2", "--pp", "2"}},
          {"pp 2 x 2 chunks interleaved", 2, {"--micro-batch-size", "2", "--pp", "2", "--virtual-pipeline-stages", "2"}},
          {"dp 2", 2, {"--micro-batch-size", "2"}},
-         {"dp 2 x tp 2 sequence parallel", 4, {"--micro-batch-size", "2", "--tp", "2", "--sequence-parallel"}}},
+         {"dp 2 x tp 2 sequence parallel", 4, {"--micro-batch-size", "2", "--tp", "2", "--sequence-parallel"}},
+         {"ep 2", 2, {"--micro-batch-size", "2", "--expert-model-parallel-size", "2"}},
+         {"ep 4", 4, {"--micro-batch-size", "2", "--ep", "4"}},
+         {"ep 2 x dp 2 zero 1", 4, {"--micro-batch-size", "2", "--ep", "2", "--zero", "1"}},
+         {"ep 2 x tp 2 sequence parallel", 4, {"--micro-batch-size", "2", "--ep", "2", "--tp", "2", "--sequence-parallel"}},
+         {"ep 2 x pp 2", 4, {"--micro-batch-size", "2", "--ep", "2", "--pp", "2"}},
+         {"ep 2 zero 3", 2, {"--micro-batch-size", "2", "--ep", "2", "--zero", "3"}},
+         {"ep 2 x cp 2", 4, {"--micro-batch-size", "2", "--ep", "2", "--cp", "2"}}},
         dir, "2");
     // The routing figures (tokens per expert, imbalance, the losses) are one rank's too.
     const auto expected = moe_figures(dir / "llama_one.jsonl");
     ASSERT_EQ(expected.count("moe_l0_tokens_max"), 1u);
     EXPECT_EQ(expected.count("moe_l1_tokens_max"), 0u) << "block 1 is dense";
     ASSERT_EQ(expected.at("moe_dropped_fraction"), std::vector<double>(6, 0.0)) << "dropless";
-    for (int layout = 0; layout < 6; ++layout) {
+    for (int layout = 0; layout < 13; ++layout) {
       SCOPED_TRACE("layout " + std::to_string(layout));
       const auto actual = moe_figures(dir / ("llama_" + std::to_string(layout) + ".jsonl"));
       ASSERT_EQ(actual.size(), expected.size());
