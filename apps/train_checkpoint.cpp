@@ -62,10 +62,11 @@ std::vector<ModelField> model_fields(const nn::ModelConfig& m, DType dtype) {
 }
 
 std::string layout_text(int64_t dp, int64_t tp, int64_t pp, int64_t virtual_stages, int64_t zero, int64_t world,
-                        int64_t cp) {
+                        int64_t cp, int64_t ep) {
   std::ostringstream out;
   out << "dp=" << dp << " tp=" << tp << " pp=" << pp;
   if (cp > 1) out << " cp=" << cp;
+  if (ep > 1) out << " ep=" << ep;
   if (virtual_stages > 1) out << " x " << virtual_stages << " chunks";
   out << " zero=" << zero << " on " << world << " rank(s)";
   return out.str();
@@ -449,10 +450,13 @@ Resumed load_training_checkpoint(const TrainState& s, const std::string& path) {
   const int64_t saved_chunks = meta.find("layout.virtual_stages") ? meta.integer("layout.virtual_stages") : 1;
   // Checkpoints from before context parallelism have no layout.cp: whole sequences.
   const int64_t saved_cp = meta.find("layout.cp") ? meta.integer("layout.cp") : 1;
+  // ... and before expert parallelism no layout.ep: every expert on every rank.
+  const int64_t saved_ep = meta.find("layout.ep") ? meta.integer("layout.ep") : 1;
   out.saved_layout = layout_text(saved_dp, meta.integer("layout.tp"), meta.integer("layout.pp"), saved_chunks,
-                                 saved_zero, meta.integer("layout.world"), saved_cp);
+                                 saved_zero, meta.integer("layout.world"), saved_cp, saved_ep);
   out.resharded = saved_dp != s.dp || saved_zero != s.replica->zero_stage() || meta.integer("layout.tp") != s.tp ||
-                  meta.integer("layout.pp") != s.pp || saved_chunks != s.virtual_stages || saved_cp != s.cp;
+                  meta.integer("layout.pp") != s.pp || saved_chunks != s.virtual_stages || saved_cp != s.cp ||
+                  saved_ep != s.ep;
   if (const auto run = meta.find("tracking.mlflow_run_id")) out.mlflow_run_id = *run;
   if (const auto uri = meta.find("tracking.mlflow_uri")) out.mlflow_uri = *uri;
   for (const auto& [key, value] : settings(c)) {

@@ -605,6 +605,7 @@ std::string describe_resume(const TrainConfig& c, const std::optional<Resumed>& 
   if (resumed->resharded)
     out << "resharding: the checkpoint was saved under " << resumed->saved_layout << ", this run is dp=" << state.dp
         << " tp=" << state.tp << " pp=" << state.pp << (state.cp > 1 ? " cp=" + std::to_string(state.cp) : std::string())
+        << (state.ep > 1 ? " ep=" + std::to_string(state.ep) : std::string())
         << (state.virtual_stages > 1 ? " x " + std::to_string(state.virtual_stages) + " chunks" : std::string())
         << " zero=" << c.zero << " on " << state.world->size() << " rank(s); each rank read its own slices\n";
   if (!resumed->changed_settings.empty()) {

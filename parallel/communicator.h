@@ -180,6 +180,11 @@ class Communicator {
   // `key`, named `name` (collective over this communicator).
   virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
 
+ protected:
+  // What the grouped transfers being issued are called in errors and stall
+  // reports: "send_recv", or "all_to_all" while all_to_all issues them.
+  const char* transfers_name() const { return transfers_name_; }
+
  private:
   // The backend's side of each operation, called once per operation by the
   // public ones above (which count it): starts it and returns its handle
@@ -204,6 +209,7 @@ class Communicator {
 
   CommCounters counters_;
   GroupEvents events_;
+  const char* transfers_name_ = "send_recv";
   double timeout_s_ = 0.0;
   std::string timeout_flag_ = "--comm-timeout";
   double silence_s_ = 0.0;

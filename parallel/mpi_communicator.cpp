@@ -711,9 +711,9 @@ CommHandle MpiCommunicator::issue_recv(Tensor& tensor, int peer) {
 }
 
 CommHandle MpiCommunicator::issue_send_recv(const std::vector<P2POp>& ops) {
-  begin("send_recv");
+  begin(transfers_name());
   const std::string at =
-      where("send_recv") + " (" + std::to_string(ops.size()) + (ops.size() == 1 ? " transfer)" : " transfers)");
+      where(transfers_name()) + " (" + std::to_string(ops.size()) + (ops.size() == 1 ? " transfer)" : " transfers)");
   for (const P2POp& op : ops) {
     check_tensor(at, op.kind == P2POp::Kind::send ? "send" : "recv", op.tensor);
     check_peer(at, "peer", op.peer, size_);

@@ -17,7 +17,8 @@ namespace {
 
 // Operation kinds as small codes (the window holds integers).
 constexpr const char* kKinds[] = {"(none)", "all_reduce", "reduce_scatter", "all_gather", "broadcast",
-                                  "send",   "recv",       "send_recv",      "barrier",    "split"};
+                                  "send",   "recv",       "send_recv",      "barrier",    "split",
+                                  "all_to_all"};
 constexpr int kHeader = 4;  // heartbeat, activity, activity step, activity since
 constexpr int kPartSize = kHeader + 2 * StallInspector::kSlots;
 constexpr int64_t kWritingCheckpoint = 1;  // RankActivity::writing_checkpoint

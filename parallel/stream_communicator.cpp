@@ -243,7 +243,7 @@ CommHandle StreamCommunicator::issue_recv(Tensor& tensor, int peer) {
 CommHandle StreamCommunicator::issue_send_recv(const std::vector<P2POp>& ops) {
   ++sequence_;
   const std::string at =
-      where("send_recv") + " (" + std::to_string(ops.size()) + (ops.size() == 1 ? " transfer)" : " transfers)");
+      where(transfers_name()) + " (" + std::to_string(ops.size()) + (ops.size() == 1 ? " transfer)" : " transfers)");
   std::vector<Tensor> keep;
   for (const P2POp& op : ops) {
     check_device(at, op.kind == P2POp::Kind::send ? "send" : "recv", op.tensor);

@@ -99,6 +99,28 @@ TEST(Faults, HangOfAPipelineStageIsNamedInTheTransfer) {
        "did not complete within 4 s (--comm-timeout", "(world rank 1): has NOT reached it", "<- STALLED"});
 }
 
+// Expert parallelism: a rank that stops leaves the other waiting inside the
+// experts' all-to-all (the first exchange of the step's forward), which is
+// named with the stalled rank, on the CPU's MPI and on the emulated device's
+// channel (the same stream communicator and watchdog as NCCL's).
+TEST(Faults, ARankStalledInTheExpertsAllToAllIsNamed) {
+  ScratchDirectory dir("tessera_faults_");
+  const auto args = joined(gpt_args(), {"--num-experts", "4", "--moe-router-topk", "2", "--ep", "2", "--train-steps",
+                                        "6", "--comm-timeout", "4"});
+  const FaultEnvironment fault("hang@3:1");
+  const Outcome cpu = run_job(2, args, dir / "ep_hang.log", seconds(60));
+  expect_ended_by_fault(cpu, 4.0,
+                        {"TESSERA_FAULT: hang at step 3 on rank 1", "all_to_all on communicator 'ep'",
+                         "did not complete within 4 s (--comm-timeout", "(world rank 1): has NOT reached it",
+                         "<- STALLED"});
+  const Outcome emulated =
+      run_job(2, joined(args, {"--device", "emu", "--comm-backend", "nccl"}), dir / "ep_emu_hang.log", seconds(60));
+  expect_ended_by_fault(emulated, 4.0,
+                        {"TESSERA_FAULT: hang at step 3 on rank 1",
+                         "[rank 0] emulated device channel (MPI) watchdog: communicator 'ep'",
+                         "did not complete within 4.0 s (--comm-timeout)"});
+}
+
 // The NCCL side of the watchdog (parallel/operation_watchdog.h): the host
 // never waits for an NCCL collective, so the watchdog's thread must notice
 // it is late, report, abort the communicator and end the process. Needs two

@@ -312,7 +312,8 @@ double predicted_bytes(const std::string& output) {
 // predicted model-state bytes without training; the same configuration
 // trained measures them (the allocator's counters, in the metrics): under
 // every --zero stage (with 2 micro-batches a step), with tp = 2 and with
-// cp = 2 (ZeRO shards over the dp × cp replicas), the
+// cp = 2 (ZeRO shards over the dp × cp replicas), and with experts under
+// expert parallelism (the experts shard over dp, the rest over ep too), the
 // measurement is at most the prediction (+3%) and at least the prediction
 // with nothing ahead or in flight (--zero-prefetch 0).
 TEST(Zero, EstimateMemoryPredictsTheMeasuredPeak) {
@@ -324,7 +325,9 @@ TEST(Zero, EstimateMemoryPredictsTheMeasuredPeak) {
                             "--bucket-size-mb");
   for (const std::vector<std::string>& layout : std::vector<std::vector<std::string>>{
            {"--zero", "0"}, {"--zero", "1"}, {"--zero", "2"}, {"--zero", "3"}, {"--zero", "3", "--zero-prefetch", "0"},
-           {"--zero", "3", "--tp", "2"}, {"--zero", "3", "--cp", "2"}}) {
+           {"--zero", "3", "--tp", "2"}, {"--zero", "3", "--cp", "2"},
+           {"--num-experts", "4", "--ep", "2", "--zero", "1"}, {"--num-experts", "4", "--ep", "4"},
+           {"--num-experts", "4", "--ep", "2", "--zero", "3"}}) {
     std::string name = "estimate";
     for (const std::string& word : layout) {
       name.push_back('_');
@@ -702,6 +705,46 @@ TEST(MoeLayouts, TensorSequencePipelineAndDataParallelEqualOneRank) {
                                          {"pp 2", 2, {"--micro-batch-size", "2", "--pp", "2"}}},
                                         dir, "2");
   }
+}
+
+// The Llama with 4 experts in every block (top-2, the auxiliary losses on),
+// micro-batches of 2 (the losses' token sets).
+std::vector<std::string> moe_llama_args(const std::string& data, uint64_t seed) {
+  return joined(llama_args(data, seed), {"--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "40",
+                                         "--moe-aux-loss-coeff", "0.01", "--moe-z-loss-coeff", "0.001",
+                                         "--micro-batch-size", "2"});
+}
+
+// A checkpoint of two expert-parallel ranks (each wrote its own experts)
+// resumed on one rank (every expert read by it) and on four (ep 4: each
+// reads one), and one rank's resumed at ep 2 with ZeRO-1: the losses go on
+// as those of the run that kept its layout.
+TEST(MoeLayouts, ACheckpointResumesUnderOtherExpertParallelSizes) {
+  TESSERA_SEED_TRACE();
+  ScratchDirectory dir("tessera_processes_");
+  std::mt19937_64 rng = make_rng();
+  const auto args = without(moe_llama_args(write_text_dataset(dir.path, 4000, rng), rng()), "--train-steps");
+  expect_resumed_losses_continue(dir, args, 8, 4,
+                                 {"moe ep=2 -> 1 rank", 2, 1, {"--ep", "2"}, {}, "dp=2 tp=1 pp=1 ep=2 zero=0"});
+  expect_resumed_losses_continue(dir, args, 8, 4,
+                                 {"moe ep=2 -> ep=4", 2, 4, {"--ep", "2"}, {"--ep", "4"}, "dp=2 tp=1 pp=1 ep=2 zero=0"});
+  expect_resumed_losses_continue(dir, args, 8, 4,
+                                 {"moe 1 rank -> ep=2 zero=1", 1, 2, {}, {"--ep", "2", "--zero", "1"},
+                                  "dp=1 tp=1 pp=1 zero=0"});
+}
+
+// On the emulated device (its channel carrying the experts' all-to-all) two
+// expert-parallel ranks write the checkpoint the CPU ranks write, bit for bit.
+TEST(MoeLayouts, TheEmulatedDeviceEqualsTheCpu) {
+  TESSERA_SEED_TRACE();
+  ScratchDirectory dir("tessera_processes_");
+  std::mt19937_64 rng = make_rng();
+  const auto args = joined(moe_llama_args(write_text_dataset(dir.path, 4000, rng), rng()),
+                           {"--ep", "2", "--save-interval", "6"});
+  run_training(2, joined(args, {"--device", "cpu", "--save", dir / "cpu"}), dir / "cpu.log");
+  const std::string emulated = run_training(2, joined(args, {"--device", "emu", "--save", dir / "emu"}), dir / "emu.log");
+  EXPECT_TRUE(contains(emulated, "on emu:0")) << emulated;
+  EXPECT_TRUE(checkpoints_identical(dir / ("cpu/" + step_name(6)), dir / ("emu/" + step_name(6))));
 }
 
 // The decoder's switches on their own, under layouts: the GPT with rotary
