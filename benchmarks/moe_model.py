@@ -12,7 +12,7 @@ hits every configuration alike), runs
 split over them, its dense parameters averaged over them) and prints one
 line per configuration:
 
-    moe_model model=moe ranks=2 step_ms=123.4 tokens_per_s=8300 ratio_to_dense=1.21 parameters=... \\
+    moe_model model=moe ranks=2 step_ms=123.4 tokens_per_s=8300 ratio_to_dense=1.21 parameters_rank0=... \\
         model_state_bytes=... activations_bytes=... all_to_all_ms=12.3 all_to_all_share=0.10
 
 step_ms: the median over rounds of a round's median step time (rank 0's
@@ -121,7 +121,7 @@ def main():
         dense_ms = statistics.median(r["ms"] for r in results[("dense", ranks)])
         line = (f"moe_model model={kind} ranks={ranks} step_ms={ms:.1f}"
                 f" tokens_per_s={statistics.median(r['tokens_per_s'] for r in runs):.0f}"
-                f" ratio_to_dense={ms / dense_ms:.3f} parameters={runs[0]['parameters']}"
+                f" ratio_to_dense={ms / dense_ms:.3f} parameters_rank0={runs[0]['parameters']}"
                 f" model_state_bytes={runs[0]['model_state']:.0f} activations_bytes={runs[0]['activations']:.0f}")
         if kind == "moe" and ranks > 1:
             exchange = statistics.median(r["exchange_ms"] for r in runs)
