@@ -173,7 +173,7 @@ void register_export_command(CLI::App& app, int& exit_code) {
       ->required();
   command
       ->add_option("-o,--output", args->output,
-                   "tessera: the safetensors file to write; hf-gpt2, hf-llama: the directory to write "
+                   "tessera: the safetensors file to write; hf-gpt2, hf-llama, hf-mixtral: the directory to write "
                    "model.safetensors (or shards and their index), config.json and the tokenizer into, as "
                    "save_pretrained(DIR) (hf-gpt2 also DIR/NAME.safetensors: one file)")
       ->required();
@@ -181,20 +181,21 @@ void register_export_command(CLI::App& app, int& exit_code) {
       ->add_option("--format", args->options.format,
                    "tessera: the parameters under Tessera's names; hf-gpt2: Hugging Face GPT-2's names and layouts "
                    "and config.json, for GPT2LMHeadModel.from_pretrained(DIR); hf-llama: a --model llama checkpoint "
-                   "for LlamaForCausalLM and AutoTokenizer.from_pretrained(DIR)")
-      ->check(CLI::IsMember({"tessera", "hf-gpt2", "hf-llama"}))
+                   "for LlamaForCausalLM and AutoTokenizer.from_pretrained(DIR); hf-mixtral: one with experts in every "
+                   "block (--num-experts) for MixtralForCausalLM")
+      ->check(CLI::IsMember({"tessera", "hf-gpt2", "hf-llama", "hf-mixtral"}))
       ->capture_default_str();
   command->add_option("--tokenizer", args->options.tokenizer_data,
-                      "hf-gpt2, hf-llama: the dataset whose tokenizer to write as vocab.json and merges.txt "
+                      "hf-gpt2, hf-llama, hf-mixtral: the dataset whose tokenizer to write as vocab.json and merges.txt "
                       "(default: the data the checkpoint was trained on)");
   command
       ->add_option("--max-shard-size", args->max_shard_size,
-                   "hf-gpt2, hf-llama with -o DIR: above this size the weights go into shards "
+                   "hf-gpt2, hf-llama, hf-mixtral with -o DIR: above this size the weights go into shards "
                    "model-0000i-of-0000N.safetensors with model.safetensors.index.json, as transformers' "
                    "save_pretrained(max_shard_size=...): 5GB, 500MB, 10KB (powers of 1000), 2GiB, or bytes")
       ->capture_default_str();
   command->add_flag("--force", args->options.force,
-                    "hf-gpt2, hf-llama: write into an existing non-empty directory, replacing the files of the "
+                    "hf-gpt2, hf-llama, hf-mixtral: write into an existing non-empty directory, replacing the files of the "
                     "export there (and removing weights of an earlier save there)");
   command->callback([args, &exit_code] {
     args->options.max_shard_bytes = io::parse_shard_size(args->max_shard_size, "export: --max-shard-size");

@@ -104,11 +104,28 @@ std::string describe_vocabulary(const TrainConfig& c, const nn::ModelConfig& m,
   return text + "; --vocab-size to choose another";
 }
 
-// Whether --init-from names a Hugging Face Llama (a directory with a config.json) for --model llama.
+// Whether --init-from names a Hugging Face Llama or Mixtral (a directory with a config.json) for --model llama.
 bool init_from_hf_llama(const TrainConfig& c) {
   std::error_code error;
   return c.model == nn::ModelKind::llama && !c.init_from.empty() &&
          std::filesystem::is_regular_file(std::filesystem::path(c.init_from) / "config.json", error);
+}
+
+// A Mixtral's experts (every block's MLP); flags that ask for another
+// mixture, or for experts in a Llama, refused naming both values.
+template <typename Take>
+void take_hf_experts(const TrainConfig& c, const io::HfLlamaConfig& hf, nn::ModelConfig& m, const Take& take) {
+  const std::string file = (std::filesystem::path(c.init_from) / "config.json").string();
+  if (!hf.mixtral()) {
+    TESSERA_CHECK(c.num_experts == 0, "--num-experts ", c.num_experts, " disagrees with ", file,
+                  ": a LlamaForCausalLM has dense MLPs; drop --num-experts (or give a Mixtral)");
+    return;
+  }
+  take("--num-experts", "num_local_experts", m.num_experts, hf.num_local_experts);
+  take("--moe-router-topk", "num_experts_per_tok", m.moe_router_topk, hf.num_experts_per_tok);
+  take("--moe-ffn-hidden-size", "intermediate_size", m.moe_ffn_hidden_size, hf.intermediate_size);
+  TESSERA_CHECK(m.moe_layer_freq == "1", "--moe-layer-freq ", m.moe_layer_freq, " disagrees with ", file,
+                ": a Mixtral has experts in every block; drop --moe-layer-freq");
 }
 
 // --init-from DIR holding a Hugging Face Llama: its config.json gives the
@@ -130,9 +147,11 @@ void take_hf_llama_dimensions(const TrainConfig& c, nn::ModelConfig& m) {
   take("--num-layers", "num_hidden_layers", m.num_layers, hf.num_hidden_layers);
   take("--num-heads", "num_attention_heads", m.num_heads, hf.num_attention_heads);
   take("--num-query-groups", "num_key_value_heads", m.num_query_groups, hf.num_key_value_heads);
-  take("--ffn-hidden-size", "intermediate_size", m.ffn_hidden_size, hf.intermediate_size);
+  if (!hf.mixtral())  // a Mixtral's intermediate_size is its experts' width (every block has experts)
+    take("--ffn-hidden-size", "intermediate_size", m.ffn_hidden_size, hf.intermediate_size);
   take("--rotary-base", "rope_theta", m.rotary_base, hf.rope_theta);
   take("--norm-epsilon", "rms_norm_eps", m.norm_epsilon, hf.rms_norm_eps);
+  take_hf_experts(c, hf, m, take);
   TESSERA_CHECK(!c.given.count("--untie-embeddings-and-output-weights") || !hf.tie_word_embeddings,
                 "--untie-embeddings-and-output-weights disagrees with tie_word_embeddings true in ", file,
                 ": the model has no LM head of its own; drop the flag");

@@ -82,9 +82,15 @@ struct Prepared {
   }
 };
 
+// The formats written by io/hf_llama.h: Llama, and Mixtral (a Llama with experts in every block).
+bool llama_family(const std::string& format) {
+  return format == "hf-llama" || format == "hf-mixtral";
+}
+
 // Why the model cannot be written as `format` (hf-gpt2: GPT2LMHeadModel,
-// hf-llama: LlamaForCausalLM), naming the switch that differs and the format
-// it fits; empty when it can. Which --model trained it does not matter.
+// hf-llama: LlamaForCausalLM, hf-mixtral: MixtralForCausalLM), naming the
+// switch that differs and the format it fits; empty when it can. Which
+// --model trained it does not matter.
 std::string hugging_face_problem(const nn::ModelConfig& m, const std::string& format) {
   const nn::DecoderChoices d = m.decoder();
   if (!nn::model_traits(m.kind).reads_tokens)
@@ -93,9 +99,11 @@ std::string hugging_face_problem(const nn::ModelConfig& m, const std::string& fo
   const bool llama = d.normalization == nn::Normalization::rms_norm && d.rotary && d.swiglu && !d.bias;
   const bool gpt2 = d.normalization == nn::Normalization::layer_norm && !d.rotary && !d.swiglu && d.bias &&
                     !d.untie_embeddings && m.query_groups() == m.num_heads;
-  const std::string elsewhere = llama  ? "export it with --format hf-llama"
-                                : gpt2 ? "export it with --format hf-gpt2"
-                                       : "export it with --format tessera";
+  const bool experts = m.num_experts > 0, every_block = m.moe_layer_freq == "1";
+  const std::string elsewhere = llama && experts && every_block ? "export it with --format hf-mixtral"
+                                : llama && !experts              ? "export it with --format hf-llama"
+                                : gpt2 && !experts               ? "export it with --format hf-gpt2"
+                                                                 : "export it with --format tessera";
   std::string differs;
   const auto note = [&](bool bad, const std::string& what) {
     if (bad) differs += (differs.empty() ? "" : ", ") + what;
@@ -107,13 +115,20 @@ std::string hugging_face_problem(const nn::ModelConfig& m, const std::string& fo
     note(!d.bias, "no biases (--disable-bias-linear)");
     note(d.untie_embeddings, "an LM head of its own (--untie-embeddings-and-output-weights)");
     note(m.query_groups() != m.num_heads, "grouped-query attention (--num-query-groups)");
+    note(experts, "experts (--num-experts)");
     return differs.empty() ? "" : "a model with " + differs + ", which GPT2LMHeadModel does not have; " + elsewhere;
   }
+  const bool mixtral = format == "hf-mixtral";
+  note(!mixtral && experts, "experts (--num-experts)");
+  note(mixtral && !experts, "dense MLPs (no --num-experts)");
+  note(mixtral && experts && !every_block, "experts only in some blocks (--moe-layer-freq " + m.moe_layer_freq + ")");
   note(d.normalization != nn::Normalization::rms_norm, "LayerNorm (--normalization LayerNorm)");
   note(!d.rotary, "learned positions (--position-embedding-type learned_absolute)");
   note(!d.swiglu, "a GELU MLP (no --swiglu)");
   note(d.bias, "biases (no --disable-bias-linear)");
-  return differs.empty() ? "" : "a model with " + differs + ", which LlamaForCausalLM does not have; " + elsewhere;
+  return differs.empty() ? ""
+                         : "a model with " + differs + ", which " +
+                               (mixtral ? "MixtralForCausalLM" : "LlamaForCausalLM") + " does not have; " + elsewhere;
 }
 
 // The GPT's config.json for transformers' GPT2LMHeadModel.
@@ -210,8 +225,8 @@ OutputPlan plan_output(const std::string& out, const std::string& format, bool t
   const fs::path path(out);
   const bool hugging_face = format != "tessera";
   plan.whole_directory = hugging_face && path.extension() != ".safetensors";
-  TESSERA_CHECK(plan.whole_directory || format != "hf-llama", "export --format hf-llama: -o ", out,
-                " names a file; hf-llama writes a directory (model.safetensors, or shards above --max-shard-size, "
+  TESSERA_CHECK(plan.whole_directory || !llama_family(format), "export --format ", format, ": -o ", out, " names a file; ",
+                format, " writes a directory (model.safetensors, or shards above --max-shard-size, "
                 "with config.json and the tokenizer): name the directory");
   plan.weights = plan.whole_directory ? path / weight_files.front() : path;
   plan.directory = plan.weights.parent_path().empty() ? fs::path(".") : plan.weights.parent_path();
@@ -223,7 +238,7 @@ OutputPlan plan_output(const std::string& out, const std::string& format, bool t
   if (tokenizer) {
     plan.files.push_back(plan.directory / "vocab.json");
     plan.files.push_back(plan.directory / "merges.txt");
-    if (format == "hf-llama") plan.files.push_back(plan.directory / "tokenizer_config.json");
+    if (llama_family(format)) plan.files.push_back(plan.directory / "tokenizer_config.json");
   }
   return plan;
 }
@@ -233,7 +248,7 @@ const StoredTensor& stored_tensor(const CheckpointReader& reader, const std::str
   const auto stored = std::find_if(reader.tensors().begin(), reader.tensors().end(),
                                    [&](const StoredTensor& t) { return t.name == name; });
   TESSERA_CHECK(stored != reader.tensors().end(), "export --format ", format, ": checkpoint ", reader.path(),
-                " has no tensor ", name, "; it is not a ", format == "hf-llama" ? "Llama" : "GPT", " of this version");
+                " has no tensor ", name, "; it is not a ", llama_family(format) ? "Llama" : "GPT", " of this version");
   return *stored;
 }
 
@@ -446,7 +461,7 @@ void write_beside_weights(const CheckpointReader& reader, DType dtype, const Tok
 ExportResult write_export(const CheckpointReader& reader, const ExportOptions& options, const OutputPlan& plan,
                           const TokenizerToWrite& tokenizer) {
   ExportResult result;
-  if (options.format == "hf-llama") {
+  if (llama_family(options.format)) {
     const HfLlamaConfig config = hf_llama_config_of(reader);
     const Prepared prepared = prepare_llama(reader, config);
     const HfLlamaWritten written =
@@ -505,9 +520,10 @@ std::vector<HfGpt2Name> hf_gpt2_names(int64_t num_layers) {
 }
 
 ExportResult export_checkpoint(const std::string& checkpoint, const std::string& out, const ExportOptions& options) {
-  const std::map<std::string, std::string> kinds = {{"tessera", ""}, {"hf-gpt2", "gpt"}, {"hf-llama", "llama"}};
+  const std::map<std::string, std::string> kinds = {
+      {"tessera", ""}, {"hf-gpt2", "gpt"}, {"hf-llama", "llama"}, {"hf-mixtral", "llama"}};
   TESSERA_CHECK(kinds.count(options.format), "export: --format ", options.format,
-                " is not one of tessera, hf-gpt2, hf-llama");
+                " is not one of tessera, hf-gpt2, hf-llama, hf-mixtral");
   const bool hugging_face = options.format != "tessera";
   const CheckpointReader reader(checkpoint);
   if (hugging_face) {

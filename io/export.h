@@ -58,7 +58,7 @@ struct ExportResult {
 };
 
 struct ExportOptions {
-  std::string format = "tessera";  // "tessera", "hf-gpt2" or "hf-llama"
+  std::string format = "tessera";  // "tessera", "hf-gpt2", "hf-llama" or "hf-mixtral"
   // hf-*: the dataset (of `tessera prepare text`) whose tokenizer to write
   // as vocab.json and merges.txt; empty: the data the checkpoint was trained
   // on (config.data), when it is here.

@@ -38,8 +38,8 @@ const SafetensorsInput& logical_tensor(const std::vector<SafetensorsInput>& logi
     return tensor;
   }
   TESSERA_THROW("write_hf_llama: no tensor ", layout.parameter, " among the model's ", logical.size(),
-                " tensors; a Llama of ", layout.parameter == "lm_head.weight" ? "untied embeddings" : "these sizes",
-                " has one");
+                " tensors; a Llama (Mixtral) of ",
+                layout.parameter == "lm_head.weight" ? "untied embeddings" : "these sizes", " has one");
 }
 
 // Refuses a logical tensor with no place in Hugging Face's Llama (a tied model's lm_head, optimizer state, ...).
@@ -106,6 +106,39 @@ ParameterInFile fc_layout(const std::string& block, const std::string& layer, co
                          false};
 }
 
+// A Mixtral block's sparse MLP: the router, then each expert's w1/w3 (fc rows gate, up) and w2 (proj).
+void add_expert_layouts(const std::string& block, const std::string& layer, const HfLlamaConfig& c,
+                        std::vector<ParameterInFile>& layouts) {
+  const int64_t C = c.hidden_size, F = c.intermediate_size, E = c.num_local_experts;
+  const std::string moe = layer + "block_sparse_moe.";
+  layouts.push_back(whole_tensor_layout(block + "mlp.router.weight", Shape{E, C}, moe + "gate.weight"));
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string expert = block + "mlp.experts." + std::to_string(e) + ".",
+                      theirs = moe + "experts." + std::to_string(e) + ".";
+    const std::string w1 = theirs + "w1.weight", w3 = theirs + "w3.weight";
+    layouts.push_back(ParameterInFile{expert + "fc.weight",
+                                      Shape{2 * F, C},
+                                      {{w1, Shape{F, C}}, {w3, Shape{F, C}}},
+                                      {{w1, 0, F * C}, {w3, 0, F * C}},
+                                      false});
+    layouts.push_back(whole_tensor_layout(expert + "proj.weight", Shape{C, F}, theirs + "w2.weight"));
+  }
+}
+
+// A checkpoint's mixture of experts as Mixtral's keys (nothing without
+// experts); refused when only some blocks have experts (Mixtral's all do).
+void read_checkpoint_experts(const CheckpointReader& reader, HfLlamaConfig& c) {
+  if (!reader.metadata().count("model.num_experts") || checkpoint_integer(reader, "model.num_experts") == 0) return;
+  const std::string freq = reader.metadata().at("model.moe_layer_freq");
+  TESSERA_CHECK(freq == "1", "checkpoint ", reader.path(), " has experts only in the blocks --moe-layer-freq ", freq,
+                " picks, and Mixtral has them in every block; export it with --format tessera");
+  c.num_local_experts = checkpoint_integer(reader, "model.num_experts");
+  c.num_experts_per_tok = checkpoint_integer(reader, "model.moe_router_topk");
+  c.intermediate_size = checkpoint_integer(reader, "model.moe_ffn_hidden_size");
+  if (const std::optional<double> coefficient = checkpoint_real(reader, "config.moe-aux-loss-coeff"))
+    c.router_aux_loss_coef = *coefficient;
+}
+
 // A number of the checkpoint's metadata: the first of `keys` it has.
 double checkpoint_number(const CheckpointReader& reader, const std::vector<std::string>& keys) {
   for (const std::string& key : keys)
@@ -145,6 +178,7 @@ HfLlamaConfig hf_llama_config_of(const CheckpointReader& reader) {
   c.rope_theta = checkpoint_number(reader, {"model.rotary_base", "config.rotary-base"});
   c.rms_norm_eps = checkpoint_number(reader, {"model.norm_epsilon", "config.norm-epsilon"});
   c.attention_dropout = checkpoint_dropout(reader, "attention-dropout");
+  read_checkpoint_experts(reader, c);
   c.validate("checkpoint " + reader.path());
   return c;
 }
@@ -161,8 +195,12 @@ std::vector<ParameterInFile> hf_llama_layouts(const HfLlamaConfig& c) {
     layouts.push_back(qkv_layout(block, layer, c));
     layouts.push_back(whole(block + "attn.proj.weight", Shape{C, c.num_attention_heads * c.head_dim()},
                             layer + "self_attn.o_proj.weight"));
-    layouts.push_back(fc_layout(block, layer, c));
-    layouts.push_back(whole(block + "mlp.proj.weight", Shape{C, F}, layer + "mlp.down_proj.weight"));
+    if (c.mixtral()) {
+      add_expert_layouts(block, layer, c, layouts);
+    } else {
+      layouts.push_back(fc_layout(block, layer, c));
+      layouts.push_back(whole(block + "mlp.proj.weight", Shape{C, F}, layer + "mlp.down_proj.weight"));
+    }
     layouts.push_back(whole(block + "ln1.weight", Shape{C}, layer + "input_layernorm.weight"));
     layouts.push_back(whole(block + "ln2.weight", Shape{C}, layer + "post_attention_layernorm.weight"));
   }

@@ -3,7 +3,10 @@
 // the slices it owns, from one model.safetensors or from shards with an
 // index, BF16/F16/F32/F64), and a directory that transformers'
 // LlamaForCausalLM.from_pretrained(DIR) and AutoTokenizer.from_pretrained(DIR)
-// load, written from the model's whole logical tensors.
+// load, written from the model's whole logical tensors. Mixtral
+// (MixtralForCausalLM) is the same model with a mixture of experts as every
+// block's MLP (Mixtral's router: softmax over all experts, the top k,
+// renormalised, as Tessera's): one code path, its config's expert keys set.
 //
 //   Tessera (logical layout)                  Hugging Face LlamaForCausalLM
 //   wte.weight [V, C]                         model.embed_tokens.weight
@@ -17,6 +20,11 @@
 //   blocks.<i>.mlp.fc.weight [2F, C]          model.layers.<i>.mlp.gate_proj.weight (rows [0, F)),
 //                                             mlp.up_proj.weight (rows [F, 2F))
 //   blocks.<i>.mlp.proj.weight [C, F]         model.layers.<i>.mlp.down_proj.weight
+//   Mixtral (MixtralForCausalLM, --num-experts E in every block): instead of mlp.fc and mlp.proj
+//   blocks.<i>.mlp.router.weight [E, C]       model.layers.<i>.block_sparse_moe.gate.weight
+//   blocks.<i>.mlp.experts.<e>.fc.weight      ...block_sparse_moe.experts.<e>.w1.weight (rows [0, F): the
+//     [2F, C]                                 gate), w3.weight (rows [F, 2F): up)
+//   blocks.<i>.mlp.experts.<e>.proj.weight    ...block_sparse_moe.experts.<e>.w2.weight
 //   ln_f.weight [C]                           model.norm.weight
 //   lm_head.weight [V, C]                     lm_head.weight (absent when tie_word_embeddings)
 //   the training data's tokenizer             vocab.json, merges.txt, tokenizer_config.json (GPT2Tokenizer)
@@ -59,6 +67,15 @@ struct HfLlamaConfig {
   std::optional<int64_t> bos_token_id, eos_token_id;
   // Written from a checkpoint's --attention-dropout; not read (a run's is its flag's).
   double attention_dropout = 0.0;
+  // Mixtral: every block's MLP a mixture of num_local_experts SwiGLU experts
+  // of width intermediate_size, each token going to num_experts_per_tok of
+  // them; 0 experts: a Llama. router_aux_loss_coef is written from a
+  // checkpoint's --moe-aux-loss-coeff (else MixtralConfig's default), not
+  // read (a run's is its flag's).
+  int64_t num_local_experts = 0;
+  int64_t num_experts_per_tok = 2;
+  double router_aux_loss_coef = 0.001;
+  bool mixtral() const { return num_local_experts > 0; }
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }                   // Dh
   int64_t queries_per_group() const { return num_attention_heads / num_key_value_heads; }  // R
@@ -73,8 +90,9 @@ nn::ModelConfig llama_model_config(const HfLlamaConfig& config, int64_t seq_leng
 
 // config.json (a path to it, or the directory holding it): the keys above,
 // checked. Refused, naming the file and the key: malformed JSON, a missing
-// size, model_type other than "llama", architectures without
-// LlamaForCausalLM, attention_bias or mlp_bias true, hidden_act other than
+// size, model_type other than "llama" or "mixtral", architectures without
+// LlamaForCausalLM (MixtralForCausalLM), a Mixtral's sliding_window shorter
+// than max_position_embeddings, attention_bias or mlp_bias true, hidden_act other than
 // silu, rope_scaling other than null (not supported yet), head_dim other than
 // hidden_size / num_attention_heads, a size that is not a positive integer.
 HfLlamaConfig read_hf_llama_config(const std::string& path);

@@ -552,6 +552,65 @@ TEST(HfLlamaConfig, EachBadKeyIsRefusedByName) {
                   "dir/config.json is not a JSON object");
 }
 
+// A Mixtral's config.json: its experts read (the model gets them in every
+// block, of intermediate_size's width), written back the same, and its
+// refusals named.
+TEST(HfLlamaConfig, MixtralsExpertsAreReadWrittenAndChecked) {
+  Json config = llama_config_json();
+  config["model_type"] = "mixtral";
+  config["architectures"] = Json::array({"MixtralForCausalLM"});
+  config["num_local_experts"] = 8;
+  config["num_experts_per_tok"] = 2;
+  config["router_aux_loss_coef"] = 0.02;
+  config["sliding_window"] = nullptr;
+  const io::HfLlamaConfig c = io::parse_hf_llama_config(config.dump(), "dir/config.json");
+  EXPECT_TRUE(c.mixtral());
+  EXPECT_EQ(c.num_local_experts, 8);
+  EXPECT_EQ(c.num_experts_per_tok, 2);
+  const nn::ModelConfig m = io::llama_model_config(c, 32);
+  EXPECT_EQ(m.num_experts, 8);
+  EXPECT_EQ(m.moe_router_topk, 2);
+  EXPECT_EQ(m.moe_ffn(), config["intermediate_size"].get<int64_t>());
+  for (int64_t layer = 0; layer < m.num_layers; ++layer) EXPECT_TRUE(m.moe_layer(layer));
+  const io::HfLlamaConfig again = io::parse_hf_llama_config(io::hf_llama_config_json(c), "written");
+  EXPECT_EQ(again.num_local_experts, 8);
+  EXPECT_EQ(again.num_experts_per_tok, 2);
+  EXPECT_EQ(again.router_aux_loss_coef, 0.02);
+  EXPECT_EQ(Json::parse(io::hf_llama_config_json(c))["architectures"], Json::array({"MixtralForCausalLM"}));
+  // The layouts: a router and three matrices per expert instead of the dense MLP's.
+  int routers = 0, experts = 0, dense = 0;
+  for (const io::ParameterInFile& layout : io::hf_llama_layouts(c)) {
+    routers += layout.parameter.find("mlp.router.weight") != std::string::npos;
+    experts += layout.parameter.find("mlp.experts.") != std::string::npos;
+    dense += layout.parameter.find("mlp.fc.weight") != std::string::npos &&
+             layout.parameter.find("experts") == std::string::npos;
+  }
+  EXPECT_EQ(routers, c.num_hidden_layers);
+  EXPECT_EQ(experts, 2 * 8 * c.num_hidden_layers);
+  EXPECT_EQ(dense, 0);
+
+  struct Case {
+    std::string key;
+    Json value;
+    std::string expected;
+  };
+  for (const Case& bad : std::vector<Case>{
+           {"num_local_experts", nullptr, "\"num_local_experts\" is missing"},
+           {"num_experts_per_tok", 9, "\"num_experts_per_tok\" 9 must be from 1 to \"num_local_experts\" 8"},
+           {"sliding_window", 4, "\"sliding_window\" is 4: sliding-window attention"},
+           {"architectures", Json::array({"LlamaForCausalLM"}),
+            "\"architectures\" is [\"LlamaForCausalLM\"], without \"MixtralForCausalLM\""}}) {
+    SCOPED_TRACE(bad.key);
+    Json broken = config;
+    if (bad.value.is_null())
+      broken.erase(bad.key);
+    else
+      broken[bad.key] = bad.value;
+    EXPECT_CONTAINS(error_of([&] { io::parse_hf_llama_config(broken.dump(), "dir/config.json"); }),
+                    "dir/config.json: " + bad.expected);
+  }
+}
+
 // ---- writing refusals ----
 
 TEST(HfLlamaDirectory, WritingRefusesTensorsThatDoNotFitTheConfig) {

@@ -1,4 +1,5 @@
-// A Llama made by Hugging Face's own classes (transformers' LlamaForCausalLM
+// A Llama made by Hugging Face's own classes (transformers' LlamaForCausalLM,
+// and a MixtralForCausalLM under expert parallelism,
 // with random weights: 2 key/value groups of 2 query heads, untied,
 // rope_theta 500000; saved by save_pretrained, also as shards and in bf16)
 // loaded into Tessera's Llama under tensor parallelism 2 (each rank reading
@@ -58,14 +59,16 @@ std::vector<std::vector<double>> make_hf_llama(parallel::Communicator& comm, Con
   return printed["logits"].get<std::vector<std::vector<double>>>();
 }
 
-// The whole vocabulary's logits [T, V] of Tessera's Llama split over `layout`'s tp group, loaded from `dir`.
+// The whole vocabulary's logits [T, V] of Tessera's Llama split over
+// `layout`'s tp group (a Mixtral's experts over its ep group), loaded from `dir`.
 std::vector<double> tessera_logits(Context& ctx, parallel::Layout& layout, const fs::path& dir,
                                    const std::vector<int32_t>& ids, DType dtype) {
   const io::HfLlamaConfig hf = io::read_hf_llama_config(dir.string());
   const nn::ModelConfig config = io::llama_model_config(hf, int64_t(ids.size()));
+  parallel::TensorParallelism split{&layout.group("tp"), false};
+  split.experts = &layout.group("ep");
   auto model = models::model_row(nn::ModelKind::llama)
-                   .build(config, nn::ModelSpec{&ctx, Device::cpu(), dtype, 1},
-                          parallel::TensorParallelism{&layout.group("tp"), false}, nn::StageLayers{});
+                   .build(config, nn::ModelSpec{&ctx, Device::cpu(), dtype, 1}, split, nn::StageLayers{});
   io::load_hf_llama_weights(dir.string(), model->parameters(), hf);
   model->train(false);
   nn::Saved saved;
@@ -73,6 +76,49 @@ std::vector<double> tessera_logits(Context& ctx, parallel::Layout& layout, const
   Tensor f32 = ctx.empty(local.shape(), DType::f32, Device::cpu());
   ops::cast(local, f32);
   return parallel::tp_gather_last_dim(layout.group("tp"), f32).to_doubles();
+}
+
+// One scratch directory for the job: rank 0's name, broadcast; made, and removed by remove_job_directory.
+std::string job_directory(parallel::Communicator& comm, Context& ctx, const std::string& prefix) {
+  std::string base;
+  if (comm.rank() == 0) base = (fs::temp_directory_path() / (prefix + std::to_string(::getpid()))).string();
+  Tensor name = ctx.from_vector(Shape{256}, std::vector<int32_t>(256, 0));
+  if (comm.rank() == 0)
+    for (size_t i = 0; i < base.size() && i < 255; ++i) name.data<int32_t>()[i] = base[i];
+  comm.broadcast(name, 0)->wait();
+  base.clear();
+  for (const int32_t c : name.to_vector<int32_t>())
+    if (c) base += char(c);
+  if (comm.rank() == 0) fs::create_directories(base);
+  comm.barrier();
+  return base;
+}
+
+void remove_job_directory(parallel::Communicator& comm, const std::string& base) {
+  comm.barrier();
+  if (comm.rank() == 0) fs::remove_all(base);
+}
+
+struct HfCase {
+  const char* name;
+  std::string extra;  // hf_llama.py make's arguments
+  Tolerance tolerance;
+};
+
+// Each case's transformers model, made by rank 0, loaded under `layout`: its logits of the ids.
+void expect_transformers_logits(parallel::Communicator& comm, Context& ctx, parallel::Layout& layout,
+                                const std::string& base, const std::vector<HfCase>& cases) {
+  const std::vector<int32_t> ids = {3, 17, 90, 5, 44, 44, 61, 2, 0, 95, 12};
+  const std::string id_text = "3,17,90,5,44,44,61,2,0,95,12";
+  for (const HfCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const fs::path dir = fs::path(base) / std::to_string(&c - cases.data());
+    const std::vector<std::vector<double>> expected = make_hf_llama(comm, ctx, dir, id_text, c.extra);
+    ASSERT_EQ(expected.size(), ids.size());
+    std::vector<double> want;
+    for (const auto& row : expected) want.insert(want.end(), row.begin(), row.end());
+    EXPECT_TRUE(all_close(tessera_logits(ctx, layout, dir, ids, DType::f32), want, c.tolerance));
+  }
 }
 
 TEST(HfLlamaMpi, TransformersModelLoadedUnderTensorParallelTwoGivesItsLogits) {
@@ -84,37 +130,34 @@ TEST(HfLlamaMpi, TransformersModelLoadedUnderTensorParallelTwoGivesItsLogits) {
   parallel::LayoutSizes sizes;
   sizes.tp = 2;
   parallel::Layout layout(*comm, sizes);
-  // One directory for the job: rank 0's scratch name, broadcast.
-  std::string base;
-  if (comm->rank() == 0) base = (fs::temp_directory_path() / ("tessera_hf_llama_mpi_" + std::to_string(::getpid()))).string();
-  Tensor name = ctx.from_vector(Shape{256}, std::vector<int32_t>(256, 0));
-  if (comm->rank() == 0)
-    for (size_t i = 0; i < base.size() && i < 255; ++i) name.data<int32_t>()[i] = base[i];
-  comm->broadcast(name, 0)->wait();
-  base.clear();
-  for (const int32_t c : name.to_vector<int32_t>())
-    if (c) base += char(c);
-  if (comm->rank() == 0) fs::create_directories(base);
-  comm->barrier();
-  const std::vector<int32_t> ids = {3, 17, 90, 5, 44, 44, 61, 2, 0, 95, 12};
-  const std::string id_text = "3,17,90,5,44,44,61,2,0,95,12";
-  struct Case {
-    const char* name;
-    std::string extra;
-    Tolerance tolerance;
-  };
-  for (const Case& c : {Case{"one file", "", Tolerance{2e-4, 2e-4}},
-                        Case{"shards", "--max-shard-size 60KB", Tolerance{2e-4, 2e-4}}}) {
-    SCOPED_TRACE(c.name);
-    const fs::path dir = fs::path(base) / (c.extra.empty() ? "one" : "shards");
-    const std::vector<std::vector<double>> expected = make_hf_llama(*comm, ctx, dir, id_text, c.extra);
-    ASSERT_EQ(expected.size(), ids.size());
-    std::vector<double> want;
-    for (const auto& row : expected) want.insert(want.end(), row.begin(), row.end());
-    EXPECT_TRUE(all_close(tessera_logits(ctx, layout, dir, ids, DType::f32), want, c.tolerance));
-  }
-  comm->barrier();
-  if (comm->rank() == 0) fs::remove_all(base);
+  const std::string base = job_directory(*comm, ctx, "tessera_hf_llama_mpi_");
+  expect_transformers_logits(*comm, ctx, layout, base,
+                             {HfCase{"one file", "", Tolerance{2e-4, 2e-4}},
+                              HfCase{"shards", "--max-shard-size 60KB", Tolerance{2e-4, 2e-4}}});
+  remove_job_directory(*comm, base);
+}
+
+// transformers' MixtralForCausalLM (4 experts per layer, top-2; G < H,
+// untied, rope_theta 500000; one file and shards) loaded with its experts
+// split over 2 expert-parallel ranks (on 4 ranks also tp 2): each rank reads
+// only its experts, routes the tokens through the all-to-all, and the
+// logits equal transformers'.
+TEST(HfLlamaMpi, TransformersMixtralLoadedUnderExpertParallelTwoGivesItsLogits) {
+  TESSERA_SEED_TRACE();
+  if (!fs::exists(hf_python()))
+    GTEST_SKIP() << "no transformers in " << hf_python() << ": run scripts/install-deps.sh (scripts/install-hf.sh)";
+  auto comm = world();
+  if (comm->size() % 2 != 0) GTEST_SKIP() << "2 expert-parallel ranks need an even world, not " << comm->size();
+  Context ctx(one_thread());
+  parallel::LayoutSizes sizes;
+  sizes.ep = 2;
+  sizes.tp = comm->size() / 2 > 2 ? 1 : comm->size() / 2;
+  parallel::Layout layout(*comm, sizes);
+  const std::string base = job_directory(*comm, ctx, "tessera_hf_mixtral_mpi_");
+  expect_transformers_logits(*comm, ctx, layout, base,
+                             {HfCase{"one file", "--experts 4", Tolerance{2e-4, 2e-4}},
+                              HfCase{"shards", "--experts 4 --max-shard-size 60KB", Tolerance{2e-4, 2e-4}}});
+  remove_job_directory(*comm, base);
 }
 
 }  // namespace

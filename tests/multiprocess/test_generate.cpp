@@ -268,6 +268,140 @@ TEST(Generate, LlamaTrainsWithSamplesGeneratesAndGoesToHuggingFaceAndBack) {
       << disagree.output;
 }
 
+// A Llama with 4 experts in every block (top-2) trained with its experts
+// split over 2 ranks (--ep 2): greedy generation from the checkpoint on 1 and
+// 2 ranks equals argmax without the cache; --format hf-llama refused naming
+// hf-mixtral; the hf-mixtral export loaded by transformers'
+// MixtralForCausalLM (nothing missing, its logits Tessera's); and back with
+// --init-from under ep 2, each rank reading its experts, every tensor the
+// checkpoint's; a flag that disagrees with its config.json refused.
+TEST(Generate, MixtureOfExpertsTrainsUnderExpertParallelismGeneratesAndGoesToMixtralAndBack) {
+  TESSERA_SEED_TRACE();
+  if (!fs::exists(hf_python()))
+    GTEST_SKIP() << "no transformers in " << hf_python() << ": run scripts/install-deps.sh (scripts/install-hf.sh)";
+  ScratchDirectory dir("tessera_mixtral_loop_");
+  const std::string model =
+      "--model llama --seq-length 32 --num-layers 2 --num-heads 4 --group-query-attention --num-query-groups 2 "
+      "--hidden-size 32 --ffn-hidden-size 48 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 40 "
+      "--vocab-size 64 --micro-batch-size 4 --threads 1 --synthetic ";
+  const std::string train = run_training(
+      2,
+      words(model + "--ep 2 --moe-aux-loss-coeff 0.01 --train-steps 6 --lr 3e-3 --seed " +
+            std::to_string(test_seed() % 1000) + " --save " + (dir / "ckpt")),
+      dir / "train.log");
+  EXPECT_TRUE(contains(train, "ep=2")) << train;
+  const std::string checkpoint = dir / "ckpt/step_00000006";
+  const std::vector<int32_t> prompt = {5, 17, 3, 42};
+  const std::vector<int32_t> reference = argmax_without_cache(checkpoint, prompt, 12);
+  for (const int ranks : {1, 2}) {
+    SCOPED_TRACE(std::to_string(ranks) + " rank(s)");
+    const Outcome greedy = run_command(generate_command(ranks, {dir / "ckpt", "--prompt-ids", "5,17,3,42",
+                                                                "--temperature", "0", "--max-new-tokens", "12",
+                                                                "--print-ids", "--threads", "1"}),
+                                       dir / "greedy.log", seconds(120));
+    ASSERT_EQ(greedy.status, 0) << greedy.output;
+    std::vector<int32_t> expected = prompt;
+    expected.insert(expected.end(), reference.begin(), reference.end());
+    EXPECT_EQ(ids_of(generated(greedy.output)), expected) << greedy.output;
+  }
+
+  const Outcome as_llama = run_command({TESSERA_BINARY, "export", dir / "ckpt", "-o", dir / "llama", "--format",
+                                        "hf-llama"},
+                                       dir / "as_llama.log", seconds(60));
+  EXPECT_NE(as_llama.status, 0);
+  EXPECT_TRUE(contains(as_llama.output, "experts (--num-experts), which LlamaForCausalLM does not have; export it "
+                                        "with --format hf-mixtral"))
+      << as_llama.output;
+  const Outcome exported = run_command(
+      {TESSERA_BINARY, "export", dir / "ckpt", "-o", dir / "hf", "--format", "hf-mixtral", "--max-shard-size", "60KB"},
+      dir / "export.log", seconds(60));
+  ASSERT_EQ(exported.status, 0) << exported.output;
+  ASSERT_TRUE(fs::exists(dir / "hf/model.safetensors.index.json")) << exported.output;
+  const Outcome loaded = run_command({hf_python().string(), TESSERA_HF_LLAMA_SCRIPT, "load", dir / "hf", "--json",
+                                      dir / "hf.json", "--ids", "5,17,3,42"},
+                                     dir / "load.log", seconds(300));
+  ASSERT_EQ(loaded.status, 0) << loaded.output;
+  const nlohmann::json printed = nlohmann::json::parse(std::ifstream(dir / "hf.json"));
+  EXPECT_EQ(printed["class"], "MixtralForCausalLM");
+  EXPECT_TRUE(printed["missing"].empty() && printed["unexpected"].empty() && printed["mismatched"].empty())
+      << printed["missing"].dump() << printed["unexpected"].dump();
+  EXPECT_EQ(printed["config"]["num_local_experts"], 4);
+  EXPECT_EQ(printed["config"]["num_experts_per_tok"], 2);
+  EXPECT_EQ(printed["config"]["intermediate_size"], 40);
+  EXPECT_EQ(printed["config"]["router_aux_loss_coef"], 0.01);
+  std::vector<double> theirs;
+  for (const auto& row : printed["logits"]) {
+    const std::vector<double> values = row.get<std::vector<double>>();
+    theirs.insert(theirs.end(), values.begin(), values.end());
+  }
+  EXPECT_TRUE(all_close(theirs, checkpoint_logits(checkpoint, prompt), Tolerance{2e-4, 2e-4}));
+
+  // An independent reader (the safetensors package and NumPy, following the
+  // index to its shards): Mixtral's names hold the checkpoint's tensors, an
+  // expert's w1 and w3 the halves of its fc rows, w2 its proj.
+  const Outcome read = run_command(
+      {(fs::path(std::getenv("TESSERA_TOOLS_DIR") ? std::getenv("TESSERA_TOOLS_DIR") : "/opt/tessera-tools") / "hf" /
+        "bin" / "python")
+           .string(),
+       "-c",
+       "import json, sys\nfrom safetensors.numpy import load_file\nd = sys.argv[1]\n"
+       "index = json.load(open(d + '/model.safetensors.index.json'))['weight_map']\n"
+       "out = {}\nfor f in sorted(set(index.values())):\n"
+       "    for k, v in load_file(d + '/' + f).items(): out[k] = v.astype('float64').ravel().tolist()\n"
+       "json.dump(out, open(sys.argv[2], 'w'))\n",
+       dir / "hf", dir / "read.json"},
+      dir / "read.log", seconds(120));
+  ASSERT_EQ(read.status, 0) << read.output;
+  const nlohmann::json files = nlohmann::json::parse(std::ifstream(dir / "read.json"));
+  {
+    Context ctx;
+    const io::CheckpointReader saved(checkpoint);
+    const auto stored = [&](const std::string& name) {
+      for (const io::StoredTensor& t : saved.tensors())
+        if (t.name == name) return read_whole(ctx, saved, t).to_doubles();
+      ADD_FAILURE() << "no " << name << " in " << checkpoint;
+      return std::vector<double>{};
+    };
+    const size_t half = 40 * 32;  // F x C
+    for (int block = 0; block < 2; ++block) {
+      const std::string ours = "blocks." + std::to_string(block) + ".mlp.",
+                        mixtral = "model.layers." + std::to_string(block) + ".block_sparse_moe.";
+      EXPECT_EQ(files[mixtral + "gate.weight"].get<std::vector<double>>(), stored(ours + "router.weight"));
+      for (int e = 0; e < 4; ++e) {
+        const std::string expert = "experts." + std::to_string(e) + ".";
+        const std::vector<double> fc = stored(ours + expert + "fc.weight");
+        ASSERT_EQ(fc.size(), 2 * half);
+        EXPECT_EQ(files[mixtral + expert + "w1.weight"].get<std::vector<double>>(),
+                  std::vector<double>(fc.begin(), fc.begin() + long(half)));
+        EXPECT_EQ(files[mixtral + expert + "w3.weight"].get<std::vector<double>>(),
+                  std::vector<double>(fc.begin() + long(half), fc.end()));
+        EXPECT_EQ(files[mixtral + expert + "w2.weight"].get<std::vector<double>>(), stored(ours + expert + "proj.weight"));
+      }
+    }
+  }
+
+  // And back under expert parallelism: every tensor the checkpoint's.
+  const std::string back = run_training(
+      2, words(model + "--ep 2 --train-steps 0 --init-from " + (dir / "hf") + " --save " + (dir / "back")),
+      dir / "back.log");
+  const io::CheckpointReader original(checkpoint), round_trip(dir / "back/step_00000000");
+  int compared = 0;
+  for (const io::StoredTensor& t : original.tensors()) {
+    if (t.name.find("exp_avg") != std::string::npos || !round_trip.has_tensor(t.name)) continue;
+    Context ctx;
+    EXPECT_EQ(read_whole(ctx, round_trip, t).to_doubles(), read_whole(ctx, original, t).to_doubles()) << t.name;
+    compared += t.name.find(".experts.") != std::string::npos;
+  }
+  EXPECT_EQ(compared, 2 * 4 * 2) << "every expert's fc and proj of both blocks";
+  const Outcome disagree = run_command(
+      tessera_command(1, words(model + "--num-experts 8 --train-steps 1 --init-from " + (dir / "hf"))),
+      dir / "disagree.log", seconds(60));
+  EXPECT_NE(disagree.status, 0);
+  EXPECT_TRUE(contains(disagree.output, "--num-experts 8 disagrees with num_local_experts 4 in " +
+                                            (dir / "hf/config.json")))
+      << disagree.output;
+}
+
 // A checkpoint is layout-free: a Llama trained with its sequences split over
 // two context-parallel ranks (ring attention) generates on one rank and on a
 // tensor-parallel pair without context parallelism, greedily the tokens

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Hugging Face's side of the Llama tests: transformers' own classes make,
-save and load Llama directories, and say what they hold, as JSON.
+save and load Llama (and Mixtral) directories, and say what they hold, as JSON.
 
 Run with the venv scripts/install-hf.sh makes (/opt/tessera-tools/hf: pinned
 transformers over Debian's torch 1.13); the C++ tests (tests/io/test_hf_llama.cpp)
@@ -21,7 +21,10 @@ call it and read the JSON it writes to --json.
 
 Defaults: hidden 64, 4 heads, 2 key/value heads (G < H), 2 layers,
 intermediate 160, vocabulary 96, rope_theta 500000, untied embeddings,
-rms_norm_eps 1e-5, max_position_embeddings 64.
+rms_norm_eps 1e-5, max_position_embeddings 64. With --experts E (make): a
+MixtralForCausalLM instead, every layer's MLP E experts of the intermediate
+width, --experts-per-tok of them per token (default 2). load reads either
+(AutoModelForCausalLM: the class config.json names).
 """
 import argparse
 import json
@@ -33,7 +36,8 @@ os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_P
 
 import torch  # noqa: E402  (after the environment above)
 import transformers  # noqa: E402
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM,  # noqa: E402
+                          MixtralConfig, MixtralForCausalLM)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -56,13 +60,19 @@ def parse_ids(text):
 
 
 def make(args):
-    config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
-                         num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                         num_key_value_heads=args.kv_heads, rope_theta=args.rope_theta,
-                         rms_norm_eps=args.rms_norm_eps, max_position_embeddings=args.max_positions,
-                         tie_word_embeddings=args.tied)
+    sizes = dict(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
+                 num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+                 rope_theta=args.rope_theta, rms_norm_eps=args.rms_norm_eps,
+                 max_position_embeddings=args.max_positions, tie_word_embeddings=args.tied)
+    if args.experts:
+        config = MixtralConfig(num_local_experts=args.experts, num_experts_per_tok=args.experts_per_tok,
+                               sliding_window=None, **sizes)
+        model_class = MixtralForCausalLM
+    else:
+        config = LlamaConfig(**sizes)
+        model_class = LlamaForCausalLM
     torch.manual_seed(args.seed)
-    model = LlamaForCausalLM(config).eval()
+    model = model_class(config).eval()
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             # Norm weights away from 1 and every matrix at a scale that keeps the logits varied.
@@ -78,7 +88,7 @@ def make(args):
 
 
 def load(args):
-    model, info = LlamaForCausalLM.from_pretrained(args.dir, output_loading_info=True, torch_dtype="auto")
+    model, info = AutoModelForCausalLM.from_pretrained(args.dir, output_loading_info=True, torch_dtype="auto")
     model.eval()
     out = {"config": model.config.to_dict(), "tensors": tensors_of(model),
            "missing": list(info.get("missing_keys", [])), "unexpected": list(info.get("unexpected_keys", [])),
@@ -116,6 +126,8 @@ def main():
     parser.add_argument("--rms-norm-eps", type=float, default=1e-5)
     parser.add_argument("--max-positions", type=int, default=64)
     parser.add_argument("--tied", action="store_true")
+    parser.add_argument("--experts", type=int, default=0, help="make: a Mixtral of this many experts per layer")
+    parser.add_argument("--experts-per-tok", type=int, default=2)
     args = parser.parse_args()
     out = make(args) if args.command == "make" else load(args)
     out["versions"] = {"torch": torch.__version__, "transformers": transformers.__version__,
