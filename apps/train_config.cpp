@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "core/number_text.h"
+#include "io/hf_llama.h"
 #include "io/http_url.h"
 #include "nn/model_kind.h"
 
@@ -832,16 +833,36 @@ void refuse_decoder_choices(nn::ModelKind kind, const TrainConfig& c, const Give
                   c.num_heads, "; 1: multi-query)");
 }
 
-// The mixture-of-experts flags need experts (--num-experts, in a language model).
+namespace {
+
+// The experts per block: --num-experts, else those of a Hugging Face Mixtral
+// --init-from names (its config.json read here; 0 when it is not one or
+// cannot be read: loading it reports why).
+int64_t experts_of(const TrainConfig& c) {
+  if (c.num_experts > 0 || c.init_from.empty() || c.model != nn::ModelKind::llama) return c.num_experts;
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(std::filesystem::path(c.init_from) / "config.json", error)) return 0;
+  try {
+    return io::read_hf_llama_config(c.init_from).num_local_experts;
+  } catch (const Error&) {
+    return 0;
+  }
+}
+
+}  // namespace
+
+// The mixture-of-experts flags need experts (--num-experts, or a Mixtral's
+// --init-from, in a language model).
 template <typename Refuse>
 void refuse_expert_settings(const TrainConfig& c, const Refuse& refuse_if) {
   if (!nn::model_traits(c.model).reads_tokens)
     refuse_if("--num-experts", c.num_experts > 0,
               "experts replace the MLPs of a language model's blocks, and --model " + model_text(c) +
                   " has none; use --model gpt or llama");
-  const std::string why = c.num_experts > 0 ? "" : "a setting of the mixture-of-experts layers, and there are none; add "
-                                                  "--num-experts E, or drop it";
-  if (c.num_experts > 0 && nn::model_traits(c.model).reads_tokens) return;
+  const int64_t experts = experts_of(c);
+  const std::string why = experts > 0 ? "" : "a setting of the mixture-of-experts layers, and there are none; add "
+                                             "--num-experts E, or drop it";
+  if (experts > 0 && nn::model_traits(c.model).reads_tokens) return;
   for (const char* flag : {"--moe-router-topk", "--moe-layer-freq", "--moe-ffn-hidden-size", "--moe-aux-loss-coeff",
                            "--moe-z-loss-coeff", "--moe-expert-capacity-factor"})
     refuse_if(flag, true, why.empty() ? "a setting of the mixture-of-experts layers, which --model " + model_text(c) +
@@ -1069,9 +1090,12 @@ void validate(const TrainConfig& c) {
   TESSERA_CHECK(c.context_parallel == 1 || c.seq_length % (2 * c.context_parallel) == 0, "--context-parallel-size ",
                 c.context_parallel, " cuts each sequence into ", 2 * c.context_parallel,
                 " equal chunks; --seq-length ", c.seq_length, " is not a multiple of ", 2 * c.context_parallel);
-  TESSERA_CHECK(c.expert_parallel == 1 || (c.num_experts > 0 && c.num_experts % c.expert_parallel == 0),
-                "--expert-model-parallel-size ", c.expert_parallel, " splits the experts over ", c.expert_parallel,
-                " ranks; --num-experts ", c.num_experts, " is not a multiple of it (each rank holds the same number)");
+  if (c.expert_parallel > 1) {
+    const int64_t experts = experts_of(c);
+    TESSERA_CHECK(experts > 0 && experts % c.expert_parallel == 0, "--expert-model-parallel-size ", c.expert_parallel,
+                  " splits the experts over ", c.expert_parallel, " ranks; --num-experts ", experts,
+                  " is not a multiple of it (each rank holds the same number)");
+  }
   TESSERA_CHECK(c.context_parallel == 1 || c.sample_interval == 0, "--context-parallel-size ", c.context_parallel,
                 " does not sample during training yet; drop --sample-interval (the checkpoints generate without "
                 "context parallelism: tessera generate)");

@@ -380,6 +380,45 @@ TEST(Export, RefusalsLeaveNothingBehind) {
   }
 }
 
+// The Hugging Face format is chosen by the architecture: a Llama with experts
+// in only some blocks (--moe-layer-freq 2) is refused by hf-mixtral naming
+// --moe-layer-freq and by hf-llama naming --num-experts, both pointing to
+// --format tessera; a dense Llama is refused by hf-mixtral pointing to
+// hf-llama. Nothing is left behind.
+TEST(Export, HuggingFaceFormatsRefuseExpertsTheirClassDoesNotHave) {
+  ScratchDirectory dir("tessera_export_experts_");
+  const std::string llama =
+      "--model llama --synthetic --vocab-size 64 --seq-length 16 --num-layers 2 --num-heads 2 --hidden-size 32 "
+      "--micro-batch-size 4 --train-steps 1 --threads 1 ";
+  run_training(1, words(llama + "--num-experts 4 --moe-layer-freq 2 --save " + (dir / "some")), dir / "some.log");
+  run_training(1, words(llama + "--save " + (dir / "dense")), dir / "dense.log");
+  const std::string work = dir / "work";
+  fs::create_directories(work);
+  const struct {
+    std::string checkpoint, format, expected;
+  } cases[] = {
+      {dir / "some", "hf-mixtral",
+       "holds a model with experts only in some blocks (--moe-layer-freq 2), which MixtralForCausalLM does not have; "
+       "export it with --format tessera"},
+      {dir / "some", "hf-llama",
+       "holds a model with experts (--num-experts), which LlamaForCausalLM does not have; export it with --format "
+       "tessera"},
+      {dir / "dense", "hf-mixtral",
+       "holds a model with dense MLPs (no --num-experts), which MixtralForCausalLM does not have; export it with "
+       "--format hf-llama"},
+  };
+  for (const auto& refused : cases) {
+    SCOPED_TRACE(refused.checkpoint + " as " + refused.format);
+    const Outcome out = export_in(dir, work, {refused.checkpoint, "--format", refused.format, "-o", "hf"});
+    EXPECT_NE(out.status, 0) << out.output;
+    EXPECT_TRUE(contains(out.output, "export --format " + refused.format + ": checkpoint ")) << out.output;
+    EXPECT_TRUE(contains(out.output, refused.expected)) << out.output;
+    EXPECT_TRUE(listing(work).empty()) << "left behind: " << shell_words(names_of(listing(work)));
+  }
+  const Outcome tessera = export_in(dir, work, {dir / "some", "--format", "tessera", "-o", "some.safetensors"});
+  EXPECT_EQ(tessera.status, 0) << tessera.output;
+}
+
 TEST(Export, RefusesToWriteOverTheCheckpointItReads) {
   ScratchDirectory dir("tessera_export_input_");
   const std::string save = small_checkpoint(dir);

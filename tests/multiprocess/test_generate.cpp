@@ -280,10 +280,10 @@ TEST(Generate, MixtureOfExpertsTrainsUnderExpertParallelismGeneratesAndGoesToMix
   if (!fs::exists(hf_python()))
     GTEST_SKIP() << "no transformers in " << hf_python() << ": run scripts/install-deps.sh (scripts/install-hf.sh)";
   ScratchDirectory dir("tessera_mixtral_loop_");
-  const std::string model =
+  const std::string llama =
       "--model llama --seq-length 32 --num-layers 2 --num-heads 4 --group-query-attention --num-query-groups 2 "
-      "--hidden-size 32 --ffn-hidden-size 48 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 40 "
-      "--vocab-size 64 --micro-batch-size 4 --threads 1 --synthetic ";
+      "--hidden-size 32 --ffn-hidden-size 48 --vocab-size 64 --micro-batch-size 4 --threads 1 --synthetic ";
+  const std::string model = llama + "--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 40 ";
   const std::string train = run_training(
       2,
       words(model + "--ep 2 --moe-aux-loss-coeff 0.01 --train-steps 6 --lr 3e-3 --seed " +
@@ -380,9 +380,10 @@ TEST(Generate, MixtureOfExpertsTrainsUnderExpertParallelismGeneratesAndGoesToMix
     }
   }
 
-  // And back under expert parallelism: every tensor the checkpoint's.
+  // And back under expert parallelism, the experts' flags taken from
+  // config.json (--ep without --num-experts): every tensor the checkpoint's.
   const std::string back = run_training(
-      2, words(model + "--ep 2 --train-steps 0 --init-from " + (dir / "hf") + " --save " + (dir / "back")),
+      2, words(llama + "--ep 2 --train-steps 0 --init-from " + (dir / "hf") + " --save " + (dir / "back")),
       dir / "back.log");
   const io::CheckpointReader original(checkpoint), round_trip(dir / "back/step_00000000");
   int compared = 0;
