@@ -358,6 +358,9 @@ void MlflowRun::send_queued(std::unique_lock<std::mutex>& lock) {
     artifacts_.pop_front();
   }
   if (!final_status_.empty() && !ended_) {
+    // What finish()'s caller queued while a call above had the lock released
+    // (the checkpoint's tag, an artifact) goes first: the next round sends it.
+    if (!tags_.empty() || !metrics_.empty() || !artifacts_.empty()) return;
     send(lock, "the run's end", [&] { client_->set_status(info_.run_id, final_status_, unix_time_ms()); });
     ended_ = true;
     idle_.notify_all();

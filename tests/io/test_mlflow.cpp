@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -37,6 +38,19 @@ struct StandInTracking {
   std::vector<std::string> bodies; // artifact bytes
   std::vector<std::string> statuses;
   int failed_calls = 0;
+  // Artifact uploads held until release_puts() (hold_puts set): the client's
+  // thread then sits in a call with its lock released.
+  bool hold_puts = false, put_entered = false;
+  std::condition_variable puts_changed;
+  void release_puts() {
+    const std::lock_guard<std::mutex> lock(mutex);
+    hold_puts = false;
+    puts_changed.notify_all();
+  }
+  void wait_for_a_put() {
+    std::unique_lock<std::mutex> lock(mutex);
+    puts_changed.wait(lock, [&] { return put_entered; });
+  }
 
   StandInTracking() {
     auto reply = [](httplib::Response& response, const Json& body) {
@@ -78,7 +92,10 @@ struct StandInTracking {
       reply(r, Json::object());
     });
     server.Put(R"(/api/2.0/mlflow-artifacts/artifacts/(.*))", [&](const httplib::Request& request, httplib::Response& r) {
-      const std::lock_guard<std::mutex> lock(mutex);
+      std::unique_lock<std::mutex> lock(mutex);
+      put_entered = true;
+      puts_changed.notify_all();
+      puts_changed.wait(lock, [&] { return !hold_puts; });
       puts.push_back(request.matches[1]);
       bodies.push_back(request.body);
       reply(r, Json::object());
@@ -177,6 +194,35 @@ TEST(Mlflow, BatchesRetriesRefusalsArtifactsAndTheEnd) {
   EXPECT_CONTAINS(said, "records the run again");
   EXPECT_CONTAINS(said, "parameter refused not recorded: POST http://127.0.0.1:" + std::to_string(server.port) +
                             "/api/2.0/mlflow/runs/log-batch: HTTP 400 INVALID_PARAMETER_VALUE: Changing param values");
+}
+
+// A tag queued while the client's thread is in an upload, just before
+// finish() (the trainer's order: artifacts, the checkpoint's tag, finish), is
+// sent before the run's end: before, the thread ended the run when its upload
+// returned, and the tag was lost without a word (Tracking.MlflowRecords... saw
+// no tessera.checkpoint once under load).
+TEST(Mlflow, ATagQueuedDuringAnUploadIsSentBeforeTheEnd) {
+  StandInTracking server;
+  server.hold_puts = true;
+  io::MlflowRunOptions options = options_for(server.port);
+  options.params.pop_back();  // no refused parameter here
+  io::MlflowRun run(options, [](const std::string&) {});
+  run.add_artifact("curves.svg", "<svg/>");
+  server.wait_for_a_put();  // the thread uploads, its lock released
+  run.set_tag("tessera.checkpoint", "/ckpt/step_00000024");
+  run.add_artifact("metrics.jsonl", "{}");
+  io::MlflowOutcome outcome;
+  std::thread finishing([&] { outcome = run.finish(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // finish() has set the final status by now
+  server.release_puts();
+  finishing.join();
+  EXPECT_TRUE(outcome.ended);
+  EXPECT_EQ(server.puts, (std::vector<std::string>{"7/r1/artifacts/curves.svg", "7/r1/artifacts/metrics.jsonl"}));
+  bool tagged = false;
+  for (const Json& batch : server.batches)
+    for (const Json& tag : batch["tags"]) tagged |= tag["key"] == "tessera.checkpoint";
+  EXPECT_TRUE(tagged) << "the checkpoint's tag was not sent before the run's end";
+  EXPECT_EQ(server.statuses, std::vector<std::string>{"FINISHED"});
 }
 
 TEST(Mlflow, NoServerBoundsFinishAndCountsWhatWasNotSent) {

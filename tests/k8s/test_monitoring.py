@@ -72,8 +72,15 @@ METRICS = {
     "tessera_gpu_sm_clock_hertz": ("gauge", {"gpu"}),
     "tessera_gpu_memory_clock_hertz": ("gauge", {"gpu"}),
     "tessera_info": ("gauge", {"version", "model", "layout", "job_id"}),
+    # --num-experts runs only: the whole job's figures of the last step, per mixture-of-experts block.
+    "tessera_moe_expert_tokens": ("gauge", {"layer", "stat"}),
+    "tessera_moe_imbalance": ("gauge", {"layer"}),
+    "tessera_moe_aux_loss": ("gauge", set()),
+    "tessera_moe_z_loss": ("gauge", set()),
+    "tessera_moe_dropped_fraction": ("gauge", set()),
 }
-WITHOUT_RANK = {"tessera_straggler_rank", "tessera_straggler_slowdown_ratio"}
+MOE = {name for name in METRICS if name.startswith("tessera_moe_")}
+WITHOUT_RANK = {"tessera_straggler_rank", "tessera_straggler_slowdown_ratio"} | MOE
 # One series for the job, with or without a rank label: panels must not filter them by rank.
 RANK_OPTIONAL = {"tessera_eval_loss", "tessera_info"}
 # Labels only Prometheus (its scrape configuration) or the Pushgateway (its grouping key) attach.
