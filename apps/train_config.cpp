@@ -22,6 +22,7 @@
 #include "io/hf_llama.h"
 #include "io/http_url.h"
 #include "nn/model_kind.h"
+#include "parallel/pipeline_schedule.h"
 
 namespace tessera::app {
 namespace {
@@ -260,8 +261,11 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
                   "The layout's axes from the fastest-varying to the slowest (Megatron-Core's default tp-cp-ep-dp-pp: "
                   "tensor-parallel ranks are neighbours on a node); axes of size 1 may be left out")
       ->group(parallel);
-  command.add_option("--pipeline-schedule", c.pipeline_schedule, "gpipe or 1f1b (at most P micro-batches in flight)")
-      ->check(CLI::IsMember({"gpipe", "1f1b"}))
+  command
+      .add_option("--pipeline-schedule", c.pipeline_schedule,
+                  "gpipe, 1f1b (at most P micro-batches in flight), zb-h1 (1F1B's memory, backward split in input and "
+                  "weight gradients, a third of its bubble) or zbv (two chunks per stage in a V, about no bubble)")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "zb-h1", "zbv"}))
       ->group(parallel);
   command
       .add_option("--pipeline-split", c.pipeline_split,
@@ -1074,11 +1078,13 @@ void validate(const TrainConfig& c) {
   const nn::ModelTraits& model = nn::model_traits(c.model);
   TESSERA_CHECK(c.pipeline_parallel == 1 || model.splits_into_stages, "--pipeline-parallel ", c.pipeline_parallel,
                 " splits the layers of --model gpt or mlp; --model ", c.model, " trains with --pipeline-parallel 1");
-  TESSERA_CHECK(c.virtual_pipeline_stages == 1 || c.pipeline_schedule == "1f1b", "--virtual-pipeline-stages ",
-                c.virtual_pipeline_stages,
+  TESSERA_CHECK(c.pipeline_schedule != "zbv" || c.virtual_pipeline_stages <= 2, "--pipeline-schedule zbv runs two ",
+                "chunks per stage in a V; use --virtual-pipeline-stages 2 (or leave it out), not ",
+                c.virtual_pipeline_stages);
+  TESSERA_CHECK(c.virtual_pipeline_stages == 1 || c.pipeline_schedule == "1f1b" || c.pipeline_schedule == "zbv",
+                "--virtual-pipeline-stages ", c.virtual_pipeline_stages,
                 " interleaves the 1F1B schedule; use --pipeline-schedule 1f1b (the default)");
-  TESSERA_CHECK(c.pipeline_schedule == "gpipe" || c.pipeline_schedule == "1f1b", "--pipeline-schedule '",
-                c.pipeline_schedule, "' is not a schedule this build knows; use gpipe or 1f1b");
+  parallel::parse_pipeline_schedule(c.pipeline_schedule);  // names the schedules this build knows otherwise
   TESSERA_CHECK(c.pipeline_split.empty() || c.pipeline_parallel > 1, "--pipeline-split '", c.pipeline_split,
                 "' needs --pipeline-parallel > 1");
   TESSERA_CHECK(c.tensor_parallel == 1 || model.splits_over_tensor_parallel, "--tensor-parallel ", c.tensor_parallel,

@@ -91,7 +91,7 @@ struct TrainConfig {
   int expert_parallel = 1;         // --expert-model-parallel-size/--ep P: the experts split over P data ranks
   int pipeline_parallel = 1;       // --pipeline-parallel/--pp P: consecutive layers on P stages
   std::string rank_order = "tp-cp-ep-dp-pp";  // --rank-order: the layout's axes, fastest-varying first
-  std::string pipeline_schedule = "1f1b";  // --pipeline-schedule gpipe|1f1b
+  std::string pipeline_schedule = "1f1b";  // --pipeline-schedule gpipe|1f1b|zb-h1|zbv
   std::string pipeline_split;              // --pipeline-split 0,5,9,12: stage boundaries (empty: balanced)
   int virtual_pipeline_stages = 1;         // --virtual-pipeline-stages V: model chunks per stage (interleaved 1F1B)
   int zero = 0;                            // --zero 0-3: optimizer state (1), + gradients (2), + parameters (3) sharded

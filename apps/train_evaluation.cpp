@@ -78,7 +78,8 @@ EvalResult evaluate(const TrainConfig& c, const EvalModel& m, io::TraceWriter& t
   if (m.replicas.size() > 1 || pipelined) {
     Tensor sum = m.context.from_vector(Shape{1}, std::vector<float>{float(loss_sum)}, m.device);
     Tensor counts = m.context.from_vector(Shape{2}, std::vector<int64_t>{count, correct}, m.device);
-    parallel::share_last_stage_values({sum, counts}, *m.stages, m.replicas, parallel::ReduceOp::sum);
+    parallel::share_last_stage_values({sum, counts}, *m.stages, m.replicas, parallel::ReduceOp::sum,
+                                      m.engine ? m.engine->loss_stage() : -1);
     loss_sum = sum.to_vector<float>()[0];
     const std::vector<int64_t> totals = counts.to_vector<int64_t>();
     count = totals[0];

@@ -483,6 +483,16 @@ nn::OptimizerConfig optimizer_config(const TrainConfig& c) {
   return opt;
 }
 
+// The schedule's model chunks per pipeline stage (--virtual-pipeline-stages;
+// two under zbv) and how they sit on the stages (a V under zbv).
+int pipeline_chunks(const TrainConfig& c) {
+  return c.pipeline_schedule == "zbv" && c.pipeline_parallel > 1 ? 2 : c.virtual_pipeline_stages;
+}
+parallel::ChunkPlacement pipeline_placement(const TrainConfig& c) {
+  return c.pipeline_parallel > 1 ? parallel::chunk_placement(parallel::parse_pipeline_schedule(c.pipeline_schedule))
+                                 : parallel::ChunkPlacement::loop;
+}
+
 // Micro-batches per step on each rank: --global-batch-size over
 // --micro-batch-size x the data-parallel ranks (1 without a global batch);
 // interleaved, a multiple of the `stages` of the pipeline.
@@ -493,7 +503,8 @@ int64_t micro_batches_per_step(const TrainConfig& c, int data_parallel, int stag
                 " data-parallel ranks = ", per_step, "; use a multiple of ", per_step,
                 " (or change --micro-batch-size or the number of ranks)");
   const int64_t accumulation = c.global_batch_size > 0 ? c.global_batch_size / per_step : 1;
-  TESSERA_CHECK(c.virtual_pipeline_stages == 1 || accumulation % stages == 0, "--virtual-pipeline-stages ",
+  const bool interleaved = c.virtual_pipeline_stages > 1 && c.pipeline_schedule == "1f1b";
+  TESSERA_CHECK(!interleaved || accumulation % stages == 0, "--virtual-pipeline-stages ",
                 c.virtual_pipeline_stages, ": a step's ", accumulation, " micro-batches (--global-batch-size ",
                 c.global_batch_size, " / (--micro-batch-size ", c.micro_batch_size, " x ", data_parallel,
                 " data-parallel ranks)) must be a multiple of --pipeline-parallel ", stages,
@@ -596,13 +607,18 @@ io::ProgressOptions progress_options(const TrainConfig& c, bool root) {
 std::string describe_stages(const TrainConfig& c, const models::StageModel& stage_model, nn::ModelKind kind) {
   if (stage_model.bounds.empty()) return {};
   std::ostringstream text;
-  const int v = c.virtual_pipeline_stages;
+  const int v = pipeline_chunks(c);
+  const bool v_shape = pipeline_placement(c) == parallel::ChunkPlacement::v_shape;
   text << "pipeline: " << c.pipeline_parallel << " stages";
-  text << (v > 1 ? " x " + std::to_string(v) + " chunks, interleaved " : ", ") << c.pipeline_schedule << ", "
+  text << (v > 1 ? " x " + std::to_string(v) + (v_shape ? " chunks in a V, " : " chunks, interleaved ") : ", ")
+       << c.pipeline_schedule << ", "
        << nn::model_traits(kind).layer_word;
   for (size_t s = 0; s + 1 < stage_model.bounds.size(); ++s)
     text << (s ? ", " : " ") << "[" << stage_model.bounds[s] << ", " << stage_model.bounds[s + 1] << ")";
-  if (v > 1) text << ", chunk c on stage c mod " << c.pipeline_parallel;
+  if (v_shape)
+    text << ", chunks c and " << 2 * c.pipeline_parallel - 1 << " - c on stage c";
+  else if (v > 1)
+    text << ", chunk c on stage c mod " << c.pipeline_parallel;
   return text.str();
 }
 
@@ -774,7 +790,7 @@ TrainResult estimate_only(const TrainConfig& c, const nn::ModelConfig& model_cfg
   nn::ModelSpec shapes = spec;
   shapes.shapes_only = true;
   const models::StageModel stage_model = models::build_stage_model(
-      model_cfg, shapes, layout, c.sequence_parallel, c.pipeline_split, c.virtual_pipeline_stages);
+      model_cfg, shapes, layout, c.sequence_parallel, c.pipeline_split, pipeline_chunks(c), pipeline_placement(c));
   TrainResult estimate;
   estimate.data_parallel_size = parallel::data_group(layout).size();
   estimate.memory_estimate = estimate_memory(c, *stage_model.module, layout, micro_batches, spec.dtype, ctx);
@@ -826,7 +842,7 @@ TrainState train_state(const TrainConfig& c, const nn::ModelConfig& model, DType
   state.pp = layout.size("pp");
   state.cp = layout.size("cp");
   state.cp_rank = layout.rank("cp");
-  state.virtual_stages = c.virtual_pipeline_stages;
+  state.virtual_stages = pipeline_chunks(c);
   state.dp_rank = data.rank();
   state.tp_rank = layout.rank("tp");
   state.pp_rank = layout.rank("pp");
@@ -1142,7 +1158,8 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   // This rank's part of the model: the layers of its pipeline stage, split
   // over its tensor-parallel group, with its loss (models/stage_model.h).
   models::StageModel stage_model = models::build_stage_model(model_cfg, spec, layout, c.sequence_parallel,
-                                                                 c.pipeline_split, c.virtual_pipeline_stages);
+                                                                 c.pipeline_split, pipeline_chunks(c),
+                                                                 pipeline_placement(c));
   const std::unique_ptr<nn::Module>& model = stage_model.module;
   std::vector<nn::Parameter*> parameters = model->parameters();
   inject_start_up_fault(world->rank());

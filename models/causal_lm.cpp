@@ -1,6 +1,8 @@
 // CausalLm's shared part (models/causal_lm.h).
 #include "models/causal_lm.h"
 
+#include <optional>
+
 #include "core/context.h"
 #include "core/error.h"
 #include "kernels/ops.h"
@@ -55,8 +57,16 @@ Tensor CausalLm::head_backward(const Tensor& grad_logits, parallel::VocabParalle
   const Tensor dlogits = grad_logits.view(Shape{rows, local_vocab});
   Tensor grad = context().empty(features.shape(), spec().dtype, spec().device);
   {
-    const nn::ParametersInUse in_use(table, nn::ParameterPhase::backward);  // the head outside the table's own calls
-    ops::matmul_backward(dlogits, features, weight.value, nullptr, &weight.grad, false, true, /*accumulate=*/true);
+    // The head uses the table outside the table's own calls: held for both
+    // gradients, or, in a backward in two halves, for each half.
+    const bool halves = defers_weight_gradients();
+    const nn::ParametersInUse in_use(table, halves ? nn::ParameterPhase::input_gradient : nn::ParameterPhase::backward);
+    add_weight_gradients([&table, dlogits, features, halves] {
+      std::optional<nn::ParametersInUse> held;
+      if (halves) held.emplace(table, nn::ParameterPhase::weight_gradient);
+      nn::Parameter& w = table.weight();
+      ops::matmul_backward(dlogits, features, w.value, nullptr, &w.grad, false, true, /*accumulate=*/true);
+    });
     ops::matmul_backward(dlogits, features, weight.value, &grad, nullptr, false, true, /*accumulate=*/false);
   }
   grad = grad.view(Shape{batch, tokens, c});

@@ -132,11 +132,21 @@ Tensor Decoder::backward_impl(const Tensor& grad_output, nn::Saved& saved) {
   // Sequence parallelism sums wpe's and ln_f's gradients over the group after
   // this whole backward: under ZeRO-2/3 their gradient buffers must exist
   // from here to there (nothing is held without parameter hooks).
-  std::vector<std::unique_ptr<nn::ParametersInUse>> summed_later;
+  // (Weight-gradient work: in the W step of a backward in two halves.)
+  auto summed_later = std::make_shared<std::vector<std::unique_ptr<nn::ParametersInUse>>>();
   if (partial_)
-    for (nn::Module* module : {static_cast<nn::Module*>(wpe_), ln_f_})
-      if (module) summed_later.push_back(std::make_unique<nn::ParametersInUse>(*module, nn::ParameterPhase::backward));
-  if (partial_) partial_->begin();
+    add_weight_gradients([this, summed_later, phase = weight_gradient_phase()] {
+      for (nn::Module* module : {static_cast<nn::Module*>(wpe_), ln_f_})
+        if (module) summed_later->push_back(std::make_unique<nn::ParametersInUse>(*module, phase));
+      partial_->begin();
+    });
+  const auto end_partial = [this, summed_later] {
+    if (!partial_) return;
+    add_weight_gradients([this, summed_later] {
+      partial_->end();
+      summed_later->clear();
+    });
+  };
   Tensor grad = grad_output;
   if (stage_.last()) {
     grad = head_backward(grad_output, *head_, saved);
@@ -144,17 +154,20 @@ Tensor Decoder::backward_impl(const Tensor& grad_output, nn::Saved& saved) {
     // The head's use of its table is complete (its own, a tied copy's, or the
     // first stage's table before the embedding adds its own use).
     nn::Parameter& table = head_->weight();
-    if ((head_ != wte_ || !stage_.first()) && table.on_grad_ready) table.on_grad_ready(table);
+    if (head_ != wte_ || !stage_.first())
+      add_weight_gradients([&table] {
+        if (table.on_grad_ready) table.on_grad_ready(table);
+      });
   }
   for (size_t i = blocks_.size(); i-- > 0;) grad = blocks_[i]->backward(grad, saved.child(kFirstBlock + i));
   if (!stage_.first()) {
-    if (partial_) partial_->end();
+    end_partial();
     saved.clear();
     return grad;
   }
   grad = dropout_->backward(grad, saved.child(kDropout));
   if (wpe_) grad = wpe_->backward(grad, saved.child(kWpe));
-  if (partial_) partial_->end();
+  end_partial();
   wte_->backward(grad, saved.child(kWte));
   saved.clear();
   return Tensor();

@@ -6,8 +6,9 @@
 // values as the whole model); with the loss that goes with it (the
 // vocabulary-parallel cross-entropy for a causal LM split over tp or pp).
 // With virtual pipeline stages (interleaved 1F1B, causal LMs only) the layers
-// are cut into pp·V chunks, this rank holding chunks stage, stage + pp, ...
-// (parallel/pipeline_schedule.h).
+// are cut into pp·V chunks, this rank holding chunks stage, stage + pp, ...;
+// under the V-shaped zbv schedule chunks stage and 2·pp − 1 − stage
+// (parallel/pipeline_schedule.h: ChunkMap).
 #pragma once
 
 #include <functional>
@@ -20,6 +21,7 @@
 #include "nn/module.h"
 #include "models/registry.h"
 #include "parallel/layout.h"
+#include "parallel/pipeline_schedule.h"
 
 namespace tessera::models {
 
@@ -52,6 +54,7 @@ struct StageModel {
 // vocabulary not divisible by tp, fewer layers than chunks, a model that
 // cannot be split or interleaved).
 StageModel build_stage_model(const nn::ModelConfig& config, const nn::ModelSpec& spec, parallel::Layout& layout,
-                             bool sequence_parallel, const std::string& pipeline_split, int virtual_stages = 1);
+                             bool sequence_parallel, const std::string& pipeline_split, int virtual_stages = 1,
+                             parallel::ChunkPlacement placement = parallel::ChunkPlacement::loop);
 
 }  // namespace tessera::models

@@ -126,7 +126,7 @@ Tensor linear_rows_forward(const Tensor& x, const Parameter& weight, const Param
 }
 
 Tensor linear_rows_backward(const Tensor& dy, const Tensor& x, const Tensor& kept, Parameter& weight, Parameter* bias,
-                            ops::Activation activation, bool input_grad) {
+                            ops::Activation activation, bool input_grad, Module& owner) {
   Tensor dz = dy;  // gradient before the activation
   if (activation != ops::Activation::none) {
     dz = empty_like(dy);
@@ -135,8 +135,10 @@ Tensor linear_rows_backward(const Tensor& dy, const Tensor& x, const Tensor& kep
     else
       ops::gelu_backward(kept, dy, dz);
   }
-  if (bias) ops::bias_add_backward(dz, bias->grad, /*accumulate=*/true);
-  ops::matmul_backward(dz, x, weight.value, nullptr, &weight.grad, false, true, /*accumulate=*/true);
+  owner.add_weight_gradients([dz, x, w = &weight, bias] {
+    if (bias) ops::bias_add_backward(dz, bias->grad, /*accumulate=*/true);
+    ops::matmul_backward(dz, x, w->value, nullptr, &w->grad, false, true, /*accumulate=*/true);
+  });
   if (!input_grad) return Tensor();
   Tensor dx = empty_like(x);
   ops::matmul_backward(dz, x, weight.value, &dx, nullptr, false, true, /*accumulate=*/false);
@@ -162,7 +164,7 @@ Tensor Linear::backward_impl(const Tensor& grad_output, Saved& saved) {
   saved.clear();
   check_grad(*this, grad_output, input_shape.with_dim(-1, out_));
   const Tensor dx =
-      linear_rows_backward(grad_output.reshape({-1, out_}), x, kept, *weight_, bias_, activation_, input_grad_);
+      linear_rows_backward(grad_output.reshape({-1, out_}), x, kept, *weight_, bias_, activation_, input_grad_, *this);
   return dx.defined() ? dx.view(input_shape) : dx;
 }
 
@@ -314,16 +316,14 @@ Tensor LayerNorm::backward_impl(const Tensor& grad_output, Saved& saved) {
   check_grad(*this, grad_output, x.shape());
   const Tensor dy = grad_output.view(x.shape());
   Tensor dx = empty_like(x);
-  if (accumulates_directly(*weight_)) {
-    ops::layernorm_backward(dy, x, weight_->value, mean, rstd, dx, weight_->grad, bias_ ? &bias_->grad : nullptr,
-                            /*accumulate=*/true);
-  } else {
-    Tensor grad_weight = empty_like(weight_->value), grad_bias = bias_ ? empty_like(bias_->value) : Tensor();
-    ops::layernorm_backward(dy, x, weight_->value, mean, rstd, dx, grad_weight, bias_ ? &grad_bias : nullptr,
-                            /*accumulate=*/false);
+  // One pass gives dx and the weight's gradient: the W step adds the latter.
+  Tensor grad_weight = empty_like(weight_->value), grad_bias = bias_ ? empty_like(bias_->value) : Tensor();
+  ops::layernorm_backward(dy, x, weight_->value, mean, rstd, dx, grad_weight, bias_ ? &grad_bias : nullptr,
+                          /*accumulate=*/false);
+  add_weight_gradients([this, grad_weight, grad_bias] {
     add_into_grad(*weight_, grad_weight);
     if (bias_) add_into_grad(*bias_, grad_bias);
-  }
+  });
   return dx;
 }
 
@@ -351,13 +351,9 @@ Tensor RMSNorm::backward_impl(const Tensor& grad_output, Saved& saved) {
   check_grad(*this, grad_output, x.shape());
   const Tensor dy = grad_output.view(x.shape());
   Tensor dx = empty_like(x);
-  if (accumulates_directly(*weight_)) {
-    ops::rmsnorm_backward(dy, x, weight_->value, rstd, dx, weight_->grad, /*accumulate=*/true);
-  } else {
-    Tensor grad_weight = empty_like(weight_->value);
-    ops::rmsnorm_backward(dy, x, weight_->value, rstd, dx, grad_weight, /*accumulate=*/false);
-    add_into_grad(*weight_, grad_weight);
-  }
+  Tensor grad_weight = empty_like(weight_->value);
+  ops::rmsnorm_backward(dy, x, weight_->value, rstd, dx, grad_weight, /*accumulate=*/false);
+  add_weight_gradients([this, grad_weight] { add_into_grad(*weight_, grad_weight); });
   return dx;
 }
 
@@ -413,13 +409,14 @@ Tensor Embedding::backward_impl(const Tensor& grad_output, Saved& saved) {
   const Tensor ids = saved.tensors[0];
   saved.clear();
   check_grad(*this, grad_output, appended(ids.shape(), dim_));
-  Tensor dy = grad_output.reshape({-1, dim_});
-  if (dy.dtype() != DType::f32) {  // the table gradient is f32: widen the rows, then scatter-add them
-    Tensor wide = context().empty(dy.shape(), DType::f32, dy.device());
-    ops::cast(dy, wide);
-    dy = wide;
-  }
-  ops::embedding_backward(ids, dy, weight_->grad);
+  add_weight_gradients([this, ids, dy = grad_output.reshape({-1, dim_})]() mutable {
+    if (dy.dtype() != DType::f32) {  // the table gradient is f32: widen the rows, then scatter-add them
+      Tensor wide = context().empty(dy.shape(), DType::f32, dy.device());
+      ops::cast(dy, wide);
+      dy = wide;
+    }
+    ops::embedding_backward(ids, dy, weight_->grad);
+  });
   return Tensor();
 }
 
@@ -471,9 +468,11 @@ Tensor PositionEmbedding::backward_at_positions(const Tensor& grad_output, Saved
   const Tensor where = saved.tensors[0];
   saved.clear();
   const int64_t tokens = where.size(0);
-  Tensor summed = context().empty(Shape{tokens * dim_}, DType::f32, spec().device);
-  ops::bias_add_backward(grad_output.view(Shape{grad_output.size(0), tokens * dim_}), summed);
-  ops::embedding_backward(where, summed.view(Shape{tokens, dim_}), weight_->grad);
+  add_weight_gradients([this, where, tokens, grad_output] {
+    Tensor summed = context().empty(Shape{tokens * dim_}, DType::f32, spec().device);
+    ops::bias_add_backward(grad_output.view(Shape{grad_output.size(0), tokens * dim_}), summed);
+    ops::embedding_backward(where, summed.view(Shape{tokens, dim_}), weight_->grad);
+  });
   return grad_output;
 }
 
@@ -485,9 +484,11 @@ Tensor PositionEmbedding::backward_impl(const Tensor& grad_output, Saved& saved)
   TESSERA_CHECK(grad_output.ndim() == 3 && grad_output.size(1) == tokens && grad_output.size(2) == dim_, name(),
                 ": the output gradient has shape ", grad_output.shape().to_string(), ", expected [B, ", tokens, ", ",
                 dim_, "]");
-  Tensor grad_rows = weight_->grad.slice(first, first + tokens).view(Shape{tokens * dim_});
-  ops::bias_add_backward(grad_output.view(Shape{grad_output.size(0), tokens * dim_}), grad_rows,
-                         /*accumulate=*/true);
+  add_weight_gradients([this, first, tokens, grad_output] {
+    Tensor grad_rows = weight_->grad.slice(first, first + tokens).view(Shape{tokens * dim_});
+    ops::bias_add_backward(grad_output.view(Shape{grad_output.size(0), tokens * dim_}), grad_rows,
+                           /*accumulate=*/true);
+  });
   return grad_output;
 }
 
@@ -596,7 +597,7 @@ Tensor PreLnBlock::forward_all(const Tensor& input, Saved& saved, const Pass& pa
 }
 
 Tensor PreLnBlock::backward_all(const Tensor& grad_output, Saved& saved) {
-  before_backward();
+  add_weight_gradients([this] { before_backward(); });
   const Tensor& dy = grad_output;
   Tensor grad = parts_[3]->backward(dy, saved.child(3));
   grad = parts_[2]->backward(grad, saved.child(2));
@@ -607,7 +608,7 @@ Tensor PreLnBlock::backward_all(const Tensor& grad_output, Saved& saved) {
   Tensor dx = empty_like(grad);
   ops::add(dh, grad, dx);
   saved.clear();
-  after_backward();
+  add_weight_gradients([this] { after_backward(); });
   return dx;
 }
 

@@ -55,10 +55,11 @@ ops::AttentionDropout saved_attention_dropout(const Saved& saved);
 // (the output for ReLU, the pre-activation for GELU, nothing otherwise).
 Tensor linear_rows_forward(const Tensor& x, const Parameter& weight, const Parameter* bias, ops::Activation activation,
                            Tensor& kept);
-// From dy [R, out]: adds into weight.grad (and bias->grad) and returns
-// dx [R, in], or an undefined Tensor when !input_grad.
+// From dy [R, out]: adds into weight.grad (and bias->grad) through
+// owner.add_weight_gradients (deferred to the W step in a backward in two
+// halves) and returns dx [R, in], or an undefined Tensor when !input_grad.
 Tensor linear_rows_backward(const Tensor& dy, const Tensor& x, const Tensor& kept, Parameter& weight, Parameter* bias,
-                            ops::Activation activation, bool input_grad);
+                            ops::Activation activation, bool input_grad, Module& owner);
 
 // y = act(x·Wᵀ + b) over the last dimension: x [..., in] → y [..., out].
 // weight [out, in] (PyTorch's layout), bias [out]. The activation is fused into
@@ -72,6 +73,7 @@ class Linear : public Module {
          ops::Activation activation = ops::Activation::none);
   Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
+  bool splits_backward() const override { return true; }
 
   // False: backward returns no input gradient (the first layer of a network
   // over data), saving one GEMM.
@@ -140,6 +142,7 @@ class LayerNorm : public Module {
   LayerNorm(const ModelSpec& spec, std::string name, int64_t dim, float eps = 1e-5f, bool bias = true);
   Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
+  bool splits_backward() const override { return true; }
   Parameter& weight() { return *weight_; }
   Parameter* bias() { return bias_; }
 
@@ -156,6 +159,7 @@ class RMSNorm : public Module {
   RMSNorm(const ModelSpec& spec, std::string name, int64_t dim, float eps = 1e-5f);
   Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
+  bool splits_backward() const override { return true; }
   Parameter& weight() { return *weight_; }
 
  private:
@@ -185,6 +189,7 @@ class Embedding : public Module {
   Embedding(const ModelSpec& spec, std::string name, int64_t vocab_size, int64_t dim);
   Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
+  bool splits_backward() const override { return true; }
   Parameter& weight() { return *weight_; }
 
  private:
@@ -199,6 +204,7 @@ class PositionEmbedding : public Module {
   PositionEmbedding(const ModelSpec& spec, std::string name, int64_t max_tokens, int64_t dim);
   Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, Saved& saved) override;
+  bool splits_backward() const override { return true; }
   Parameter& weight() { return *weight_; }
   // Sequence parallelism: the input holds positions [r·T', (r+1)·T') of each
   // sequence (T' its length), r = `shard` of `shards`.

@@ -5,6 +5,7 @@
 
 #include "core/allocator.h"
 #include "core/context.h"
+#include "kernels/ops.h"
 
 namespace tessera::nn {
 
@@ -67,11 +68,75 @@ Tensor Module::forward(const Tensor& input, Saved& saved, const Pass& pass) {
 }
 
 Tensor Module::backward(const Tensor& grad_output, Saved& saved) {
-  const ParametersInUse in_use(*this, ParameterPhase::backward);
-  Tensor grad_input = backward_impl(grad_output, saved);
+  if (later_) return backward_input_half(grad_output, saved);
+  Tensor grad_input;
+  {
+    const ParametersInUse in_use(*this, ParameterPhase::backward);
+    grad_input = backward_impl(grad_output, saved);
+  }
+  report_gradients_ready();
+  return grad_input;
+}
+
+void Module::report_gradients_ready() {
   for (const auto& p : parameters_)
     if (p->on_grad_ready) p->on_grad_ready(*p);
+}
+
+// The B step: the hooks' weight-gradient acquire first in the W list, then
+// what backward_impl leaves there, then the gradient-ready hooks and the
+// release. A module that does not split its own backward computes its
+// parameters' gradients now, into zeroed buffers of their own that the W
+// step adds in (their .grad is put back at once: under ZeRO-2/3 it is
+// another buffer by then).
+Tensor Module::backward_input_half(const Tensor& grad_output, Saved& saved) {
+  WeightGradients& later = *later_;
+  if (hooks_) later.add([this] { hooks_->acquire(*this, ParameterPhase::weight_gradient); });
+  std::vector<Tensor> kept_grads;
+  const bool own_buffers = !splits_backward() && !parameters_.empty();
+  if (own_buffers)
+    for (const auto& p : parameters_) {
+      kept_grads.push_back(p->grad);
+      p->grad = context().zeros(p->grad.shape(), DType::f32, spec_.device);
+    }
+  Tensor grad_input;
+  {
+    const ParametersInUse in_use(*this, ParameterPhase::input_gradient);
+    grad_input = backward_impl(grad_output, saved);
+  }
+  if (own_buffers) {
+    std::vector<std::pair<Parameter*, Tensor>> computed;
+    for (size_t i = 0; i < parameters_.size(); ++i) {
+      computed.emplace_back(parameters_[i].get(), parameters_[i]->grad);
+      parameters_[i]->grad = kept_grads[i];
+    }
+    later.add([computed] {
+      for (const auto& [p, grad] : computed) ops::axpy(1.0f, grad, p->grad);
+    });
+  }
+  later.add([this] {
+    report_gradients_ready();
+    if (hooks_) hooks_->release(*this, ParameterPhase::weight_gradient);
+  });
   return grad_input;
+}
+
+void Module::defer_weight_gradients(WeightGradients* later) {
+  later_ = later;
+  for (const auto& child : children_) child->defer_weight_gradients(later);
+}
+
+void Module::add_weight_gradients(std::function<void()> work) {
+  if (later_)
+    later_->add(std::move(work));
+  else
+    work();
+}
+
+void WeightGradients::run() {
+  std::vector<std::function<void()>> work;
+  work.swap(work_);
+  for (const auto& piece : work) piece();
 }
 
 std::vector<Module*> Module::children() const {

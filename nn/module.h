@@ -19,9 +19,23 @@
 // gathered (and gradients allocated) only while a unit runs. A module that
 // uses another unit's parameters outside that unit's calls (the GPT head's
 // tied embedding) holds them with a ParametersInUse of its own.
+//
+// Backward in two halves (zero-bubble pipeline schedules, parallel/pipeline.h):
+// while a module defers weight gradients into a WeightGradients list,
+// backward() computes the gradient for the input only (the B step) and
+// leaves in the list what adds into the parameters' gradients, each
+// parameter's on_grad_ready hook and the parameter hooks' weight-gradient
+// acquire and release around them; running the list (the W step) does that
+// work in the order a one-call backward would have done it, so gradients are
+// the same bit for bit. A module's backward_impl passes its weight-gradient
+// work to add_weight_gradients() (run at once in a one-call backward); a
+// module whose backward_impl does not (a layer nobody split) has its own
+// parameters' gradients computed during B into buffers of its own and added
+// at W.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -76,9 +90,25 @@ struct ModelSpec {
 
 class Module;
 
-// What a use of a module's parameters needs: values (forward), or values and
-// gradient buffers to add into (backward).
-enum class ParameterPhase { forward, backward };
+// What a use of a module's parameters needs: values (forward), values and
+// gradient buffers to add into (backward); in a backward in two halves,
+// values only (input_gradient: the B step) and gradient buffers only
+// (weight_gradient: the W step).
+enum class ParameterPhase { forward, backward, input_gradient, weight_gradient };
+
+// The W steps a backward in two halves left (see the top of this file): work
+// in the order it was added.
+class WeightGradients {
+ public:
+  void add(std::function<void()> work) { work_.push_back(std::move(work)); }
+  // Runs every piece of work in order and empties the list.
+  void run();
+  bool empty() const { return work_.empty(); }
+  size_t size() const { return work_.size(); }
+
+ private:
+  std::vector<std::function<void()>> work_;
+};
 
 class ParameterHooks {
  public:
@@ -123,6 +153,16 @@ class Module {
   // the hooks' acquire and release, like forward().
   Tensor backward(const Tensor& grad_output, Saved& saved);
 
+  // While `later` is set (on this module and every descendant), backward()
+  // is the B step of a backward in two halves and leaves its W step in
+  // `later` (see the top of this file); null: one-call backward.
+  void defer_weight_gradients(WeightGradients* later);
+  bool defers_weight_gradients() const { return later_ != nullptr; }
+  // Work that adds into parameters' gradients: run now in a one-call
+  // backward, kept for the W step in a backward in two halves. It must
+  // read a parameter's .grad when it runs (ZeRO-2/3 give it a buffer then).
+  void add_weight_gradients(std::function<void()> work);
+
   // The hooks called around this module's own forward and backward (null: none).
   void set_parameter_hooks(ParameterHooks* hooks) { hooks_ = hooks; }
   ParameterHooks* parameter_hooks() const { return hooks_; }
@@ -148,6 +188,16 @@ class Module {
   // The module's own forward and backward (see forward() and backward()).
   virtual Tensor forward_impl(const Tensor& input, Saved& saved, const Pass& pass) = 0;
   virtual Tensor backward_impl(const Tensor& grad_output, Saved& saved) = 0;
+  // Whether backward_impl passes all its work on its own parameters'
+  // gradients to add_weight_gradients (otherwise a backward in two halves
+  // computes them during B into buffers of their own).
+  virtual bool splits_backward() const { return false; }
+  // The phase a use of parameters outside their module's own calls takes
+  // for the weight-gradient work (the GPT head's tied table): backward in a
+  // one-call backward, weight_gradient in the W step.
+  ParameterPhase weight_gradient_phase() const {
+    return later_ ? ParameterPhase::weight_gradient : ParameterPhase::backward;
+  }
 
   // Creates a parameter named "<this name>.<local>" of `shape` in the spec's
   // dtype/device, with a zeroed f32 gradient (values are left to the caller's
@@ -178,8 +228,12 @@ class Module {
   std::string name_;
   bool training_ = true;
   ParameterHooks* hooks_ = nullptr;
+  WeightGradients* later_ = nullptr;
   std::vector<std::unique_ptr<Parameter>> parameters_;
   std::vector<std::unique_ptr<Module>> children_;
+
+  Tensor backward_input_half(const Tensor& grad_output, Saved& saved);
+  void report_gradients_ready();
 };
 
 // The modules whose parameters ZeRO-2/3 keeps together (gathered, reduced

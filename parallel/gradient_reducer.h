@@ -137,6 +137,7 @@ class GradientReducer {
   void free_values(size_t unit) noexcept;  // back to placeholders
   void prefetch_after(size_t unit, nn::ParameterPhase phase);
   void allocate_gradients(size_t unit);
+  void prepare_gradients(size_t unit);  // its gradient buffer, after the previous reduction finished
   void launch_unit_reduction(size_t unit, bool in_backward);
   void finish_unit_reduction(size_t unit);
   void progress_units();  // polls; completes what is done

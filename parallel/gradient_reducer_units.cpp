@@ -79,14 +79,16 @@ GradientReducer::Unit& GradientReducer::unit_of(const nn::Module& module) {
 void GradientReducer::acquire(nn::Module& module, nn::ParameterPhase phase) {
   Unit& unit = unit_of(module);
   const size_t u = size_t(&unit - units_.data());
+  if (phase == nn::ParameterPhase::weight_gradient) {  // the W step: a gradient buffer, no values
+    prepare_gradients(u);
+    progress_units();
+    return;
+  }
   if (unit.holds++ == 0) {
     unit.use_start_ns = now();
     unit.phase = phase;
   }
-  if (phase == nn::ParameterPhase::backward) {
-    if (unit.reduction) finish_unit_reduction(u);  // the previous micro-batch's, still in flight
-    if (!unit.grads.defined()) allocate_gradients(u);
-  }
+  if (phase == nn::ParameterPhase::backward) prepare_gradients(u);
   if (shards_values() && !unsharded_) {
     if (unit.prefetched) {
       unit.prefetched = false;
@@ -94,14 +96,21 @@ void GradientReducer::acquire(nn::Module& module, nn::ParameterPhase phase) {
     }
     if (!unit.values.defined()) gather_unit(u);
     wait_gathered(u);
-    prefetch_after(u, phase);
+    // The B step walks the units backward, as a one-call backward does.
+    prefetch_after(u, phase == nn::ParameterPhase::input_gradient ? nn::ParameterPhase::backward : phase);
   }
   progress_units();
 }
 
+void GradientReducer::prepare_gradients(size_t u) {
+  Unit& unit = units_[u];
+  if (unit.reduction) finish_unit_reduction(u);  // the previous micro-batch's, still in flight
+  if (!unit.grads.defined()) allocate_gradients(u);
+}
+
 void GradientReducer::release(nn::Module& module, nn::ParameterPhase phase) noexcept {
   const auto found = unit_index_.find(&module);
-  if (found == unit_index_.end()) return;
+  if (found == unit_index_.end() || phase == nn::ParameterPhase::weight_gradient) return;
   const size_t u = found->second;
   Unit& unit = units_[u];
   if (--unit.holds > 0) return;

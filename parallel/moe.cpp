@@ -215,7 +215,7 @@ Tensor MixtureOfExperts::run_experts_backward(const Tensor& grad_rows, const std
   for (size_t l = 0; l < experts_.size(); ++l) {
     const int64_t begin = offsets[l], end = offsets[l + 1];
     if (begin == end) {
-      report_gradients_complete(*experts_[l]);
+      add_weight_gradients([expert = experts_[l]] { report_gradients_complete(*expert); });
       continue;
     }
     const Tensor dx =

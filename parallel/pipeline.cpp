@@ -100,130 +100,238 @@ struct UnitState {
   nn::Saved saved, loss_saved;
   Tensor received, output, grad_in, grad_out;
   Shape output_shape;
+  nn::WeightGradients weights;  // a split backward's W step, from its B step
 };
+
+// Sets a chunk's module deferring its weight gradients into `later` for a
+// scope (the B step of a split backward), and back to one-call backward.
+class DeferredWeightGradients {
+ public:
+  DeferredWeightGradients(nn::Module& chunk, nn::WeightGradients* later) : chunk_(chunk) {
+    if (later) chunk_.defer_weight_gradients(later);
+  }
+  ~DeferredWeightGradients() { chunk_.defer_weight_gradients(nullptr); }
+  DeferredWeightGradients(const DeferredWeightGradients&) = delete;
+  DeferredWeightGradients& operator=(const DeferredWeightGradients&) = delete;
+
+ private:
+  nn::Module& chunk_;
+};
+
+size_t last_index_of(const std::vector<PipeInstruction>& schedule, PipeInstruction::Op op) {
+  size_t last = 0;
+  for (size_t k = 0; k < schedule.size(); ++k)
+    if (schedule[k].op == op) last = k;
+  return last;
+}
 
 }  // namespace
 
-PipelineStepStats PipelineEngine::run(const PipelineStep& step) {
-  const int s = stage(), p = stages(), m = step.micro_batches, v = chunks();
-  TESSERA_CHECK(m >= 1, "pipeline: a step needs at least one micro-batch");
-  TESSERA_CHECK(s != 0 || int(step.inputs.size()) == m, "pipeline stage 0: ", step.inputs.size(), " inputs for ", m,
-                " micro-batches");
-  TESSERA_CHECK(s + 1 != p || int(step.targets.size()) == m, "pipeline stage ", s, ": ", step.targets.size(),
-                " targets for ", m, " micro-batches");
-  // The model's first chunk reads the data; its last computes the loss.
-  const auto first_chunk = [s](int chunk) { return s == 0 && chunk == 0; };
-  const auto last_chunk = [s, p, v](int chunk) { return s + 1 == p && chunk + 1 == v; };
-  Context& ctx = chunks_.front()->context();
-  const Device device = chunks_.front()->spec().device;
-  std::vector<UnitState> units(size_t(m) * size_t(v));
-  const auto unit = [&units, m](int micro, int chunk) -> UnitState& {
-    return units[size_t(chunk) * size_t(m) + size_t(micro)];
-  };
-  const std::vector<PipeInstruction> schedule = pipeline_schedule(options_.schedule, p, s, m, v);
-  size_t last_backward = 0;
-  for (size_t k = 0; k < schedule.size(); ++k)
-    if (schedule[k].op == PipeInstruction::Op::backward) last_backward = k;
-  PipelineStepStats stats;
-  stats.start_ns = now();
-  int in_flight = 0;
-  const auto event = [&](const std::string& name, const std::string& category, int64_t start) {
-    const int64_t end = now();
-    if (options_.on_event) options_.on_event(name, category, start, end);
-    return end - start;
-  };
-  const auto unit_name = [v](const char* what, const PipeInstruction& in) {
-    return std::string(what) + " " + std::to_string(in.micro) + (v > 1 ? " chunk " + std::to_string(in.chunk) : "");
-  };
+// One step's run of the schedule on this stage: its units' state and the
+// instructions' meaning.
+class PipelineEngine::StepRun {
+ public:
+  StepRun(PipelineEngine& engine, const PipelineStep& step)
+      : engine_(engine),
+        step_(step),
+        s_(engine.stage()),
+        m_(step.micro_batches),
+        map_{engine.stages(), engine.chunks(), chunk_placement(engine.options_.schedule)},
+        halves_(splits_backward(engine.options_.schedule)),
+        units_(size_t(step.micro_batches) * size_t(engine.chunks())),
+        schedule_(pipeline_schedule(engine.options_.schedule, engine.stages(), s_, m_, engine.chunks())),
+        // Gradients are complete after the stage's last backward, or its last W step.
+        completing_(last_index_of(schedule_, halves_ ? PipeInstruction::Op::weight : PipeInstruction::Op::backward)) {}
 
-  for (size_t k = 0; k < schedule.size(); ++k) {
-    const PipeInstruction& in = schedule[k];
-    const int64_t start = now();
-    if (in.op == PipeInstruction::Op::forward) {
-      UnitState& u = unit(in.micro, in.chunk);
-      const Tensor& input = first_chunk(in.chunk) ? step.inputs[size_t(in.micro)] : u.received;
-      TESSERA_CHECK(input.defined(), "pipeline stage ", s, ": forward of micro-batch ", in.micro, " without its input");
-      u.output = chunks_[size_t(in.chunk)]->forward(input, u.saved, step.pass ? step.pass(in.micro) : nn::Pass{});
-      u.received = Tensor();  // what the chunk needs is in saved
-      u.output_shape = u.output.shape();
-      if (last_chunk(in.chunk))
-        stats.loss_sum += loss_.forward(u.output, step.targets[size_t(in.micro)], u.loss_saved).loss;
-      stats.max_in_flight = std::max(stats.max_in_flight, ++in_flight);
-      stats.compute_ns += event(unit_name("forward", in), "compute", start);
-    } else if (in.op == PipeInstruction::Op::backward) {
-      UnitState& u = unit(in.micro, in.chunk);
-      if (step.before_backward) step.before_backward(in.micro, k == last_backward);
-      nn::Module& chunk = *chunks_[size_t(in.chunk)];
-      Tensor grad;
+  PipelineStepStats run() {
+    stats_.start_ns = engine_.now();
+    for (size_t k = 0; k < schedule_.size(); ++k) {
+      const PipeInstruction& in = schedule_[k];
+      const int64_t start = engine_.now();
+      switch (in.op) {
+        case PipeInstruction::Op::forward:
+          forward(in);
+          stats_.compute_ns += event(unit_name("forward", in), "compute", start);
+          break;
+        case PipeInstruction::Op::backward:
+          backward(in, k);
+          stats_.compute_ns += event(unit_name("backward", in), "compute", start);
+          break;
+        case PipeInstruction::Op::weight:
+          weight(in, k);
+          stats_.compute_ns += event(unit_name("weight", in), "compute", start);
+          break;
+        case PipeInstruction::Op::exchange:
+          exchange(in);
+          event("p2p", "comm", start);
+          break;
+      }
+    }
+    stats_.end_ns = engine_.now();
+    return stats_;
+  }
+
+ private:
+  UnitState& unit(int micro, int chunk) { return units_[size_t(chunk) * size_t(m_) + size_t(micro)]; }
+  // The model's first chunk reads the data; its last computes the loss.
+  bool first_chunk(int chunk) const { return map_.model_chunk(s_, chunk) == 0; }
+  bool last_chunk(int chunk) const { return map_.model_chunk(s_, chunk) + 1 == map_.model_chunks(); }
+  // The local chunk of this stage the model's chunk `offset` after `chunk` is (-1: another stage's).
+  int local_neighbour(int chunk, int offset) const {
+    const int model_chunk = map_.model_chunk(s_, chunk) + offset;
+    if (model_chunk < 0 || model_chunk >= map_.model_chunks() || map_.stage_of(model_chunk) != s_) return -1;
+    return map_.local_of(model_chunk);
+  }
+
+  void forward(const PipeInstruction& in) {
+    UnitState& u = unit(in.micro, in.chunk);
+    const Tensor& input = first_chunk(in.chunk) ? step_.inputs[size_t(in.micro)] : u.received;
+    TESSERA_CHECK(input.defined(), "pipeline stage ", s_, ": forward of micro-batch ", in.micro, " without its input");
+    u.output = engine_.chunks_[size_t(in.chunk)]->forward(input, u.saved,
+                                                          step_.pass ? step_.pass(in.micro) : nn::Pass{});
+    u.received = Tensor();  // what the chunk needs is in saved
+    u.output_shape = u.output.shape();
+    if (last_chunk(in.chunk))
+      stats_.loss_sum += engine_.loss_.forward(u.output, step_.targets[size_t(in.micro)], u.loss_saved).loss;
+    if (const int next = local_neighbour(in.chunk, 1); next >= 0) {  // the next chunk is here (a V's turn)
+      unit(in.micro, next).received = u.output;
+      u.output = Tensor();
+    }
+    stats_.max_in_flight = std::max(stats_.max_in_flight, ++in_flight_);
+  }
+
+  void backward(const PipeInstruction& in, size_t k) {
+    UnitState& u = unit(in.micro, in.chunk);
+    if (!halves_ && step_.before_backward) step_.before_backward(in.micro, k == completing_);
+    nn::Module& chunk = *engine_.chunks_[size_t(in.chunk)];
+    Tensor grad;
+    {
+      const DeferredWeightGradients deferred(chunk, halves_ ? &u.weights : nullptr);
       if (last_chunk(in.chunk)) {
         Tensor logits = u.output;
-        loss_.backward(logits, step.targets[size_t(in.micro)], step.loss_scale / float(m), u.loss_saved);
+        engine_.loss_.backward(logits, step_.targets[size_t(in.micro)], step_.loss_scale / float(m_), u.loss_saved);
         grad = chunk.backward(logits, u.saved);
         u.output = Tensor();
       } else {
-        TESSERA_CHECK(u.grad_in.defined(), "pipeline stage ", s, ": backward of micro-batch ", in.micro,
+        TESSERA_CHECK(u.grad_in.defined(), "pipeline stage ", s_, ": backward of micro-batch ", in.micro,
                       " without its gradient");
         grad = chunk.backward(u.grad_in, u.saved);
         u.grad_in = Tensor();
       }
-      u.saved.clear();  // the unit's activations go as soon as its backward is done
-      if (!first_chunk(in.chunk)) u.grad_out = grad;
-      --in_flight;
-      stats.compute_ns += event(unit_name("backward", in), "compute", start);
-    } else {
-      std::vector<P2POp> ops;
-      for (const PipeTransfer& t : in.transfers) {
-        UnitState& u = unit(t.micro, t.chunk);
-        const int peer = t.peer(s, p);
-        switch (t.kind) {
-          case PipeTransfer::Kind::send_activation:
-            ops.push_back({P2POp::Kind::send, u.output, peer});
-            break;
-          case PipeTransfer::Kind::recv_activation:
-            u.received = ctx.empty(step.input_shape, step.activation_dtype, device);
-            ops.push_back({P2POp::Kind::recv, u.received, peer});
-            break;
-          case PipeTransfer::Kind::send_gradient:
-            ops.push_back({P2POp::Kind::send, u.grad_out, peer});
-            break;
-          case PipeTransfer::Kind::recv_gradient:
-            u.grad_in = ctx.empty(u.output_shape, step.activation_dtype, device);
-            ops.push_back({P2POp::Kind::recv, u.grad_in, peer});
-            break;
-        }
+    }
+    u.saved.clear();  // the unit's activations go as soon as its backward is done
+    if (!first_chunk(in.chunk)) {
+      if (const int previous = local_neighbour(in.chunk, -1); previous >= 0)
+        unit(in.micro, previous).grad_in = grad;
+      else
+        u.grad_out = grad;
+    }
+    --in_flight_;
+  }
+
+  void weight(const PipeInstruction& in, size_t k) {
+    UnitState& u = unit(in.micro, in.chunk);
+    if (step_.before_backward) step_.before_backward(in.micro, k == completing_);
+    u.weights.run();
+  }
+
+  void exchange(const PipeInstruction& in) {
+    Context& ctx = engine_.chunks_.front()->context();
+    const Device device = engine_.chunks_.front()->spec().device;
+    std::vector<P2POp> ops;
+    for (const PipeTransfer& t : in.transfers) {
+      UnitState& u = unit(t.micro, t.chunk);
+      switch (t.kind) {
+        case PipeTransfer::Kind::send_activation:
+          ops.push_back({P2POp::Kind::send, u.output, t.peer});
+          break;
+        case PipeTransfer::Kind::recv_activation:
+          u.received = ctx.empty(step_.input_shape, step_.activation_dtype, device);
+          ops.push_back({P2POp::Kind::recv, u.received, t.peer});
+          break;
+        case PipeTransfer::Kind::send_gradient:
+          ops.push_back({P2POp::Kind::send, u.grad_out, t.peer});
+          break;
+        case PipeTransfer::Kind::recv_gradient:
+          u.grad_in = ctx.empty(u.output_shape, step_.activation_dtype, device);
+          ops.push_back({P2POp::Kind::recv, u.grad_in, t.peer});
+          break;
       }
-      pipeline_.send_recv(ops)->wait();
-      for (const PipeTransfer& t : in.transfers) {
-        UnitState& u = unit(t.micro, t.chunk);
-        if (t.kind == PipeTransfer::Kind::send_activation) u.output = Tensor();
-        if (t.kind == PipeTransfer::Kind::send_gradient) u.grad_out = Tensor();
-      }
-      event("p2p", "comm", start);
+    }
+    engine_.pipeline_.send_recv(ops)->wait();
+    for (const PipeTransfer& t : in.transfers) {
+      UnitState& u = unit(t.micro, t.chunk);
+      if (t.kind == PipeTransfer::Kind::send_activation) u.output = Tensor();
+      if (t.kind == PipeTransfer::Kind::send_gradient) u.grad_out = Tensor();
     }
   }
-  stats.end_ns = now();
-  return stats;
+
+  int64_t event(const std::string& name, const std::string& category, int64_t start) {
+    const int64_t end = engine_.now();
+    if (engine_.options_.on_event) engine_.options_.on_event(name, category, start, end);
+    return end - start;
+  }
+  std::string unit_name(const char* what, const PipeInstruction& in) const {
+    return std::string(what) + " " + std::to_string(in.micro) +
+           (engine_.chunks() > 1 ? " chunk " + std::to_string(in.chunk) : "");
+  }
+
+  PipelineEngine& engine_;
+  const PipelineStep& step_;
+  const int s_, m_;
+  const ChunkMap map_;
+  const bool halves_;
+  std::vector<UnitState> units_;
+  const std::vector<PipeInstruction> schedule_;
+  const size_t completing_;
+  PipelineStepStats stats_;
+  int in_flight_ = 0;
+};
+
+PipelineStepStats PipelineEngine::run(const PipelineStep& step) {
+  const int s = stage(), p = stages(), m = step.micro_batches;
+  TESSERA_CHECK(m >= 1, "pipeline: a step needs at least one micro-batch");
+  const ChunkMap map{p, chunks(), chunk_placement(options_.schedule)};
+  bool reads_data = false, computes_loss = false;
+  for (int c = 0; c < chunks(); ++c) {
+    reads_data = reads_data || map.model_chunk(s, c) == 0;
+    computes_loss = computes_loss || map.model_chunk(s, c) + 1 == map.model_chunks();
+  }
+  TESSERA_CHECK(!reads_data || int(step.inputs.size()) == m, "pipeline stage ", s, ": ", step.inputs.size(),
+                " inputs for ", m, " micro-batches");
+  TESSERA_CHECK(!computes_loss || int(step.targets.size()) == m, "pipeline stage ", s, ": ", step.targets.size(),
+                " targets for ", m, " micro-batches");
+  return StepRun(*this, step).run();
 }
 
-// Chunk by chunk round the ring: local chunk c of every stage, then c + 1.
+// The model's chunks in order, each on its stage: the input from the
+// previous chunk (on this stage, or received from its stage), the output to
+// the next (kept, or sent).
 Tensor PipelineEngine::forward_only(const Tensor& input, const Shape& input_shape, DType activation_dtype,
                                     const nn::Pass& pass) {
-  const int s = stage(), p = stages(), v = chunks();
+  const int s = stage();
+  const ChunkMap map{stages(), chunks(), chunk_placement(options_.schedule)};
   Tensor x;
-  for (int c = 0; c < v; ++c) {
-    nn::Module& chunk = *chunks_[size_t(c)];
-    if (s == 0 && c == 0) {
+  for (int g = 0; g < map.model_chunks(); ++g) {
+    if (map.stage_of(g) != s) continue;
+    nn::Module& chunk = *chunks_[size_t(map.local_of(g))];
+    if (g == 0) {
       x = input;
-    } else {
+    } else if (map.stage_of(g - 1) != s) {
       x = chunk.context().empty(input_shape, activation_dtype, chunk.spec().device);
-      pipeline_.recv(x, (s + p - 1) % p)->wait();
+      pipeline_.recv(x, map.stage_of(g - 1))->wait();
     }
     nn::Saved saved;
-    Tensor y = chunk.forward(x, saved, pass);
-    if (s + 1 == p && c + 1 == v) return y;
-    pipeline_.send(y, (s + 1) % p)->wait();
+    x = chunk.forward(x, saved, pass);
+    if (g + 1 == map.model_chunks()) return x;
+    if (map.stage_of(g + 1) != s) pipeline_.send(x, map.stage_of(g + 1))->wait();
   }
   return Tensor();
+}
+
+int PipelineEngine::loss_stage() const {
+  const ChunkMap map{stages(), chunks(), chunk_placement(options_.schedule)};
+  return map.stage_of(map.model_chunks() - 1);
 }
 
 }  // namespace tessera::parallel

@@ -102,15 +102,19 @@ class PipelineEngine {
 
   // Forward only (evaluation): `input` (read on the first stage) through
   // every stage, each stage after the first receiving `input_shape` from
-  // its predecessor; returns the last stage's output (the logits), an
-  // undefined Tensor on the other stages.
+  // its predecessor; returns the output of the model's last chunk (the
+  // logits) on loss_stage(), an undefined Tensor on the other stages.
   Tensor forward_only(const Tensor& input, const Shape& input_shape, DType activation_dtype, const nn::Pass& pass);
 
+  // The stage that holds the model's last chunk and computes the loss (the
+  // last stage; the first under a V-shaped schedule, zbv).
+  int loss_stage() const;
   int stage() const { return pipeline_.rank(); }
   int stages() const { return pipeline_.size(); }
   int chunks() const { return int(chunks_.size()); }
 
  private:
+  class StepRun;
   int64_t now() const;
   std::vector<nn::Module*> chunks_;
   Communicator& pipeline_;

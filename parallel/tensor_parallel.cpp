@@ -202,7 +202,8 @@ Tensor ColumnParallelLinear::backward_impl(const Tensor& grad_output, nn::Saved&
   TESSERA_CHECK(grad_output.defined(), name(), ": backward got an undefined output gradient");
   Tensor dy = grad_output;
   if (gather_output_ && tp_.size() > 1) dy = tp_split_last_dim(*tp_.group, dy);
-  Tensor dx = nn::linear_rows_backward(dy.reshape({-1, local_out_}), x, kept, *weight_, bias_, activation_, true);
+  Tensor dx =
+      nn::linear_rows_backward(dy.reshape({-1, local_out_}), x, kept, *weight_, bias_, activation_, true, *this);
   dx = dx.view(input_shape);
   // The input was the same on every rank: its gradient is the sum of every rank's part.
   if (tp_.sequence_parallel) return reduce_scatter_sequence_in(tp_, dx);
@@ -261,10 +262,14 @@ Tensor RowParallelLinear::backward_impl(const Tensor& grad_output, nn::Saved& sa
   TESSERA_CHECK(
       grad_output.defined() && grad_output.shape()[-1] == out_, name(), ": backward got an output gradient of shape ",
       grad_output.defined() ? grad_output.shape().to_string() : "(undefined)", ", expected [..., ", out_, "]");
-  if (bias_) ops::bias_add_backward(grad_output.reshape({-1, out_}), bias_->grad, /*accumulate=*/true);
+  if (bias_)
+    add_weight_gradients([this, dy = grad_output.reshape({-1, out_})] {
+      ops::bias_add_backward(dy, bias_->grad, /*accumulate=*/true);
+    });
   Tensor dy = grad_output;
   if (tp_.sequence_parallel) dy = gather_sequence_in(tp_, grad_output);
-  return nn::linear_rows_backward(dy.reshape({-1, out_}), x, Tensor(), *weight_, nullptr, ops::Activation::none, true)
+  return nn::linear_rows_backward(dy.reshape({-1, out_}), x, Tensor(), *weight_, nullptr, ops::Activation::none, true,
+                                  *this)
       .view(input_shape);
 }
 
@@ -306,13 +311,14 @@ Tensor VocabParallelEmbedding::backward_impl(const Tensor& grad_output, nn::Save
   saved.clear();
   Tensor dy = grad_output;
   if (tp_.sequence_parallel) dy = gather_sequence_in(tp_, grad_output);
-  dy = dy.reshape({-1, dim_});
-  if (dy.dtype() != DType::f32) {
-    Tensor wide = context().empty(dy.shape(), DType::f32, dy.device());
-    ops::cast(dy, wide);
-    dy = wide;
-  }
-  ops::embedding_backward(ids, dy, weight_->grad, vocab_begin_, tp_.size() > 1 ? vocab_ : 0);
+  add_weight_gradients([this, ids, dy = dy.reshape({-1, dim_})]() mutable {
+    if (dy.dtype() != DType::f32) {
+      Tensor wide = context().empty(dy.shape(), DType::f32, dy.device());
+      ops::cast(dy, wide);
+      dy = wide;
+    }
+    ops::embedding_backward(ids, dy, weight_->grad, vocab_begin_, tp_.size() > 1 ? vocab_ : 0);
+  });
   return Tensor();
 }
 

@@ -124,6 +124,7 @@ class ColumnParallelLinear : public nn::Module {
                        OutputSplit split = {}, bool gather_output = false);
   Tensor forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, nn::Saved& saved) override;
+  bool splits_backward() const override { return true; }
   nn::Parameter& weight() { return *weight_; }
   nn::Parameter* bias() { return bias_; }
   int64_t local_out_features() const { return local_out_; }
@@ -148,6 +149,7 @@ class RowParallelLinear : public nn::Module {
                     int64_t out_features, bool bias = true);
   Tensor forward_impl(const Tensor& input, nn::Saved& saved, const nn::Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, nn::Saved& saved) override;
+  bool splits_backward() const override { return true; }
   nn::Parameter& weight() { return *weight_; }
   nn::Parameter* bias() { return bias_; }
 
@@ -166,6 +168,7 @@ class VocabParallelEmbedding : public nn::Module {
                          int64_t dim);
   Tensor forward_impl(const Tensor& ids, nn::Saved& saved, const nn::Pass& pass) override;
   Tensor backward_impl(const Tensor& grad_output, nn::Saved& saved) override;
+  bool splits_backward() const override { return true; }
   nn::Parameter& weight() { return *weight_; }
   int64_t vocab_begin() const { return vocab_begin_; }
   int64_t vocab_size() const { return vocab_; }

@@ -45,9 +45,9 @@ TrainStepParts checked(TrainStepParts parts) {
 }  // namespace
 
 void share_last_stage_values(std::vector<Tensor> values, Communicator& pipeline, Communicator& data_parallel,
-                             ReduceOp op) {
+                             ReduceOp op, int loss_stage) {
   if (pipeline.size() > 1)
-    for (Tensor& value : values) pipeline.broadcast(value, pipeline.size() - 1)->wait();
+    for (Tensor& value : values) pipeline.broadcast(value, loss_stage < 0 ? pipeline.size() - 1 : loss_stage)->wait();
   if (data_parallel.size() == 1) return;
   std::vector<CommHandle> reductions;
   for (Tensor& value : values) reductions.push_back(data_parallel.all_reduce(value, op));
@@ -113,7 +113,7 @@ StepResult TrainStep::run(int64_t step, const StepBatches& batches, double lr, b
   // 4. The loss is the last stage's: shared over the pipeline, averaged over the replicas.
   Tensor loss =
       parts_.context->from_vector(Shape{1}, std::vector<float>{float(result.pipeline.loss_sum)}, parts_.device);
-  share_last_stage_values({loss}, pipeline, dp, ReduceOp::avg);
+  share_last_stage_values({loss}, pipeline, dp, ReduceOp::avg, engine_.loss_stage());
   result.loss = double(loss.to_vector<float>()[0]) / double(micro_batches);
 
   // 5. Norm, loss scale, skip, clip, update.

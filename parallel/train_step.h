@@ -83,12 +83,13 @@ struct StepResult {
   ReductionStats reduction;
 };
 
-// Values only the last pipeline stage computes (the step's loss, evaluation's
-// sums and counts), made the same on every rank: broadcast from the last stage
-// over `pipeline` (what the other stages held is overwritten), then reduced
-// with `op` over the data-parallel replicas (all launched, then awaited).
+// Values only the stage with the loss computes (the step's loss,
+// evaluation's sums and counts), made the same on every rank: broadcast from
+// `loss_stage` (PipelineEngine::loss_stage(); -1: the last stage) over
+// `pipeline` (what the other stages held is overwritten), then reduced with
+// `op` over the data-parallel replicas (all launched, then awaited).
 void share_last_stage_values(std::vector<Tensor> values, Communicator& pipeline, Communicator& data_parallel,
-                             ReduceOp op);
+                             ReduceOp op, int loss_stage = -1);
 
 class TrainStep {
  public:
