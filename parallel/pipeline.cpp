@@ -174,7 +174,7 @@ PipelineStepStats PipelineEngine::run(const PipelineStep& step) {
       std::vector<P2POp> ops;
       for (const PipeTransfer& t : in.transfers) {
         UnitState& u = unit(t.micro, t.chunk);
-        const int peer = t.peer(s, p);
+        const int peer = t.peer;
         switch (t.kind) {
           case PipeTransfer::Kind::send_activation:
             ops.push_back({P2POp::Kind::send, u.output, peer});
