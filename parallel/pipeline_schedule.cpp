@@ -1,25 +1,69 @@
-// The GPipe and 1F1B instruction lists of parallel/pipeline_schedule.h and
-// the rendezvous simulator that checks them (pairing, order, deadlock
-// freedom, micro-batches in flight, idle time).
+// The instruction lists of parallel/pipeline_schedule.h (GPipe, 1F1B,
+// interleaved 1F1B, and the zero-bubble ZB-H1 and ZBV with generated
+// exchanges), the rendezvous simulator that checks them (pairing, order,
+// deadlock freedom, units in flight and awaiting their W, idle time) and the
+// readable print of its timeline.
 #include "parallel/pipeline_schedule.h"
 
 #include <algorithm>
-#include <deque>
+#include <iomanip>
+#include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 #include "core/error.h"
 
 namespace tessera::parallel {
 
+namespace {
+
+struct ScheduleName {
+  PipelineScheduleKind kind;
+  std::string_view name;
+};
+constexpr ScheduleName kScheduleNames[] = {{PipelineScheduleKind::gpipe, "gpipe"},
+                                           {PipelineScheduleKind::one_f_one_b, "1f1b"},
+                                           {PipelineScheduleKind::zb_h1, "zb-h1"},
+                                           {PipelineScheduleKind::zbv, "zbv"}};
+
+}  // namespace
+
 PipelineScheduleKind parse_pipeline_schedule(std::string_view text) {
-  if (text == "gpipe") return PipelineScheduleKind::gpipe;
-  if (text == "1f1b") return PipelineScheduleKind::one_f_one_b;
-  TESSERA_THROW("--pipeline-schedule '", text, "' is not a schedule this build knows; use gpipe or 1f1b");
+  for (const ScheduleName& entry : kScheduleNames)
+    if (text == entry.name) return entry.kind;
+  TESSERA_THROW("--pipeline-schedule '", text, "' is not a schedule this build knows; use gpipe, 1f1b, zb-h1 or zbv");
 }
 
 std::string_view pipeline_schedule_name(PipelineScheduleKind kind) {
-  return kind == PipelineScheduleKind::gpipe ? "gpipe" : "1f1b";
+  for (const ScheduleName& entry : kScheduleNames)
+    if (kind == entry.kind) return entry.name;
+  return "unknown";
+}
+
+bool splits_backward(PipelineScheduleKind kind) {
+  return kind == PipelineScheduleKind::zb_h1 || kind == PipelineScheduleKind::zbv;
+}
+
+ChunkPlacement chunk_placement(PipelineScheduleKind kind) {
+  return kind == PipelineScheduleKind::zbv ? ChunkPlacement::v_shape : ChunkPlacement::loop;
+}
+
+// Under the V, odd local chunks run back down the stages: local 1 of stage s is model chunk 2P − 1 − s.
+int ChunkMap::model_chunk(int stage, int local) const {
+  if (placement == ChunkPlacement::loop || local % 2 == 0) return local * stages + stage;
+  return (local + 1) * stages - 1 - stage;
+}
+
+int ChunkMap::stage_of(int model_chunk) const {
+  const int offset = model_chunk % stages;
+  return placement == ChunkPlacement::loop || local_of(model_chunk) % 2 == 0 ? offset : stages - 1 - offset;
+}
+
+int ChunkMap::local_of(int model_chunk) const {
+  return model_chunk / stages;
 }
 
 std::string PipeInstruction::to_string() const {
@@ -28,8 +72,8 @@ std::string PipeInstruction::to_string() const {
     out << m;
     if (c != 0) out << "." << c;
   };
-  if (op == Op::forward || op == Op::backward) {
-    out << (op == Op::forward ? "F" : "B");
+  if (computes()) {
+    out << (op == Op::forward ? "F" : op == Op::backward ? "B" : "W");
     unit(micro, chunk);
   } else {
     out << "X[";
@@ -46,29 +90,42 @@ std::string PipeInstruction::to_string() const {
 namespace {
 
 using Kind = PipeTransfer::Kind;
+using Op = PipeInstruction::Op;
 
-// Whether the chunk a transfer concerns has a neighbour on its side: the
-// model's first chunk receives no activation and sends no gradient, the last
-// sends no activation and receives no gradient.
-bool has_neighbour(const PipeTransfer& t, int stage, int stages, int chunks) {
-  const int model_chunk = t.chunk * stages + stage;
-  return t.to_next() ? model_chunk + 1 < stages * chunks : model_chunk > 0;
+// The model chunk at the other end of a transfer: the next one for an
+// activation sent or a gradient received, the previous one otherwise; -1
+// past either end of the model (the first chunk receives no activation and
+// sends no gradient, the last sends no activation and receives no gradient).
+int neighbour_chunk(const ChunkMap& map, int stage, const PipeTransfer& t) {
+  const int neighbour = map.model_chunk(stage, t.chunk) + (t.to_next() ? 1 : -1);
+  return neighbour >= 0 && neighbour < map.model_chunks() ? neighbour : -1;
 }
 
-// Appends an exchange of the transfers that apply (see has_neighbour).
-void exchange(std::vector<PipeInstruction>& list, int stage, int stages, std::vector<PipeTransfer> transfers,
-              int chunks = 1) {
+// The model-chunk boundary a transfer crosses, the same seen from both ends:
+// activations cross into the next chunk, gradients out of this one.
+int crossed_boundary(const ChunkMap& map, int stage, const PipeTransfer& t) {
+  const int model_chunk = map.model_chunk(stage, t.chunk);
+  return t.to_next() ? model_chunk + 1 : model_chunk;
+}
+
+// Appends an exchange of the transfers that have a neighbour (see
+// neighbour_chunk), each addressed to the stage that holds it.
+void exchange(std::vector<PipeInstruction>& list, const ChunkMap& map, int stage, std::vector<PipeTransfer> transfers) {
   std::vector<PipeTransfer> kept;
-  for (const PipeTransfer& t : transfers)
-    if (has_neighbour(t, stage, stages, chunks)) kept.push_back(t);
+  for (PipeTransfer& t : transfers) {
+    const int neighbour = neighbour_chunk(map, stage, t);
+    if (neighbour < 0) continue;
+    t.peer = map.stage_of(neighbour);
+    kept.push_back(t);
+  }
   if (kept.empty()) return;
   PipeInstruction instruction;
-  instruction.op = PipeInstruction::Op::exchange;
+  instruction.op = Op::exchange;
   instruction.transfers = std::move(kept);
   list.push_back(std::move(instruction));
 }
 
-void compute(std::vector<PipeInstruction>& list, PipeInstruction::Op op, int micro, int chunk = 0) {
+void compute(std::vector<PipeInstruction>& list, Op op, int micro, int chunk = 0) {
   PipeInstruction instruction;
   instruction.op = op;
   instruction.micro = micro;
@@ -83,8 +140,8 @@ void compute(std::vector<PipeInstruction>& list, PipeInstruction::Op op, int mic
 // steady state's four transfers posted together, so neighbours never wait on
 // each other's sends).
 std::vector<PipeInstruction> interleaved_schedule(int stages, int stage, int micro_batches, int chunks) {
-  using Op = PipeInstruction::Op;
   const int p = stages, v = chunks, units = micro_batches * chunks;
+  const ChunkMap map{stages, chunks};
   const auto micro_of = [p, v](int k) { return (k / (p * v)) * p + k % p; };
   const auto forward_chunk = [p, v](int k) { return (k % (p * v)) / p; };
   struct Unit {
@@ -110,11 +167,272 @@ std::vector<PipeInstruction> interleaved_schedule(int stages, int stage, int mic
       for (const Unit& next : groups[g])
         transfers.push_back(
             {next.op == Op::forward ? Kind::recv_activation : Kind::recv_gradient, next.micro, next.chunk});
-    exchange(list, stage, stages, std::move(transfers), chunks);
+    exchange(list, map, stage, std::move(transfers));
     if (g < groups.size())
       for (const Unit& unit : groups[g]) compute(list, unit.op, unit.micro, unit.chunk);
   }
   return list;
+}
+
+std::vector<PipeInstruction> gpipe_schedule(int stages, int stage, int micro_batches) {
+  const ChunkMap map{stages, 1};
+  std::vector<PipeInstruction> list;
+  for (int i = 0; i < micro_batches; ++i) {
+    exchange(list, map, stage, {{Kind::recv_activation, i}});
+    compute(list, Op::forward, i);
+    exchange(list, map, stage, {{Kind::send_activation, i}});
+  }
+  for (int i = 0; i < micro_batches; ++i) {
+    exchange(list, map, stage, {{Kind::recv_gradient, i}});
+    compute(list, Op::backward, i);
+    exchange(list, map, stage, {{Kind::send_gradient, i}});
+  }
+  return list;
+}
+
+std::vector<PipeInstruction> one_f_one_b_schedule(int stages, int stage, int micro_batches) {
+  const ChunkMap map{stages, 1};
+  const int s = stage, m = micro_batches;
+  std::vector<PipeInstruction> list;
+  const int warmup = std::min(stages - s - 1, m), remaining = m - warmup;
+  for (int i = 0; i < warmup; ++i) {
+    exchange(list, map, s, {{Kind::recv_activation, i}});
+    compute(list, Op::forward, i);
+    exchange(list, map, s, {{Kind::send_activation, i}});
+  }
+  if (remaining > 0) exchange(list, map, s, {{Kind::recv_activation, warmup}});
+  for (int i = 0; i < remaining; ++i) {
+    const int f = warmup + i;
+    compute(list, Op::forward, f);
+    exchange(list, map, s, {{Kind::send_activation, f}, {Kind::recv_gradient, i}});
+    compute(list, Op::backward, i);
+    if (i + 1 == remaining)
+      exchange(list, map, s, {{Kind::send_gradient, i}});
+    else
+      exchange(list, map, s, {{Kind::send_gradient, i}, {Kind::recv_activation, f + 1}});
+  }
+  for (int i = remaining; i < m; ++i) {
+    exchange(list, map, s, {{Kind::recv_gradient, i}});
+    compute(list, Op::backward, i);
+    exchange(list, map, s, {{Kind::send_gradient, i}});
+  }
+  return list;
+}
+
+// ---------------------------------------------------------------------------
+// Zero-bubble schedules: compute orders, then generated exchanges
+// ---------------------------------------------------------------------------
+
+// One compute instruction of a stage's order: F, B or W of a micro-batch on a local chunk.
+struct ComputeUnit {
+  Op op;
+  int micro, chunk;
+};
+
+// ZB-H1 on stage s: w = min(P − s − 1, M) warm-up forwards; then for each
+// i < M − w: F(w + i), B(i), and the next pending W only once i ≥ s (stage s
+// holds its W's back by s, so at most P micro-batches await their W); then
+// each remaining B followed by the next pending W; then the W's left. W's run
+// in micro-batch order.
+std::vector<ComputeUnit> zb_h1_order(int stages, int stage, int micro_batches) {
+  const int m = micro_batches, warmup = std::min(stages - stage - 1, m);
+  std::vector<ComputeUnit> order;
+  int next_weight = 0;
+  const auto weight = [&order, &next_weight] { order.push_back({Op::weight, next_weight++, 0}); };
+  for (int i = 0; i < warmup; ++i) order.push_back({Op::forward, i, 0});
+  for (int i = 0; warmup + i < m; ++i) {
+    order.push_back({Op::forward, warmup + i, 0});
+    order.push_back({Op::backward, i, 0});
+    if (i >= stage) weight();
+  }
+  for (int i = m - warmup; i < m; ++i) {
+    order.push_back({Op::backward, i, 0});
+    weight();
+  }
+  while (next_weight < m) weight();
+  return order;
+}
+
+// ZBV on stage r (the handcrafted ZB-V of the paper's Section 6 as PyTorch's
+// ScheduleZBVZeroBubble lays it out), laid out for n = max(2P − 1, M)
+// micro-batches and cut to the M there are. Warm-up: 2(P − r) − 1 forwards of
+// chunk 0; r pairs of forwards of chunk 1 and chunk 0; P − r groups of F, B, W
+// of chunk 1. Steady, until every forward has run: F of chunk 0 (while any is
+// left), B and W of chunk 0, F of chunk 1, B and W of chunk 1. Cool-down: r
+// pairs of B of chunk 0 and chunk 1; P − r pairs of B and the oldest pending
+// W of chunk 0; then the pending W's of chunk 1, then those of chunk 0. Each
+// chunk's W's run in micro-batch order.
+std::vector<ComputeUnit> zbv_order(int stages, int stage, int micro_batches) {
+  const int p = stages, r = stage, n = std::max(2 * p - 1, micro_batches);
+  std::vector<ComputeUnit> order;
+  const auto add = [&order, micro_batches](Op op, int micro, int chunk) {
+    if (micro < micro_batches) order.push_back({op, micro, chunk});
+  };
+  int f0 = 0, f1 = 0, b0 = 0, b1 = 0;
+  const auto backward_and_weight = [&add](int& counter, int chunk) {
+    add(Op::backward, counter, chunk);
+    add(Op::weight, counter++, chunk);
+  };
+  for (int i = 0; i < 2 * (p - r) - 1; ++i) add(Op::forward, f0++, 0);
+  for (int i = 0; i < r; ++i) {
+    add(Op::forward, f1++, 1);
+    add(Op::forward, f0++, 0);
+  }
+  for (int i = 0; i < p - r; ++i) {
+    add(Op::forward, f1++, 1);
+    backward_and_weight(b1, 1);
+  }
+  while (f1 < f0 || f0 < n) {
+    if (f0 < n) add(Op::forward, f0++, 0);
+    backward_and_weight(b0, 0);
+    add(Op::forward, f1++, 1);
+    backward_and_weight(b1, 1);
+  }
+  int w0 = b0, w1 = b1;
+  for (int i = 0; i < r; ++i) {
+    add(Op::backward, b0++, 0);
+    add(Op::backward, b1++, 1);
+  }
+  for (int i = 0; i < p - r; ++i) {
+    add(Op::backward, b0++, 0);
+    add(Op::weight, w0++, 0);
+  }
+  while (w1 < b1) add(Op::weight, w1++, 1);
+  while (w0 < b0) add(Op::weight, w0++, 0);
+  return order;
+}
+
+// The finish time of every stage's compute instructions, each run as soon as
+// its stage and its dependencies allow, every op taking one time unit: F of
+// model chunk g needs F of g − 1 of the same micro-batch, B of g needs F of g
+// and B of g + 1 (the last chunk's B only its F), W needs its B.
+std::vector<std::vector<int>> unit_cost_finish_times(const std::vector<std::vector<ComputeUnit>>& orders,
+                                                     const ChunkMap& map, int micro_batches) {
+  const int chunks = map.model_chunks();
+  std::vector<int> finished(size_t(3) * size_t(chunks) * size_t(micro_batches), 0);  // 0: not run yet
+  const auto at = [&finished, chunks, micro_batches](Op op, int model_chunk, int micro) -> int& {
+    const size_t kind = op == Op::forward ? 0 : op == Op::backward ? 1 : 2;
+    return finished[(kind * size_t(chunks) + size_t(model_chunk)) * size_t(micro_batches) + size_t(micro)];
+  };
+  // When the unit's inputs are ready; -1 while one is missing.
+  const auto ready = [&](const ComputeUnit& u, int g) {
+    std::vector<int> needs;
+    if (u.op == Op::forward && g > 0) needs.push_back(at(Op::forward, g - 1, u.micro));
+    if (u.op == Op::backward) needs.push_back(at(Op::forward, g, u.micro));
+    if (u.op == Op::backward && g + 1 < chunks) needs.push_back(at(Op::backward, g + 1, u.micro));
+    if (u.op == Op::weight) needs.push_back(at(Op::backward, g, u.micro));
+    int time = 0;
+    for (const int finish : needs) {
+      if (finish == 0) return -1;
+      time = std::max(time, finish);
+    }
+    return time;
+  };
+  const size_t stages = orders.size();
+  std::vector<std::vector<int>> finish(stages);
+  std::vector<int> clock(stages, 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (size_t s = 0; s < stages; ++s)
+      for (size_t k = finish[s].size(); k < orders[s].size(); ++k) {
+        const ComputeUnit& u = orders[s][k];
+        const int g = map.model_chunk(int(s), u.chunk), start = ready(u, g);
+        if (start < 0) break;
+        clock[s] = std::max(clock[s], start) + 1;
+        at(u.op, g, u.micro) = clock[s];
+        finish[s].push_back(clock[s]);
+        progress = true;
+      }
+  }
+  for (size_t s = 0; s < stages; ++s)
+    TESSERA_CHECK(finish[s].size() == orders[s].size(), "pipeline schedule: stage ", s,
+                  "'s compute order waits forever at instruction ", finish[s].size(),
+                  "; a bug in the schedule generator (parallel/pipeline_schedule.cpp)");
+  return finish;
+}
+
+// The transfer a compute unit's result needs, as (the producer's send, the
+// consumer's receive): an activation after a forward, a gradient after a
+// backward (B), to the stage of the neighbouring model chunk; none past the
+// model's ends or between two chunks of one stage (handed over locally).
+std::optional<std::pair<PipeTransfer, PipeTransfer>> transfer_after(const ChunkMap& map, int stage,
+                                                                    const ComputeUnit& u) {
+  if (u.op == Op::weight) return std::nullopt;
+  const bool activation = u.op == Op::forward;
+  PipeTransfer send{activation ? Kind::send_activation : Kind::send_gradient, u.micro, u.chunk};
+  const int neighbour = neighbour_chunk(map, stage, send);
+  if (neighbour < 0 || map.stage_of(neighbour) == stage) return std::nullopt;
+  send.peer = map.stage_of(neighbour);
+  const PipeTransfer receive{activation ? Kind::recv_activation : Kind::recv_gradient, u.micro, map.local_of(neighbour),
+                             stage};
+  return std::make_pair(send, receive);
+}
+
+// Stage `stage`'s list: its compute order with one exchange per time at which
+// it has transfers (see the header). A stage finishes one op at a time, so an
+// exchange carries at most one message each way between two stages, and
+// messages pair whatever the order within it; it is sorted (activations
+// first, then by micro-batch and boundary, the same keys at both ends) for a
+// list that reads the same on every run.
+std::vector<PipeInstruction> with_generated_exchanges(const std::vector<std::vector<ComputeUnit>>& orders,
+                                                      const ChunkMap& map, int stage, int micro_batches) {
+  const std::vector<std::vector<int>> finish = unit_cost_finish_times(orders, map, micro_batches);
+  std::map<int, std::vector<PipeTransfer>> by_time;
+  for (size_t s = 0; s < orders.size(); ++s)
+    for (size_t k = 0; k < orders[s].size(); ++k) {
+      const auto transfer = transfer_after(map, int(s), orders[s][k]);
+      if (!transfer) continue;
+      if (int(s) == stage) by_time[finish[s][k]].push_back(transfer->first);
+      if (transfer->first.peer == stage) by_time[finish[s][k]].push_back(transfer->second);
+    }
+  const auto key = [&map, stage](const PipeTransfer& t) {
+    return std::make_tuple(!t.is_activation(), t.micro, crossed_boundary(map, stage, t));
+  };
+  std::vector<PipeInstruction> list;
+  auto next = by_time.begin();
+  const auto exchanges_until = [&](int time) {
+    for (; next != by_time.end() && next->first <= time; ++next) {
+      std::sort(next->second.begin(), next->second.end(),
+                [&key](const PipeTransfer& a, const PipeTransfer& b) { return key(a) < key(b); });
+      exchange(list, map, stage, next->second);
+    }
+  };
+  const std::vector<ComputeUnit>& order = orders[size_t(stage)];
+  for (size_t k = 0; k < order.size(); ++k) {
+    exchanges_until(finish[size_t(stage)][k] - 1);  // every op takes one unit: it starts one before it finishes
+    compute(list, order[k].op, order[k].micro, order[k].chunk);
+  }
+  exchanges_until(std::numeric_limits<int>::max());
+  return list;
+}
+
+std::vector<PipeInstruction> zero_bubble_schedule(PipelineScheduleKind kind, int stages, int stage, int micro_batches) {
+  const ChunkMap map{stages, kind == PipelineScheduleKind::zbv ? 2 : 1, chunk_placement(kind)};
+  std::vector<std::vector<ComputeUnit>> orders;
+  for (int s = 0; s < stages; ++s)
+    orders.push_back(kind == PipelineScheduleKind::zbv ? zbv_order(stages, s, micro_batches)
+                                                       : zb_h1_order(stages, s, micro_batches));
+  return with_generated_exchanges(orders, map, stage, micro_batches);
+}
+
+// The number of chunks per stage each schedule runs with: zb-h1 one, zbv
+// two; gpipe one, 1f1b any (more than one interleaves it).
+void check_chunks(PipelineScheduleKind kind, int stages, int micro_batches, int chunks) {
+  if (kind == PipelineScheduleKind::zb_h1)
+    TESSERA_CHECK(chunks == 1, "--pipeline-schedule zb-h1 runs one model chunk per stage, not ",
+                  "--virtual-pipeline-stages ", chunks,
+                  "; use --virtual-pipeline-stages 1, or --pipeline-schedule zbv for two chunks per stage in a V");
+  if (kind == PipelineScheduleKind::zbv)
+    TESSERA_CHECK(chunks == 2, "--pipeline-schedule zbv runs two model chunks per stage in a V, not ",
+                  "--virtual-pipeline-stages ", chunks, "; use --virtual-pipeline-stages 2");
+  if (kind == PipelineScheduleKind::zb_h1 || kind == PipelineScheduleKind::zbv || chunks == 1) return;
+  TESSERA_CHECK(kind == PipelineScheduleKind::one_f_one_b, "--virtual-pipeline-stages ", chunks,
+                " interleaves the 1F1B schedule; use --pipeline-schedule 1f1b (or zbv with 2 chunks, or "
+                "--virtual-pipeline-stages 1)");
+  TESSERA_CHECK(micro_batches % stages == 0, "--virtual-pipeline-stages ", chunks, ": the ", micro_batches,
+                " micro-batches of a step must be a multiple of the ", stages,
+                " pipeline stages (micro-batches per step = --global-batch-size / (--micro-batch-size x data-parallel "
+                "ranks)); change --global-batch-size, or use --virtual-pipeline-stages 1");
 }
 
 }  // namespace
@@ -124,55 +442,11 @@ std::vector<PipeInstruction> pipeline_schedule(PipelineScheduleKind kind, int st
   TESSERA_CHECK(stages >= 1 && stage >= 0 && stage < stages && micro_batches >= 1 && chunks >= 1,
                 "pipeline schedule: stage ", stage, " of ", stages, " with ", micro_batches, " micro-batch(es) and ",
                 chunks, " chunk(s) per stage does not exist");
-  if (chunks > 1) {
-    TESSERA_CHECK(kind == PipelineScheduleKind::one_f_one_b, "--virtual-pipeline-stages ", chunks,
-                  " interleaves the 1F1B schedule; use --pipeline-schedule 1f1b (or --virtual-pipeline-stages 1)");
-    TESSERA_CHECK(
-        micro_batches % stages == 0, "--virtual-pipeline-stages ", chunks, ": the ", micro_batches,
-        " micro-batches of a step must be a multiple of the ", stages,
-        " pipeline stages (micro-batches per step = --global-batch-size / (--micro-batch-size x data-parallel "
-        "ranks)); change --global-batch-size, or use --virtual-pipeline-stages 1");
-    return interleaved_schedule(stages, stage, micro_batches, chunks);
-  }
-  using Op = PipeInstruction::Op;
-  std::vector<PipeInstruction> list;
-  const int s = stage, p = stages, m = micro_batches;
-  if (kind == PipelineScheduleKind::gpipe) {
-    for (int i = 0; i < m; ++i) {
-      exchange(list, s, p, {{Kind::recv_activation, i}});
-      compute(list, Op::forward, i);
-      exchange(list, s, p, {{Kind::send_activation, i}});
-    }
-    for (int i = 0; i < m; ++i) {
-      exchange(list, s, p, {{Kind::recv_gradient, i}});
-      compute(list, Op::backward, i);
-      exchange(list, s, p, {{Kind::send_gradient, i}});
-    }
-    return list;
-  }
-  const int warmup = std::min(p - s - 1, m), remaining = m - warmup;
-  for (int i = 0; i < warmup; ++i) {
-    exchange(list, s, p, {{Kind::recv_activation, i}});
-    compute(list, Op::forward, i);
-    exchange(list, s, p, {{Kind::send_activation, i}});
-  }
-  if (remaining > 0) exchange(list, s, p, {{Kind::recv_activation, warmup}});
-  for (int i = 0; i < remaining; ++i) {
-    const int f = warmup + i;
-    compute(list, Op::forward, f);
-    exchange(list, s, p, {{Kind::send_activation, f}, {Kind::recv_gradient, i}});
-    compute(list, Op::backward, i);
-    if (i + 1 == remaining)
-      exchange(list, s, p, {{Kind::send_gradient, i}});
-    else
-      exchange(list, s, p, {{Kind::send_gradient, i}, {Kind::recv_activation, f + 1}});
-  }
-  for (int i = remaining; i < m; ++i) {
-    exchange(list, s, p, {{Kind::recv_gradient, i}});
-    compute(list, Op::backward, i);
-    exchange(list, s, p, {{Kind::send_gradient, i}});
-  }
-  return list;
+  check_chunks(kind, stages, micro_batches, chunks);
+  if (splits_backward(kind)) return zero_bubble_schedule(kind, stages, stage, micro_batches);
+  if (chunks > 1) return interleaved_schedule(stages, stage, micro_batches, chunks);
+  if (kind == PipelineScheduleKind::gpipe) return gpipe_schedule(stages, stage, micro_batches);
+  return one_f_one_b_schedule(stages, stage, micro_batches);
 }
 
 // ---------------------------------------------------------------------------
@@ -186,7 +460,7 @@ struct Channel {
   struct Posted {
     int stage, micro, time;
     bool activation;
-    int boundary;  // the model-chunk boundary crossed: activations into chunk b, gradients out of chunk b
+    int boundary;  // the model-chunk boundary crossed (crossed_boundary)
   };
   std::vector<Posted> sends, receives;
 };
@@ -194,12 +468,15 @@ struct Channel {
 // A stage's progress through its list.
 struct StageState {
   size_t pc = 0;
-  int clock = 0;
+  int clock = 0, work = 0;
   bool posted = false;                            // the current exchange's transfers are posted
   std::vector<std::pair<Channel*, size_t>> mine;  // (channel, index in its sends/receives) of the current exchange
   std::vector<bool> mine_is_send;
-  std::vector<bool> forwarded, backwarded, activation_in, gradient_in;  // per unit: chunk · M + micro
-  int in_flight = 0;
+  // Per unit (chunk · M + micro).
+  std::vector<bool> forwarded, backwarded, weighted, has_weight, activation_in, gradient_in;
+  bool splits = false;  // the list has a W
+  int in_flight = 0, awaiting_weight = 0, max_in_flight = 0, max_awaiting_weight = 0;
+  std::vector<PipelineSimulation::TimedOp> timeline;
 };
 
 int chunk_count(const std::vector<std::vector<PipeInstruction>>& lists) {
@@ -216,27 +493,164 @@ std::string describe_unit(int micro, int chunk) {
   return "micro-batch " + std::to_string(micro) + (chunk ? " chunk " + std::to_string(chunk) : "");
 }
 
+std::string unit_label(Op op, int micro, int chunk) {
+  PipeInstruction instruction;
+  instruction.op = op;
+  instruction.micro = micro;
+  instruction.chunk = chunk;
+  return instruction.to_string();
+}
+
+// Sizes a stage's per-unit state and marks the units its list has a W for.
+void start_stage(StageState& st, const std::vector<PipeInstruction>& list, int micro_batches, int chunks) {
+  const size_t units = size_t(chunks) * size_t(micro_batches);
+  for (auto* flags : {&st.forwarded, &st.backwarded, &st.weighted, &st.has_weight, &st.activation_in, &st.gradient_in})
+    flags->assign(units, false);
+  for (const PipeInstruction& in : list)
+    if (in.op == Op::weight && in.micro >= 0 && in.micro < micro_batches && in.chunk >= 0) {
+      st.has_weight[size_t(in.chunk) * size_t(micro_batches) + size_t(in.micro)] = true;
+      st.splits = true;
+    }
+}
+
+// Runs one F, B or W on a stage: empty, or why it may not run now.
+// A forward needs its input (received, or handed over by the stage's own
+// forward of the previous model chunk), a backward its forward and its
+// gradient (likewise), a W its B. A whole backward (no W for its unit)
+// takes 2 time units, everything else 1.
+std::string run_compute(const ChunkMap& map, int stage, int micro_batches, const PipeInstruction& in, StageState& st) {
+  const int g = map.model_chunk(stage, in.chunk);
+  const auto unit = [micro_batches](int micro, int chunk) {
+    return size_t(chunk) * size_t(micro_batches) + size_t(micro);
+  };
+  const size_t u = unit(in.micro, in.chunk);
+  int cost = 1;
+  if (in.op == Op::forward) {
+    if (st.forwarded[u]) return " runs twice";
+    if (g > 0 && map.stage_of(g - 1) == stage && !st.forwarded[unit(in.micro, map.local_of(g - 1))])
+      return " runs before " + unit_label(Op::forward, in.micro, map.local_of(g - 1)) +
+             ", which hands it its input on this stage";
+    if (g > 0 && map.stage_of(g - 1) != stage && !st.activation_in[u]) return " runs before its activation arrived";
+    st.forwarded[u] = true;
+    st.max_in_flight = std::max(st.max_in_flight, ++st.in_flight);
+    st.max_awaiting_weight = std::max(st.max_awaiting_weight, ++st.awaiting_weight);
+  } else if (in.op == Op::backward) {
+    if (!st.forwarded[u]) return " runs before its forward";
+    if (st.backwarded[u]) return " runs twice";
+    const bool has_next = g + 1 < map.model_chunks();
+    if (has_next && map.stage_of(g + 1) == stage && !st.backwarded[unit(in.micro, map.local_of(g + 1))])
+      return " runs before " + unit_label(Op::backward, in.micro, map.local_of(g + 1)) +
+             ", which hands it its gradient on this stage";
+    if (has_next && map.stage_of(g + 1) != stage && !st.gradient_in[u]) return " runs before its gradient arrived";
+    st.backwarded[u] = true;
+    --st.in_flight;
+    if (!st.has_weight[u]) {
+      --st.awaiting_weight;
+      cost = 2;
+    }
+  } else {
+    if (!st.backwarded[u]) return " runs before its backward (" + unit_label(Op::backward, in.micro, in.chunk) + ")";
+    if (st.weighted[u]) return " runs twice";
+    st.weighted[u] = true;
+    --st.awaiting_weight;
+  }
+  st.timeline.push_back({in.op, in.micro, in.chunk, st.clock, st.clock + cost});
+  st.clock += cost;
+  st.work += cost;
+  return {};
+}
+
+// Posts an exchange's transfers on their channels: empty, or why one of them is wrong.
+std::string post_exchange(const ChunkMap& map, int stage, int micro_batches, const PipeInstruction& in, StageState& st,
+                          std::map<std::pair<int, int>, Channel>& channels) {
+  st.mine.clear();
+  st.mine_is_send.clear();
+  for (const PipeTransfer& t : in.transfers) {
+    const bool named = t.chunk >= 0 && t.micro >= 0 && t.micro < micro_batches;
+    const int neighbour = named ? neighbour_chunk(map, stage, t) : -1;
+    if (neighbour < 0) return " talks to a stage that does not exist";
+    const int holder = map.stage_of(neighbour);
+    if (holder == stage)
+      return " sends model chunk " + std::to_string(neighbour) +
+             "'s tensor to its own stage, where it is handed over locally, not exchanged";
+    if (t.peer != holder)
+      return " addresses stage " + std::to_string(t.peer) + ", but model chunk " + std::to_string(neighbour) +
+             " is on stage " + std::to_string(holder);
+    const size_t u = size_t(t.chunk) * size_t(micro_batches) + size_t(t.micro);
+    if (t.is_send() && !(t.is_activation() ? st.forwarded[u] : st.backwarded[u]))
+      return " sends what it has not computed yet";
+    Channel& channel = channels[t.is_send() ? std::make_pair(stage, t.peer) : std::make_pair(t.peer, stage)];
+    auto& side = t.is_send() ? channel.sends : channel.receives;
+    side.push_back({stage, t.micro, st.clock, t.is_activation(), crossed_boundary(map, stage, t)});
+    st.mine.emplace_back(&channel, side.size() - 1);
+    st.mine_is_send.push_back(t.is_send());
+  }
+  st.posted = true;
+  return {};
+}
+
+// Whether every transfer of the posted exchange has its counterpart (then
+// the stage's clock moves to the latest of them), in `complete`; empty, or
+// why a counterpart does not match.
+std::string try_complete_exchange(const PipeInstruction& in, int micro_batches, StageState& st, bool& complete) {
+  int done_at = st.clock;
+  complete = false;
+  for (size_t k = 0; k < st.mine.size(); ++k) {
+    Channel& channel = *st.mine[k].first;
+    const size_t index = st.mine[k].second;
+    auto& other = st.mine_is_send[k] ? channel.receives : channel.sends;
+    if (other.size() <= index) return {};
+    const auto& mine = st.mine_is_send[k] ? channel.sends[index] : channel.receives[index];
+    const auto& theirs = other[index];
+    if (theirs.micro != mine.micro || theirs.activation != mine.activation || theirs.boundary != mine.boundary)
+      return " pairs with micro-batch " + std::to_string(theirs.micro) + " (" +
+             (theirs.activation ? "activation" : "gradient") + " at chunk boundary " + std::to_string(theirs.boundary) +
+             ") on stage " + std::to_string(theirs.stage);
+    done_at = std::max(done_at, theirs.time);
+  }
+  for (const PipeTransfer& t : in.transfers) {
+    const size_t u = size_t(t.chunk) * size_t(micro_batches) + size_t(t.micro);
+    if (t.kind == Kind::recv_activation) st.activation_in[u] = true;
+    if (t.kind == Kind::recv_gradient) st.gradient_in[u] = true;
+  }
+  st.clock = done_at;
+  st.posted = false;
+  complete = true;
+  return {};
+}
+
+// After the run: every unit forwarded and backwarded, and given its W when the list has any.
+std::string check_every_unit_ran(const StageState& st, int micro_batches, int chunks) {
+  for (int c = 0; c < chunks; ++c)
+    for (int mb = 0; mb < micro_batches; ++mb) {
+      const size_t u = size_t(c) * size_t(micro_batches) + size_t(mb);
+      if (!st.forwarded[u] || !st.backwarded[u]) return describe_unit(mb, c) + " is not run forward and backward";
+      if (st.splits && !st.weighted[u])
+        return describe_unit(mb, c) + " has no W (weight gradient) though the stage's list splits its other backwards";
+    }
+  return {};
+}
+
+std::string describe_deadlock(const std::vector<std::vector<PipeInstruction>>& lists,
+                              const std::vector<StageState>& state) {
+  std::ostringstream why;
+  why << "deadlock:";
+  for (size_t t = 0; t < lists.size(); ++t)
+    if (state[t].pc < lists[t].size())
+      why << " stage " << t << " waits in " << lists[t][state[t].pc].to_string() << ";";
+  return why.str();
+}
+
 }  // namespace
 
-// Over 120 lines on purpose: one rendezvous state machine whose checks (pairing,
-// ordering, exactly-once receipt) share its state at each event; split, each
-// part would take the whole state as arguments.
-PipelineSimulation simulate_pipeline(const std::vector<std::vector<PipeInstruction>>& lists, int micro_batches) {
-  const int p = int(lists.size()), v = chunk_count(lists), total_chunks = p * v;
-  constexpr int kForwardTime = 1, kBackwardTime = 2;
+PipelineSimulation simulate_pipeline(const std::vector<std::vector<PipeInstruction>>& lists, int micro_batches,
+                                     ChunkPlacement placement) {
+  const int p = int(lists.size()), v = chunk_count(lists);
+  const ChunkMap map{p, v, placement};
   PipelineSimulation result;
-  result.max_in_flight.assign(size_t(p), 0);
-  result.finish_time.assign(size_t(p), 0);
-  result.idle_time.assign(size_t(p), 0);
   std::map<std::pair<int, int>, Channel> channels;  // (sender, receiver)
   std::vector<StageState> state(static_cast<size_t>(p));
-  const size_t units = size_t(v) * size_t(micro_batches);
-  for (auto& st : state) {
-    st.forwarded.assign(units, false);
-    st.backwarded.assign(units, false);
-    st.activation_in.assign(units, false);
-    st.gradient_in.assign(units, false);
-  }
+  for (int s = 0; s < p; ++s) start_stage(state[size_t(s)], lists[size_t(s)], micro_batches, v);
   const auto fail = [&](int stage, const std::string& why) {
     result.problem = "stage " + std::to_string(stage) + ": " + why;
     return result;
@@ -248,117 +662,85 @@ PipelineSimulation simulate_pipeline(const std::vector<std::vector<PipeInstructi
       StageState& st = state[size_t(s)];
       while (st.pc < lists[size_t(s)].size()) {
         const PipeInstruction& in = lists[size_t(s)][st.pc];
-        if (in.op != PipeInstruction::Op::exchange) {
-          const int mb = in.micro, model_chunk = in.chunk * p + s;
-          if (mb < 0 || mb >= micro_batches || in.chunk < 0)
-            return fail(s, in.to_string() + " names no micro-batch or chunk");
-          const size_t u = size_t(in.chunk) * size_t(micro_batches) + size_t(mb);
-          if (in.op == PipeInstruction::Op::forward) {
-            if (st.forwarded[u]) return fail(s, in.to_string() + " runs twice");
-            if (model_chunk > 0 && !st.activation_in[u])
-              return fail(s, in.to_string() + " runs before its activation arrived");
-            st.forwarded[u] = true;
-            result.max_in_flight[size_t(s)] = std::max(result.max_in_flight[size_t(s)], ++st.in_flight);
-            st.clock += kForwardTime;
-          } else {
-            if (!st.forwarded[u]) return fail(s, in.to_string() + " runs before its forward");
-            if (st.backwarded[u]) return fail(s, in.to_string() + " runs twice");
-            if (model_chunk + 1 < total_chunks && !st.gradient_in[u])
-              return fail(s, in.to_string() + " runs before its gradient arrived");
-            st.backwarded[u] = true;
-            --st.in_flight;
-            st.clock += kBackwardTime;
-          }
-          ++st.pc;
-          progress = true;
-          continue;
+        std::string problem;
+        bool done = true;
+        if (in.computes() && (in.micro < 0 || in.micro >= micro_batches || in.chunk < 0))
+          problem = " names no micro-batch or chunk";
+        else if (in.computes())
+          problem = run_compute(map, s, micro_batches, in, st);
+        else {
+          if (!st.posted) problem = post_exchange(map, s, micro_batches, in, st, channels);
+          if (problem.empty()) problem = try_complete_exchange(in, micro_batches, st, done);
         }
-        if (!st.posted) {
-          st.mine.clear();
-          st.mine_is_send.clear();
-          for (const PipeTransfer& t : in.transfers) {
-            const int model_chunk = t.chunk * p + s;
-            const bool exists = t.to_next() ? model_chunk + 1 < total_chunks : model_chunk > 0;
-            if (!exists || t.chunk < 0 || t.micro < 0 || t.micro >= micro_batches)
-              return fail(s, in.to_string() + " talks to a stage that does not exist");
-            const int peer = t.peer(s, p);
-            // Activations cross into the next chunk, gradients out of this rank's chunk into the previous one.
-            const int boundary = t.to_next() ? model_chunk + 1 : model_chunk;
-            Channel& channel = channels[t.is_send() ? std::make_pair(s, peer) : std::make_pair(peer, s)];
-            auto& side = t.is_send() ? channel.sends : channel.receives;
-            side.push_back({s, t.micro, st.clock, t.is_activation(), boundary});
-            st.mine.emplace_back(&channel, side.size() - 1);
-            st.mine_is_send.push_back(t.is_send());
-            if (t.is_send()) {
-              const size_t u = size_t(t.chunk) * size_t(micro_batches) + size_t(t.micro);
-              const bool have = t.is_activation() ? st.forwarded[u] : st.backwarded[u];
-              if (!have) return fail(s, in.to_string() + " sends what it has not computed yet");
-            }
-          }
-          st.posted = true;
-          progress = true;
-        }
-        // Complete when every transfer has its counterpart posted.
-        int done_at = st.clock;
-        bool complete = true;
-        for (size_t k = 0; k < st.mine.size(); ++k) {
-          Channel& channel = *st.mine[k].first;
-          const size_t index = st.mine[k].second;
-          auto& other = st.mine_is_send[k] ? channel.receives : channel.sends;
-          if (other.size() <= index) {
-            complete = false;
-            break;
-          }
-          const auto& mine = st.mine_is_send[k] ? channel.sends[index] : channel.receives[index];
-          const auto& theirs = other[index];
-          if (theirs.micro != mine.micro || theirs.activation != mine.activation || theirs.boundary != mine.boundary)
-            return fail(s, in.to_string() + " pairs with micro-batch " + std::to_string(theirs.micro) + " (" +
-                               (theirs.activation ? "activation" : "gradient") + " at chunk boundary " +
-                               std::to_string(theirs.boundary) + ") on stage " + std::to_string(theirs.stage));
-          done_at = std::max(done_at, theirs.time);
-        }
-        if (!complete) break;
-        for (const PipeTransfer& t : in.transfers) {
-          const size_t u = size_t(t.chunk) * size_t(micro_batches) + size_t(t.micro);
-          if (t.kind == Kind::recv_activation) st.activation_in[u] = true;
-          if (t.kind == Kind::recv_gradient) st.gradient_in[u] = true;
-        }
-        st.clock = done_at;
-        st.posted = false;
+        if (!problem.empty()) return fail(s, in.to_string() + problem);
+        if (!done) break;
         ++st.pc;
         progress = true;
       }
     }
   }
-  for (int s = 0; s < p; ++s) {
-    const StageState& st = state[size_t(s)];
-    if (st.pc < lists[size_t(s)].size()) {
-      std::ostringstream why;
-      why << "deadlock:";
-      for (int t = 0; t < p; ++t)
-        if (state[size_t(t)].pc < lists[size_t(t)].size())
-          why << " stage " << t << " waits in " << lists[size_t(t)][state[size_t(t)].pc].to_string() << ";";
-      result.problem = why.str();
+  for (int s = 0; s < p; ++s)
+    if (state[size_t(s)].pc < lists[size_t(s)].size()) {
+      result.problem = describe_deadlock(lists, state);
       return result;
     }
-    for (int c = 0; c < v; ++c)
-      for (int mb = 0; mb < micro_batches; ++mb) {
-        const size_t u = size_t(c) * size_t(micro_batches) + size_t(mb);
-        if (!st.forwarded[u] || !st.backwarded[u])
-          return fail(s, describe_unit(mb, c) + " is not run forward and backward");
-      }
-    result.finish_time[size_t(s)] = st.clock;
+  for (int s = 0; s < p; ++s) {
+    const std::string missing = check_every_unit_ran(state[size_t(s)], micro_batches, v);
+    if (!missing.empty()) return fail(s, missing);
   }
-  // Idle: the step's span (the last stage to finish) minus the stage's own work.
-  const int span = *std::max_element(result.finish_time.begin(), result.finish_time.end());
-  for (int s = 0; s < p; ++s) result.idle_time[size_t(s)] = span - v * micro_batches * (kForwardTime + kBackwardTime);
   for (const auto& [key, channel] : channels)
     if (channel.sends.size() != channel.receives.size())
       return fail(key.first, std::to_string(channel.sends.size()) + " sends but " +
                                  std::to_string(channel.receives.size()) + " receives to stage " +
                                  std::to_string(key.second));
+  // Idle: the step's span (the last stage to finish) minus the stage's own work.
+  int span = 0;
+  for (const StageState& st : state) span = std::max(span, st.clock);
+  for (StageState& st : state) {
+    result.max_in_flight.push_back(st.max_in_flight);
+    result.max_awaiting_weight.push_back(st.max_awaiting_weight);
+    result.finish_time.push_back(st.clock);
+    result.idle_time.push_back(span - st.work);
+    result.timeline.push_back(std::move(st.timeline));
+  }
   result.completed = true;
   return result;
+}
+
+std::string describe_schedule(const std::vector<std::vector<PipeInstruction>>& lists, int micro_batches,
+                              ChunkPlacement placement) {
+  const PipelineSimulation sim = simulate_pipeline(lists, micro_batches, placement);
+  TESSERA_CHECK(sim.completed, "pipeline schedule: the stages' lists do not complete: ", sim.problem);
+  const size_t p = lists.size();
+  const int span = *std::max_element(sim.finish_time.begin(), sim.finish_time.end());
+  std::vector<std::vector<std::string>> cells(p, std::vector<std::string>(size_t(span), "."));
+  size_t width = 1;
+  for (size_t s = 0; s < p; ++s)
+    for (const PipelineSimulation::TimedOp& op : sim.timeline[s]) {
+      const std::string label = unit_label(op.op, op.micro, op.chunk);
+      width = std::max(width, label.size());
+      for (int t = op.start; t < op.end; ++t) cells[s][size_t(t)] = label;
+    }
+  const size_t name_width = ("stage " + std::to_string(p - 1) + ":").size();
+  std::ostringstream out;
+  for (size_t s = 0; s < p; ++s) {
+    std::ostringstream row;
+    row << std::left << std::setw(int(name_width)) << "stage " + std::to_string(s) + ":";
+    for (const std::string& cell : cells[s]) row << ' ' << std::setw(int(width)) << cell;
+    std::string text = row.str();
+    text.erase(text.find_last_not_of(' ') + 1);
+    out << text << '\n';
+  }
+  int idle = 0;
+  for (const int stage_idle : sim.idle_time) idle += stage_idle;
+  out << "bubble " << std::fixed << std::setprecision(1) << 100.0 * idle / (double(span) * double(p))
+      << "% of a span of " << span << " time units (F, B and W 1 each, a whole backward 2); peak units in flight per "
+      << "stage";
+  for (const int peak : sim.max_in_flight) out << ' ' << peak;
+  out << "; awaiting their W";
+  for (const int peak : sim.max_awaiting_weight) out << ' ' << peak;
+  out << '\n';
+  return out.str();
 }
 
 }  // namespace tessera::parallel

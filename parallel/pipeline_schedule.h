@@ -8,10 +8,15 @@
 //                stage otherwise; the last stage also computes the loss)
 //   backward m   run its backward (the gradient: from the loss on the last
 //                stage, received from the next stage otherwise); the
-//                micro-batch's saved activations are freed right after
+//                micro-batch's saved activations are freed right after.
+//                Under a schedule that splits backwards, only the gradient
+//                for the input (B)
+//   weight m     the gradient for the weights (W) of a unit whose B has run;
+//                only under schedules that split backwards
 //   exchange     one group of transfers with the neighbours, posted together
 //                and completed together (no deadlock whatever their order):
-//                activations go to the next stage, gradients to the previous
+//                activations go to the stage of the next model chunk,
+//                gradients to that of the previous one
 //
 // GPipe: every forward, then every backward (all M micro-batches in flight).
 // 1F1B (non-interleaved, as Megatron-LM and PipeDream-Flush): stage s runs
@@ -32,6 +37,30 @@
 // then alternates, then cools down. Every exchange holds the send of the
 // unit just run and the receive of the next one, posted together. M must be
 // a multiple of P. The bubble shrinks to (P − 1)/(V·M + P − 1) of the step.
+//
+// Zero-bubble schedules (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR
+// 2024) split each backward in two: B, the gradient for the chunk's input (on
+// the critical path: the previous stage waits for it), and W, the gradient
+// for its weights (deferrable), and fill the bubbles with W's.
+//   ZB-H1: 1F1B's warm-up and activation memory (at most P − s micro-batches
+//   forwarded and not yet B'd on stage s); stage s holds back its W's by s
+//   steady steps, so at most P micro-batches wait for their W on any stage,
+//   and runs them in the cool-down's gaps: the bubble falls to
+//   (P − 1)(F + B − W), a third of 1F1B's when F = B = W.
+//   ZBV: two chunks per stage laid in a V (stage s holds model chunks s and
+//   2P − 1 − s: the first stage holds the first and the last chunk, so it
+//   computes the loss, and the last stage turns the V round locally), the
+//   handcrafted ZB-V of the paper's Section 6 as PyTorch's
+//   ScheduleZBVZeroBubble lays it out: P − 1 chunk-units idle per stage when
+//   M ≥ 2P − 1, the least any schedule can have, at 1F1B's peak activation
+//   memory (2P chunks of half a stage each). Any M ≥ 1.
+// Their exchanges are generated, not hand-placed: every stage's compute order
+// is run as soon as its dependencies allow at unit cost, each cross-stage
+// transfer belongs to the time its producer finishes, and each stage posts
+// one exchange per such time, holding all its transfers of that time, after
+// its ops that finish by then and before those that start from then. All
+// exchanges of earlier times complete, so every stage reaches its exchange of
+// the next time: no deadlock under rendezvous, by induction on time.
 #pragma once
 
 #include <string>
@@ -40,11 +69,33 @@
 
 namespace tessera::parallel {
 
-enum class PipelineScheduleKind { gpipe, one_f_one_b };
+enum class PipelineScheduleKind { gpipe, one_f_one_b, zb_h1, zbv };
 
-// "gpipe" | "1f1b" (--pipeline-schedule); throws naming the flag otherwise.
+// "gpipe" | "1f1b" | "zb-h1" | "zbv" (--pipeline-schedule); throws naming the flag otherwise.
 PipelineScheduleKind parse_pipeline_schedule(std::string_view text);
 std::string_view pipeline_schedule_name(PipelineScheduleKind kind);
+
+// Whether the schedule runs each backward as B (input gradient) and W (weight
+// gradient), separate instructions: zb-h1 and zbv.
+bool splits_backward(PipelineScheduleKind kind);
+
+// How a stage's local chunks map onto the model's chunks: round the ring
+// (local chunk c of stage s is model chunk c·P + s: Megatron's interleaving,
+// and the plain pipeline with one chunk) or in a V (local chunk 0 of stage s
+// is model chunk s, local chunk 1 is 2P − 1 − s; further pairs repeat the V).
+enum class ChunkPlacement { loop, v_shape };
+ChunkPlacement chunk_placement(PipelineScheduleKind kind);  // v_shape for zbv
+
+struct ChunkMap {
+  int stages = 1, chunks = 1;  // chunks: per stage
+  ChunkPlacement placement = ChunkPlacement::loop;
+  int model_chunk(int stage, int local) const;
+  int stage_of(int model_chunk) const;
+  int local_of(int model_chunk) const;
+  int model_chunks() const { return stages * chunks; }
+  bool first(int stage, int local) const { return model_chunk(stage, local) == 0; }
+  bool last(int stage, int local) const { return model_chunk(stage, local) + 1 == model_chunks(); }
+};
 
 // One transfer of an exchange, seen from the stage that runs it.
 struct PipeTransfer {
@@ -52,29 +103,32 @@ struct PipeTransfer {
   Kind kind = Kind::send_activation;
   int micro = 0;
   int chunk = 0;  // the local chunk whose output (send activation, receive gradient) or input it is
-  // Activations travel to the next stage, gradients to the previous one
-  // (round the ring: the last stage's next is the first, under interleaving).
+  int peer = -1;  // the stage at the other end
+  // Activations travel to the next model chunk, gradients to the previous one
+  // (on the stage `peer`; a hand-over between two chunks of one stage is no
+  // transfer: the engine passes the tensor on locally).
   bool to_next() const { return kind == Kind::send_activation || kind == Kind::recv_gradient; }
   bool is_send() const { return kind == Kind::send_activation || kind == Kind::send_gradient; }
   bool is_activation() const { return kind == Kind::send_activation || kind == Kind::recv_activation; }
-  int peer(int stage, int stages) const { return to_next() ? (stage + 1) % stages : (stage + stages - 1) % stages; }
 };
 
 struct PipeInstruction {
-  enum class Op { forward, backward, exchange };
+  enum class Op { forward, backward, exchange, weight };
   Op op = Op::forward;
-  int micro = 0;                        // forward, backward
-  int chunk = 0;                        // forward, backward: the local chunk (interleaving; 0 otherwise)
+  int micro = 0;                        // forward, backward, weight
+  int chunk = 0;                        // forward, backward, weight: the local chunk (0 with one chunk per stage)
   std::vector<PipeTransfer> transfers;  // exchange
-  // "F3", "B0", "X[send act 2, recv grad 0]"; a chunk other than 0 follows
-  // its micro-batch: "F3.1", "send act 2.1".
+  bool computes() const { return op != Op::exchange; }
+  // "F3", "B0", "W2", "X[send act 2, recv grad 0]"; a chunk other than 0
+  // follows its micro-batch: "F3.1", "W3.1", "send act 2.1".
   std::string to_string() const;
 };
 
 // The instructions stage `stage` of `stages` runs for `micro_batches`
 // micro-batches (stages ≥ 1, 0 ≤ stage < stages, micro_batches ≥ 1), with
-// `chunks` model chunks per stage (> 1: interleaved 1F1B; micro_batches a
-// multiple of stages). Throws naming the flags otherwise.
+// `chunks` model chunks per stage (> 1 under 1f1b: interleaved 1F1B,
+// micro_batches a multiple of stages; zb-h1 needs 1, zbv 2). Throws naming
+// the flags otherwise.
 std::vector<PipeInstruction> pipeline_schedule(PipelineScheduleKind kind, int stages, int stage, int micro_batches,
                                                int chunks = 1);
 
@@ -82,23 +136,47 @@ std::vector<PipeInstruction> pipeline_schedule(PipelineScheduleKind kind, int st
 struct PipelineSimulation {
   bool completed = false;  // every stage ran to its end
   std::string problem;     // why not (a deadlock: which stages wait for what), or a mismatch
-  // Per stage: most units (micro-batch, chunk) forwarded and not yet backwarded.
+  // Per stage: most units (micro-batch, chunk) forwarded and not yet backwarded (B).
   std::vector<int> max_in_flight;
+  // Per stage: most units forwarded whose W has not run (a unit without a W
+  // instruction leaves at its backward, as in max_in_flight).
+  std::vector<int> max_awaiting_weight;
   // Per stage, when it finished (a chunk's forward takes 1 time unit, its
-  // backward 2, transfers none) and how long it sat idle within the step's
-  // span (the latest finish): (P − 1)/(V·M + P − 1) of the span.
+  // backward 2 when whole, B and W 1 each when split; transfers none) and how
+  // long it sat idle within the step's span (the latest finish): the span
+  // minus the stage's own work.
   std::vector<int> finish_time, idle_time;
+  // Per stage, its compute instructions in order with the time units they
+  // occupied, [start, end).
+  struct TimedOp {
+    PipeInstruction::Op op = PipeInstruction::Op::forward;
+    int micro = 0, chunk = 0, start = 0, end = 0;
+  };
+  std::vector<std::vector<TimedOp>> timeline;
 };
 
 // Runs the stages' lists against each other with rendezvous semantics (a
 // transfer completes only when both sides have posted it; an exchange
 // blocks its stage until all its transfers complete; messages from one stage
 // to another match in order whatever they carry, as MPI and NCCL match
-// untagged point-to-point messages). Checks that every transfer pairs with
-// one of the same kind, model-chunk boundary and micro-batch, that each
-// forward comes after its activation arrived and before its backward, and
-// each backward after its gradient arrived, and that everything is received
-// exactly once. The number of chunks is the largest chunk named plus one.
-PipelineSimulation simulate_pipeline(const std::vector<std::vector<PipeInstruction>>& stages, int micro_batches);
+// untagged point-to-point messages). Local chunks map onto the model's by
+// `placement`. Checks that every transfer names the stage that holds the
+// neighbouring model chunk and pairs with one of the same kind, model-chunk
+// boundary and micro-batch; that each forward comes after its input arrived
+// (received, or handed over by the stage's own forward of the previous chunk)
+// and before its backward, each backward after its gradient arrived (likewise)
+// and each W after its B; that a list with any W has exactly one for every
+// unit; and that everything is received exactly once. The number of chunks is
+// the largest chunk named plus one.
+PipelineSimulation simulate_pipeline(const std::vector<std::vector<PipeInstruction>>& stages, int micro_batches,
+                                     ChunkPlacement placement = ChunkPlacement::loop);
+
+// The simulated timeline, one row per stage ("stage 0: F0 F1 .  B0 W0 ..."),
+// each cell the op that occupied that time unit ("." idle; a whole backward
+// fills two cells), columns aligned, then a line with the bubble (the idle
+// share of the span) and the peak units in flight and awaiting their W.
+// Throws with the simulator's problem if the lists do not complete.
+std::string describe_schedule(const std::vector<std::vector<PipeInstruction>>& lists, int micro_batches,
+                              ChunkPlacement placement = ChunkPlacement::loop);
 
 }  // namespace tessera::parallel
