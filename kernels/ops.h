@@ -46,6 +46,8 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& c, const MatmulOptions& op
 // Gradients of C = op(A)·op(B) given dC, in A's and B's stored layouts:
 //   grad_a = dC·op(B)ᵀ (transposed back if transpose_a), grad_b = op(A)ᵀ·dC (likewise).
 // Either output may be null. For batched A with a shared 2-D B, grad_b sums over the batch.
+// Without grad_a, b may be a placeholder (Tensor::placeholder: its shape and
+// dtype only): a weight's gradient while its values are sharded (ZeRO-3).
 void matmul_backward(const Tensor& grad_c, const Tensor& a, const Tensor& b, Tensor* grad_a, Tensor* grad_b,
                      bool transpose_a = false, bool transpose_b = false, bool accumulate = false);
 

@@ -28,10 +28,15 @@ void check_output_dtype(std::string_view op, const detail::Arg& out, DType input
 }
 
 // The shape of op(A)·op(B), after checking that a and b can be multiplied.
-Shape product_shape(std::string_view op, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
+// `b_placeholder`: b's values are not read (only its shape and dtype).
+Shape product_shape(std::string_view op, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b,
+                    bool b_placeholder = false) {
   detail::check_floating(op, {"a", a});
-  detail::check_floating(op, {"b", b});
-  detail::check_same_dtype(op, {"a", a}, {"b", b});
+  if (b_placeholder)
+    TESSERA_CHECK(b.dtype() == a.dtype(), op, ": 'b' is ", dtype_name(b.dtype()), ", 'a' ", dtype_name(a.dtype()));
+  else
+    detail::check_floating(op, {"b", b});
+  if (!b_placeholder) detail::check_same_dtype(op, {"a", a}, {"b", b});
   TESSERA_CHECK(a.ndim() == 2 || a.ndim() == 3, op, ": 'a' must be [M, K] or [B, M, K], has shape ",
                 a.shape().to_string());
   TESSERA_CHECK(b.ndim() == 2 || (b.ndim() == 3 && a.ndim() == 3), op, ": 'b' must be [K, N]",
@@ -81,7 +86,8 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& c, const MatmulOptions& op
 void matmul_backward(const Tensor& grad_c, const Tensor& a, const Tensor& b, Tensor* grad_a, Tensor* grad_b,
                      bool transpose_a, bool transpose_b, bool accumulate) {
   constexpr std::string_view op = "matmul_backward";
-  const Shape shape = product_shape(op, a, b, transpose_a, transpose_b);
+  // b's values are read only for grad_a: without it b may be a placeholder.
+  const Shape shape = product_shape(op, a, b, transpose_a, transpose_b, !grad_a && !b.defined());
   check_output_dtype(op, {"grad_c", grad_c}, a.dtype());
   detail::check_shape(op, {"grad_c", grad_c}, shape);
   const Tensor no_tensor;

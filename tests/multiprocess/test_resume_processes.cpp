@@ -636,6 +636,100 @@ TEST(LlamaLayouts, TensorSequencePipelineInterleavedAndZeroThreeEqualOneRank) {
       dir);
 }
 
+// The pipeline layouts the zero-bubble schedules are checked under, each
+// against 1F1B on the same ranks.
+struct ScheduleLayout {
+  const char* name;
+  int ranks;
+  std::vector<std::string> flags;
+};
+
+// Trains `args` under each layout with 1F1B and with `schedule`. `exact`:
+// the two checkpoints are the same bit for bit (ZB-H1 adds each weight
+// gradient in the micro-batch order 1F1B does); otherwise the losses and the
+// final parameters agree to f32 rounding (a V cuts the model into other
+// chunks: the gradient norm sums its parts in another order).
+void expect_schedule_equals_one_f_one_b(const ScratchDirectory& dir, const std::vector<std::string>& args,
+                                        const std::string& schedule, const std::vector<ScheduleLayout>& layouts,
+                                        bool exact) {
+  for (const ScheduleLayout& layout : layouts) {
+    SCOPED_TRACE(layout.name);
+    std::string name = schedule + "_" + layout.name;
+    for (char& ch : name)
+      if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+    const auto run = fit_zero(joined(args, layout.flags));
+    run_training(layout.ranks, joined(run, {"--save", dir / (name + "_1f1b"), "--metrics", dir / (name + "_1f1b.jsonl")}),
+                 dir / (name + "_1f1b.log"));
+    const std::string output = run_training(
+        layout.ranks,
+        joined(run, {"--pipeline-schedule", schedule, "--save", dir / name, "--metrics", dir / (name + ".jsonl")}),
+        dir / (name + ".log"));
+    EXPECT_TRUE(contains(output, ", " + schedule + ", ")) << output;  // the pipeline line names the schedule
+    const std::vector<double> expected = losses(dir / (name + "_1f1b.jsonl"), 1, 6),
+                              actual = losses(dir / (name + ".jsonl"), 1, 6);
+    ASSERT_EQ(expected.size(), 6u);
+    const std::string saved = step_name(6);
+    if (exact) {
+      EXPECT_EQ(actual, expected);
+      EXPECT_TRUE(checkpoints_identical(dir / (name + "_1f1b/" + saved), dir / (name + "/" + saved)));
+    } else {
+      EXPECT_TRUE(all_close(actual, expected, Tolerance{1e-5, 1e-5}));
+      EXPECT_TRUE(checkpoints_close(dir / (name + "_1f1b/" + saved), dir / (name + "/" + saved), Tolerance{1e-5, 1e-5}));
+    }
+  }
+}
+
+// ZB-H1 (backward split in input and weight gradients, the W steps filling
+// the bubble) through `tessera train` with the GPT (tied embedding, dropout)
+// on 2 and 4 stages, with dp 2, ZeRO-3 and recomputation: the same
+// checkpoint as 1F1B, bit for bit.
+TEST(ZeroBubblePipeline, ZbH1EqualsOneFOneBBitForBit) {
+  TESSERA_SEED_TRACE();
+  ScratchDirectory dir("tessera_processes_");
+  std::mt19937_64 rng = make_rng();
+  const auto args = joined(gpt_args(write_text_dataset(dir.path, 4000, rng), rng()),
+                           {"--num-layers", "4", "--clip-grad", "0.5", "--train-steps", "6"});
+  expect_schedule_equals_one_f_one_b(
+      dir, args, "zb-h1",
+      {{"pp 2", 2, {"--pp", "2"}},
+       {"pp 4", 4, {"--pp", "4"}},
+       {"dp 2 x pp 2", 4, {"--pp", "2"}},
+       {"dp 2 x pp 2 zero 3", 4, {"--pp", "2", "--zero", "3"}},
+       {"pp 2 recompute", 2, {"--pp", "2", "--recompute"}}},
+      true);
+}
+
+// ZBV (two chunks per stage in a V, the loss on stage 0) with the Llama
+// (untied output layer) on 2 and 4 stages, with dp 2, ZeRO-3 and
+// recomputation, against 1F1B; and a 1F1B checkpoint resumed under ZBV.
+TEST(ZeroBubblePipeline, ZbvEqualsOneFOneBAndResumesItsCheckpoint) {
+  TESSERA_SEED_TRACE();
+  ScratchDirectory dir("tessera_processes_");
+  std::mt19937_64 rng = make_rng();
+  const auto args = joined(without(llama_args(write_text_dataset(dir.path, 4000, rng), rng()), "--num-layers"),
+                           {"--num-layers", "8", "--micro-batch-size", "2"});
+  expect_schedule_equals_one_f_one_b(
+      dir, args, "zbv",
+      {{"pp 2", 2, {"--pp", "2"}},
+       {"pp 4", 4, {"--pp", "4"}},
+       {"dp 2 x pp 2", 4, {"--pp", "2"}},
+       {"dp 2 x pp 2 zero 3", 4, {"--pp", "2", "--zero", "3"}},
+       {"pp 2 recompute", 2, {"--pp", "2", "--recompute"}}},
+      false);
+  const std::string output = run_training(
+      2, joined(args, {"--pp", "2", "--pipeline-schedule", "zbv", "--pipeline-split", "0,2,4,6,8"}), dir / "v.log");
+  EXPECT_TRUE(contains(output, "pipeline: 2 stages x 2 chunks in a V, zbv, blocks [0, 2), [2, 4), [4, 6), [6, 8), "
+                               "chunks c and 3 - c on stage c"))
+      << output;
+  expect_resumed_losses_continue(dir, without(args, "--train-steps"), 8, 4,
+                                 {"pp=2 1f1b -> pp=2 zbv",
+                                  2,
+                                  2,
+                                  {"--pp", "2"},
+                                  {"--pp", "2", "--pipeline-schedule", "zbv"},
+                                  "dp=1 tp=1 pp=2 zero=0"});
+}
+
 // A run's mixture-of-experts figures (apps/expert_load.h): each moe_* entry's values over the steps.
 std::map<std::string, std::vector<double>> moe_figures(const std::string& metrics) {
   std::map<std::string, std::vector<double>> figures;

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -157,6 +158,25 @@ inline ::testing::AssertionResult checkpoints_identical(const std::string& a, co
     return ::testing::AssertionFailure() << different << " difference(s) between " << a << " and " << b << ":"
                                          << differences.str();
   return ::testing::AssertionSuccess() << names_a.size() << " tensors identical";
+}
+
+// Whether two checkpoints hold the same tensors with values within `tolerance`
+// of each other (the same model trained with additions in another order).
+inline ::testing::AssertionResult checkpoints_close(const std::string& a, const std::string& b, Tolerance tolerance) {
+  Context ctx;
+  const io::CheckpointReader first(a), second(b);
+  if (first.tensors().size() != second.tensors().size() || first.tensors().empty())
+    return ::testing::AssertionFailure() << a << " holds " << first.tensors().size() << " tensors, " << b << " "
+                                         << second.tensors().size();
+  for (const io::StoredTensor& stored : first.tensors()) {
+    const auto other = std::find_if(second.tensors().begin(), second.tensors().end(),
+                                    [&](const io::StoredTensor& t) { return t.name == stored.name; });
+    if (other == second.tensors().end()) return ::testing::AssertionFailure() << b << " has no " << stored.name;
+    const std::vector<double> x = read_whole(ctx, first, stored).to_doubles(),
+                              y = read_whole(ctx, second, *other).to_doubles();
+    if (!all_close(y, x, tolerance)) return ::testing::AssertionFailure() << stored.name << " differs";
+  }
+  return ::testing::AssertionSuccess();
 }
 
 }  // namespace tessera::testing
