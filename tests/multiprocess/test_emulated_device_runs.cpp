@@ -11,8 +11,9 @@
 //
 // For each layout (data parallel with ZeRO-1 and ZeRO-2 and gradient
 // accumulation, pipeline, tensor parallel with sequence parallelism, dp × tp,
-// tp × pp, dp × pp with ZeRO-3 (units gathered over the device channel), and
-// 16-bit precisions): the emulated run saves, evaluates and resumes, its
+// tp × pp, dp × pp with ZeRO-3 (units gathered over the device channel),
+// 16-bit precisions, and the zero-bubble ZB-H1 schedule with ZeRO-3 and with
+// tp × sequence parallelism × pp: weight gradients in W steps): the emulated run saves, evaluates and resumes, its
 // checkpoints equal the CPU run's bit for bit (the kernels are the same, only
 // the paths differ), and 4 steps + a new job resuming for 4 more equal 8
 // straight steps. A device fault on one rank is reported as that device's
@@ -86,7 +87,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"DataTensorParallelZero1", 4, {"--tp", "2", "--zero", "1"}},
                       Layout{"DataParallelZero2Accumulating", 2, {"--zero", "2", "--global-batch-size", "8"}},
                       Layout{"DataPipelineParallelZero3Bf16", 4, {"--pp", "2", "--zero", "3", "--precision", "bf16"}},
-                      Layout{"TensorPipelineParallel", 4, {"--tp", "2", "--pp", "2", "--global-batch-size", "4"}}),
+                      Layout{"TensorPipelineParallel", 4, {"--tp", "2", "--pp", "2", "--global-batch-size", "4"}},
+                      Layout{"PipelineZeroBubbleZero3", 4, {"--pp", "2", "--zero", "3", "--pipeline-schedule", "zb-h1"}},
+                      Layout{"TensorSequencePipelineZeroBubble", 4,
+                             {"--tp", "2", "--sequence-parallel", "--pp", "2", "--pipeline-schedule", "zb-h1",
+                              "--global-batch-size", "4"}}),
     layout_name);
 
 // A kernel that faults on rank 1's device (TESSERA_FAULT=device_fault@3:1)

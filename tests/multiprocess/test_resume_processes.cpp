@@ -681,8 +681,8 @@ void expect_schedule_equals_one_f_one_b(const ScratchDirectory& dir, const std::
 
 // ZB-H1 (backward split in input and weight gradients, the W steps filling
 // the bubble) through `tessera train` with the GPT (tied embedding, dropout)
-// on 2 and 4 stages, with dp 2, ZeRO-3 and recomputation: the same
-// checkpoint as 1F1B, bit for bit.
+// on 2 and 4 stages, with dp 2, ZeRO-3, recomputation, tp 2 with sequence
+// parallelism, and experts over ep 2: the same checkpoint as 1F1B, bit for bit.
 TEST(ZeroBubblePipeline, ZbH1EqualsOneFOneBBitForBit) {
   TESSERA_SEED_TRACE();
   ScratchDirectory dir("tessera_processes_");
@@ -695,7 +695,11 @@ TEST(ZeroBubblePipeline, ZbH1EqualsOneFOneBBitForBit) {
        {"pp 4", 4, {"--pp", "4"}},
        {"dp 2 x pp 2", 4, {"--pp", "2"}},
        {"dp 2 x pp 2 zero 3", 4, {"--pp", "2", "--zero", "3"}},
-       {"pp 2 recompute", 2, {"--pp", "2", "--recompute"}}},
+       {"pp 2 recompute", 2, {"--pp", "2", "--recompute"}},
+       {"tp 2 sequence parallel x pp 2", 4, {"--tp", "2", "--sequence-parallel", "--pp", "2"}},
+       {"ep 2 x pp 2, 4 experts", 4,
+        {"--pp", "2", "--ep", "2", "--num-experts", "4", "--moe-ffn-hidden-size", "40", "--moe-aux-loss-coeff",
+         "0.01"}}},
       true);
 }
 
