@@ -529,8 +529,9 @@ parallel::DataParallelOptions data_parallel_options(const TrainConfig& c, parall
   options.counts_in_norm = [tp_rank](const nn::Parameter& p) {
     return !p.tied_copy && (p.shard.split || tp_rank == 0);
   };
-  // The tied table's gradient is whole only after the two end stages sum it;
-  // the other buckets are reduced while backward runs.
+  // The tied table's gradient is whole only after the two end stages sum it
+  // (under a V, after both of stage 0's chunks used it); the other buckets
+  // are reduced while backward runs.
   options.reduced_after_backward = [tied_table](const nn::Parameter& p) { return &p == tied_table; };
   if (trace.enabled()) {
     options.clock = [&trace] { return trace.now_ns(); };
@@ -1166,7 +1167,7 @@ TrainResult run_on(const TrainConfig& c, const parallel::MpiEnv* env, parallel::
   if (!c.init_from.empty()) load_initial_weights(c, parameters, model_cfg, root);
   TrainingSamples samples(c, stage_model.causal_lm);
   const parallel::PipelineGroups groups =
-      parallel::pipeline_groups(layout, stage_model.layers.first() || stage_model.layers.last());
+      parallel::pipeline_groups(layout, stage_model.tied_table != nullptr);
 
   // The trace first: the data-parallel reducer, ring attention and the experts' exchange write into it.
   io::TraceWriter trace(trace_options(c, *world));

@@ -38,6 +38,8 @@ class CausalLm : public nn::Module {
   // or the last stage's tied copy), null when untied or on stages in between:
   // the pipeline sums the two copies' gradients.
   virtual nn::Parameter* embedding_table() = 0;
+  // The token embedding module this chunk holds (the first's), null elsewhere.
+  virtual nn::Module* embedding() = 0;
   virtual void set_recompute(bool recompute) = 0;
   // The hidden states between stages for `batch` sequences of `tokens`.
   Shape hidden_shape(int64_t batch, int64_t tokens) const;

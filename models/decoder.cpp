@@ -46,8 +46,10 @@ Decoder::Decoder(const nn::ModelConfig& config, const nn::ModelSpec& spec, Tenso
   const int64_t c = config_.hidden_size;
   const nn::DecoderChoices choices = config_.decoder();
   const bool tied = !choices.untie_embeddings;
+  auto* shared = dynamic_cast<VocabParallelEmbedding*>(stage.shared_embedding);
+  head_shares_first_chunk_ = tied && stage_.last() && shared;
   // The first stage's embedding, or the last stage's tied copy for the head.
-  if (stage_.first() || (stage_.last() && tied))
+  if (stage_.first() || (stage_.last() && tied && !head_shares_first_chunk_))
     wte_ = &add_child<VocabParallelEmbedding>(spec, "wte", tp_, config_.vocab_size, c);
   if (stage_.first()) {
     if (!choices.rotary) {
@@ -62,7 +64,9 @@ Decoder::Decoder(const nn::ModelConfig& config, const nn::ModelSpec& spec, Tenso
     blocks_.push_back(&add_child<ParallelTransformerBlock>(spec, "blocks." + std::to_string(i), tp_, config_, i));
   if (stage_.last()) {
     ln_f_ = &adopt_child(parallel::make_norm(spec, "ln_f", c, config_));
-    head_ = tied ? wte_ : &add_child<VocabParallelEmbedding>(spec, "lm_head", tp_, config_.vocab_size, c);
+    head_ = head_shares_first_chunk_ ? shared
+            : tied                   ? wte_
+                                     : &add_child<VocabParallelEmbedding>(spec, "lm_head", tp_, config_.vocab_size, c);
   }
   if (tp_.sequence_parallel) {
     std::vector<nn::Parameter*> partial;
@@ -154,7 +158,7 @@ Tensor Decoder::backward_impl(const Tensor& grad_output, nn::Saved& saved) {
     // The head's use of its table is complete (its own, a tied copy's, or the
     // first stage's table before the embedding adds its own use).
     nn::Parameter& table = head_->weight();
-    if (head_ != wte_ || !stage_.first())
+    if (!head_shares_first_chunk_ && (head_ != wte_ || !stage_.first()))
       add_weight_gradients([&table] {
         if (table.on_grad_ready) table.on_grad_ready(table);
       });

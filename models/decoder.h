@@ -27,7 +27,8 @@
 // states [B, T, C] ([B, T/K, C] under sequence parallelism) to hidden states.
 // With a tied head, the last of several stages holds a copy of wte
 // (Parameter::tied_copy) initialised like the first stage's; the pipeline
-// sums the two gradients after the flush.
+// sums the two gradients after the flush. Under a V (zbv) the last chunk sits
+// beside the first on stage 0 and its head uses the first chunk's wte.
 #pragma once
 
 #include <memory>
@@ -51,6 +52,7 @@ class Decoder : public CausalLm {
   void set_recompute(bool recompute) override;
   int64_t vocab_begin() const override { return head_ ? head_->vocab_begin() : wte_->vocab_begin(); }
   nn::Parameter* embedding_table() override;
+  nn::Module* embedding() override { return stage_.first() ? wte_ : nullptr; }
 
  private:
   void initialise();
@@ -61,6 +63,7 @@ class Decoder : public CausalLm {
   std::vector<parallel::ParallelTransformerBlock*> blocks_;
   nn::Module* ln_f_ = nullptr;
   parallel::VocabParallelEmbedding* head_ = nullptr;  // last stage: lm_head, or wte when tied
+  bool head_shares_first_chunk_ = false;  // a V's last chunk: head_ is the first chunk's wte on this rank
   std::unique_ptr<parallel::SequenceParallelGradients> partial_;  // wpe and ln_f under sequence parallelism
 };
 

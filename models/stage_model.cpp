@@ -58,7 +58,7 @@ std::unique_ptr<nn::Loss> stage_loss(const ModelRow& row, const nn::ModelConfig&
 }
 
 void check_layout_fits(const nn::ModelConfig& config, const ModelRow& row, Layout& layout, bool sequence_parallel,
-                       int virtual_stages, parallel::ChunkPlacement placement) {
+                       int virtual_stages) {
   const std::string tp_problem = parallel::tensor_parallel_problem(config, layout.size("tp"), sequence_parallel);
   TESSERA_CHECK(tp_problem.empty(), tp_problem);
   TESSERA_CHECK(layout.group("pp").rank() == layout.rank("pp"), "layout: pipeline rank ", layout.group("pp").rank(), " is not stage ",
@@ -74,12 +74,6 @@ void check_layout_fits(const nn::ModelConfig& config, const ModelRow& row, Layou
                 " x --virtual-pipeline-stages ", virtual_stages, " = ", chunks,
                 " chunks need at least one Transformer block each, the model has ", pipeline_layers(config),
                 " (--num-layers); use fewer virtual stages or more layers");
-  // A V puts the model's first and last chunk on stage 0: one rank would hold
-  // both copies of a tied table, which only the first and last stage sum.
-  TESSERA_CHECK(placement != parallel::ChunkPlacement::v_shape || !row.causal_lm || config.untied(),
-                "--pipeline-schedule zbv puts the embedding and the output layer on the same stage, and --model ",
-                nn::model_name(config.kind),
-                " ties them (one table); add --untie-embeddings-and-output-weights, or use --pipeline-schedule zb-h1");
 }
 
 }  // namespace
@@ -88,7 +82,7 @@ StageModel build_stage_model(const nn::ModelConfig& config, const nn::ModelSpec&
                              bool sequence_parallel, const std::string& pipeline_split, int virtual_stages,
                              parallel::ChunkPlacement placement) {
   const ModelRow& row = model_row(config.kind);
-  check_layout_fits(config, row, layout, sequence_parallel, virtual_stages, placement);
+  check_layout_fits(config, row, layout, sequence_parallel, virtual_stages);
   const int p = layout.size("pp"), s = layout.rank("pp"), chunks = p * virtual_stages;
   const parallel::ChunkMap map{p, virtual_stages, placement};
   const TensorParallelism tp{&layout.group("tp"), sequence_parallel, &layout.group("cp"), &layout.group("ep")};
@@ -98,11 +92,14 @@ StageModel build_stage_model(const nn::ModelConfig& config, const nn::ModelSpec&
   if (p > 1) stage.bounds = stage_bounds(config, pipeline_split, chunks);
   std::unique_ptr<StageChunks> holder = virtual_stages > 1 ? std::make_unique<StageChunks>(spec) : nullptr;
   for (int v = 0; v < virtual_stages; ++v) {
-    const nn::StageLayers layers = chunk_layers(stage, v, map, s);
+    nn::StageLayers layers = chunk_layers(stage, v, map, s);
+    // A V's last chunk on the first chunk's stage: its head uses that chunk's table.
+    if (v > 0 && stage.causal_lm) layers.shared_embedding = stage.causal_lm->embedding();
     std::unique_ptr<nn::Module> chunk = row.build(config, spec, tp, layers);
     nn::Module* built = chunk.get();
     auto* causal_lm = dynamic_cast<CausalLm*>(built);
-    if (p > 1 && causal_lm && (layers.first() || layers.last())) stage.tied_table = causal_lm->embedding_table();
+    if (p > 1 && causal_lm && (layers.first() || layers.last()) && causal_lm->embedding_table())
+      stage.tied_table = causal_lm->embedding_table();
     if (v == 0) {
       stage.causal_lm = causal_lm;
       stage.input_shape = [built, &row, config, layers](const Tensor& inputs) {

@@ -33,7 +33,9 @@ struct StageModel {
   std::vector<nn::Module*> chunks;  // this rank's chunks in local order (one: `module` itself)
   std::unique_ptr<nn::Loss> loss;   // used on the last stage
   // pp > 1, first and last stage: this stage's copy of the tied embedding
-  // table, whose gradients are summed between the two; null otherwise.
+  // table, whose gradients are summed between the two; null otherwise. Under
+  // a V (zbv) stage 0 holds the first and the last chunk: the last chunk's
+  // head uses the first's table (no copy), and only stage 0 has one.
   nn::Parameter* tied_table = nullptr;
   // What a stage after the first receives for a micro-batch's inputs (the
   // activation's shape); for the first stage, the shape of its own input rows.

@@ -109,9 +109,15 @@ int64_t nearest_divisor(int64_t n, int64_t target);
 // partitionable layers (the GPT's Transformer blocks, the MLP's linear
 // layers), plus what comes before them on the first stage (embeddings,
 // input cast) and after them on the last (final norm, LM head).
+class Module;
+
 struct StageLayers {
   int stage = 0, stages = 1;
   int64_t begin = 0, end = -1;  // end -1: to the last layer
+  // The last chunk of a V-shaped pipeline (zbv) sits on the first chunk's
+  // stage: that chunk's token embedding, which a tied head then uses instead
+  // of a copy of its own. Null otherwise.
+  Module* shared_embedding = nullptr;
   bool first() const { return stage == 0; }
   bool last() const { return stage + 1 == stages; }
 };

@@ -84,8 +84,8 @@ class Layout {
 // The groups a pipelined replica needs beyond its axes: `model`, every rank
 // of one replica (the model-parallel axes: the gradient norm's group), and
 // `embedding`, the first and last stage of one replica's position on the
-// other axes (the tied embedding's two copies). Collective over the world;
-// both null with one stage.
+// other axes (the tied embedding's two copies; `end_stage`: this rank holds
+// one). Collective over the world; both null with one stage.
 struct PipelineGroups {
   Communicator* model = nullptr;
   std::unique_ptr<Communicator> embedding;

@@ -705,7 +705,9 @@ TEST(ZeroBubblePipeline, ZbH1EqualsOneFOneBBitForBit) {
 
 // ZBV (two chunks per stage in a V, the loss on stage 0) with the Llama
 // (untied output layer) on 2 and 4 stages, with dp 2, ZeRO-3 and
-// recomputation, against 1F1B; and a 1F1B checkpoint resumed under ZBV.
+// recomputation, and with the GPT, whose tied table and its copy for the
+// output layer both sit on stage 0 then, against 1F1B; and a 1F1B
+// checkpoint resumed under ZBV.
 TEST(ZeroBubblePipeline, ZbvEqualsOneFOneBAndResumesItsCheckpoint) {
   TESSERA_SEED_TRACE();
   ScratchDirectory dir("tessera_processes_");
@@ -720,6 +722,12 @@ TEST(ZeroBubblePipeline, ZbvEqualsOneFOneBAndResumesItsCheckpoint) {
        {"dp 2 x pp 2 zero 3", 4, {"--pp", "2", "--zero", "3"}},
        {"pp 2 recompute", 2, {"--pp", "2", "--recompute"}}},
       false);
+  const auto gpt = joined(gpt_args(write_text_dataset(dir.path, 4000, rng), rng()),
+                          {"--num-layers", "4", "--clip-grad", "0.5", "--train-steps", "6"});
+  expect_schedule_equals_one_f_one_b(dir, gpt, "zbv",
+                                     {{"gpt tied pp 2", 2, {"--pp", "2"}},
+                                      {"gpt tied dp 2 x pp 2 zero 3", 4, {"--pp", "2", "--zero", "3"}}},
+                                     false);
   const std::string output = run_training(
       2, joined(args, {"--pp", "2", "--pipeline-schedule", "zbv", "--pipeline-split", "0,2,4,6,8"}), dir / "v.log");
   EXPECT_TRUE(contains(output, "pipeline: 2 stages x 2 chunks in a V, zbv, blocks [0, 2), [2, 4), [4, 6), [6, 8), "
