@@ -681,7 +681,7 @@ void expect_schedule_equals_one_f_one_b(const ScratchDirectory& dir, const std::
 
 // ZB-H1 (backward split in input and weight gradients, the W steps filling
 // the bubble) through `tessera train` with the GPT (tied embedding, dropout)
-// on 2 and 4 stages, with dp 2, ZeRO-3, recomputation, tp 2 with sequence
+// on 2 and 4 stages, with dp 2, ZeRO-2 and 3, recomputation, tp 2 with sequence
 // parallelism, and experts over ep 2: the same checkpoint as 1F1B, bit for bit.
 TEST(ZeroBubblePipeline, ZbH1EqualsOneFOneBBitForBit) {
   TESSERA_SEED_TRACE();
@@ -694,6 +694,7 @@ TEST(ZeroBubblePipeline, ZbH1EqualsOneFOneBBitForBit) {
       {{"pp 2", 2, {"--pp", "2"}},
        {"pp 4", 4, {"--pp", "4"}},
        {"dp 2 x pp 2", 4, {"--pp", "2"}},
+       {"dp 2 x pp 2 zero 2", 4, {"--pp", "2", "--zero", "2"}},
        {"dp 2 x pp 2 zero 3", 4, {"--pp", "2", "--zero", "3"}},
        {"pp 2 recompute", 2, {"--pp", "2", "--recompute"}},
        {"tp 2 sequence parallel x pp 2", 4, {"--tp", "2", "--sequence-parallel", "--pp", "2"}},
