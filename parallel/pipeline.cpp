@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include "core/context.h"
@@ -101,6 +102,17 @@ struct UnitState {
   Tensor received, output, grad_in, grad_out;
   Shape output_shape;
   nn::WeightGradients weights;  // a split backward's W step, from its B step
+  // The exchanges (indices into StepRun's in-flight list) bringing `received`
+  // and `grad_in`, awaited before the forward or backward that reads them.
+  std::optional<size_t> activation_exchange, gradient_exchange;
+};
+
+// An exchange posted and not yet awaited, with the tensors it sends (kept
+// alive until it completes).
+struct ExchangeInFlight {
+  CommHandle handle;
+  std::vector<Tensor> sent;
+  bool done = false;
 };
 
 // Sets a chunk's module deferring its weight gradients into `later` for a
@@ -147,6 +159,8 @@ class PipelineEngine::StepRun {
     stats_.start_ns = engine_.now();
     for (size_t k = 0; k < schedule_.size(); ++k) {
       const PipeInstruction& in = schedule_[k];
+      progress_exchanges();
+      await_inputs(in);
       const int64_t start = engine_.now();
       switch (in.op) {
         case PipeInstruction::Op::forward:
@@ -163,10 +177,13 @@ class PipelineEngine::StepRun {
           break;
         case PipeInstruction::Op::exchange:
           exchange(in);
-          event("p2p", "comm", start);
+          event("p2p", "comm", start);  // posting it
           break;
       }
     }
+    const int64_t start = engine_.now();
+    for (size_t e = 0; e < exchanges_.size(); ++e) await_exchange(e);
+    event("p2p wait", "comm", start);
     stats_.end_ns = engine_.now();
     return stats_;
   }
@@ -235,35 +252,78 @@ class PipelineEngine::StepRun {
     u.weights.run();
   }
 
+  // Posts the exchange's transfers as one group (every stage posts its
+  // exchanges in the schedule's order, so they match) and goes on: a
+  // received tensor is awaited by the instruction that reads it, the rest at
+  // the step's end. A stage never waits for a neighbour while it has work
+  // that does not need that neighbour's data (the zero-bubble schedules' W
+  // steps fill exactly those gaps).
   void exchange(const PipeInstruction& in) {
     Context& ctx = engine_.chunks_.front()->context();
     const Device device = engine_.chunks_.front()->spec().device;
+    const size_t index = exchanges_.size();
+    ExchangeInFlight posted;
     std::vector<P2POp> ops;
     for (const PipeTransfer& t : in.transfers) {
       UnitState& u = unit(t.micro, t.chunk);
       switch (t.kind) {
         case PipeTransfer::Kind::send_activation:
           ops.push_back({P2POp::Kind::send, u.output, t.peer});
+          posted.sent.push_back(std::move(u.output));
+          u.output = Tensor();
           break;
         case PipeTransfer::Kind::recv_activation:
           u.received = ctx.empty(step_.input_shape, step_.activation_dtype, device);
           ops.push_back({P2POp::Kind::recv, u.received, t.peer});
+          u.activation_exchange = index;
           break;
         case PipeTransfer::Kind::send_gradient:
           ops.push_back({P2POp::Kind::send, u.grad_out, t.peer});
+          posted.sent.push_back(std::move(u.grad_out));
+          u.grad_out = Tensor();
           break;
         case PipeTransfer::Kind::recv_gradient:
           u.grad_in = ctx.empty(u.output_shape, step_.activation_dtype, device);
           ops.push_back({P2POp::Kind::recv, u.grad_in, t.peer});
+          u.gradient_exchange = index;
           break;
       }
     }
-    engine_.pipeline_.send_recv(ops)->wait();
-    for (const PipeTransfer& t : in.transfers) {
-      UnitState& u = unit(t.micro, t.chunk);
-      if (t.kind == PipeTransfer::Kind::send_activation) u.output = Tensor();
-      if (t.kind == PipeTransfer::Kind::send_gradient) u.grad_out = Tensor();
-    }
+    posted.handle = engine_.pipeline_.send_recv(ops);
+    exchanges_.push_back(std::move(posted));
+  }
+
+  // Before a forward or backward: the exchange bringing its input or
+  // gradient, if it is still in flight (the wait is traced as communication).
+  void await_inputs(const PipeInstruction& in) {
+    if (in.op != PipeInstruction::Op::forward && in.op != PipeInstruction::Op::backward) return;
+    UnitState& u = unit(in.micro, in.chunk);
+    std::optional<size_t>& arriving = in.op == PipeInstruction::Op::forward ? u.activation_exchange : u.gradient_exchange;
+    if (!arriving) return;
+    const size_t index = *arriving;
+    arriving.reset();
+    if (exchanges_[index].done) return;
+    const int64_t start = engine_.now();
+    await_exchange(index);
+    event("p2p wait", "comm", start);
+  }
+
+  void await_exchange(size_t index) {
+    ExchangeInFlight& exchange = exchanges_[index];
+    if (exchange.done) return;
+    exchange.handle->wait();
+    exchange.done = true;
+    exchange.sent.clear();
+  }
+
+  // Lets the exchanges in flight make progress (MPI moves large messages
+  // only inside its calls), freeing what completed ones sent.
+  void progress_exchanges() {
+    for (ExchangeInFlight& exchange : exchanges_)
+      if (!exchange.done && exchange.handle->test()) {
+        exchange.done = true;
+        exchange.sent.clear();
+      }
   }
 
   int64_t event(const std::string& name, const std::string& category, int64_t start) {
@@ -286,6 +346,7 @@ class PipelineEngine::StepRun {
   const size_t completing_;
   PipelineStepStats stats_;
   int in_flight_ = 0;
+  std::vector<ExchangeInFlight> exchanges_;
 };
 
 PipelineStepStats PipelineEngine::run(const PipelineStep& step) {
