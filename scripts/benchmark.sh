@@ -5,7 +5,8 @@
 # shapes vs PyTorch 2.15 (benchmarks/gemm_compare.py); training step
 # time for MLP, CNN and GPT in f32 and bf16 vs PyTorch; all-reduce through the
 # communicator vs MPI_Allreduce; data-parallel efficiency of 2 ranks vs 1;
-# the pipeline bubble of P = 2, 4 stages against theory.
+# the pipeline bubble of every schedule at P = 2, 4 stages against theory, and
+# the schedules' step times on a real Llama.
 # Prints name=value lines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,10 @@ build/bin/benchmarks/gemm
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mpirun -np 2 --bind-to none --oversubscribe build/bin/benchmarks/allreduce
 /usr/bin/python3 benchmarks/dp_efficiency.py
-# Pipeline bubble: measured idle share of a step for P = 2, 4 stages and M = 4, 8, 16 micro-batches, beside (P-1)/(M+P-1).
+# Pipeline bubble: measured idle share of a step for P = 2, 4 stages and M = 4, 8, 16 micro-batches under every
+# schedule, beside the simulator and the closed forms; then the schedules' step times on a real Llama.
 for stages in 2 4; do
-  mpirun -np $stages --bind-to none --oversubscribe build/bin/benchmarks/pipeline_bubble --micro-batches 4 8 16
+  mpirun -np $stages --bind-to none --oversubscribe build/bin/benchmarks/pipeline_bubble --micro-batches 4 8 16 \
+    --schedule gpipe 1f1b zb-h1 zbv --virtual-stages 1 2
 done
+/usr/bin/python3 benchmarks/pipeline_schedules.py
