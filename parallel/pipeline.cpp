@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <map>
 #include <optional>
 #include <sstream>
 
@@ -252,39 +253,47 @@ class PipelineEngine::StepRun {
     u.weights.run();
   }
 
-  // Posts the exchange's transfers as one group (every stage posts its
-  // exchanges in the schedule's order, so they match) and goes on: a
-  // received tensor is awaited by the instruction that reads it, the rest at
-  // the step's end. A stage never waits for a neighbour while it has work
-  // that does not need that neighbour's data (the zero-bubble schedules' W
-  // steps fill exactly those gaps).
+  // Posts the exchange's transfers, one group per neighbour (in ascending
+  // stage order: along a line of stages no two groups wait on each other in
+  // a cycle), and goes on: a received tensor is awaited by the instruction
+  // that reads it, the rest at the step's end. Every stage posts its
+  // exchanges in the schedule's order, so they match; a stage never waits
+  // for a neighbour while it has work that does not need that neighbour's
+  // data (the zero-bubble schedules' W steps fill exactly those gaps), nor
+  // for one neighbour's data because the other is late.
   void exchange(const PipeInstruction& in) {
+    std::map<int, std::vector<const PipeTransfer*>> by_peer;
+    for (const PipeTransfer& t : in.transfers) by_peer[t.peer].push_back(&t);
+    for (const auto& [peer, transfers] : by_peer) post_group(transfers);
+  }
+
+  void post_group(const std::vector<const PipeTransfer*>& transfers) {
     Context& ctx = engine_.chunks_.front()->context();
     const Device device = engine_.chunks_.front()->spec().device;
     const size_t index = exchanges_.size();
     ExchangeInFlight posted;
     std::vector<P2POp> ops;
-    for (const PipeTransfer& t : in.transfers) {
-      UnitState& u = unit(t.micro, t.chunk);
-      switch (t.kind) {
+    for (const PipeTransfer* t : transfers) {
+      UnitState& u = unit(t->micro, t->chunk);
+      switch (t->kind) {
         case PipeTransfer::Kind::send_activation:
-          ops.push_back({P2POp::Kind::send, u.output, t.peer});
+          ops.push_back({P2POp::Kind::send, u.output, t->peer});
           posted.sent.push_back(std::move(u.output));
           u.output = Tensor();
           break;
         case PipeTransfer::Kind::recv_activation:
           u.received = ctx.empty(step_.input_shape, step_.activation_dtype, device);
-          ops.push_back({P2POp::Kind::recv, u.received, t.peer});
+          ops.push_back({P2POp::Kind::recv, u.received, t->peer});
           u.activation_exchange = index;
           break;
         case PipeTransfer::Kind::send_gradient:
-          ops.push_back({P2POp::Kind::send, u.grad_out, t.peer});
+          ops.push_back({P2POp::Kind::send, u.grad_out, t->peer});
           posted.sent.push_back(std::move(u.grad_out));
           u.grad_out = Tensor();
           break;
         case PipeTransfer::Kind::recv_gradient:
           u.grad_in = ctx.empty(u.output_shape, step_.activation_dtype, device);
-          ops.push_back({P2POp::Kind::recv, u.grad_in, t.peer});
+          ops.push_back({P2POp::Kind::recv, u.grad_in, t->peer});
           u.gradient_exchange = index;
           break;
       }
