@@ -58,7 +58,13 @@ std::unique_ptr<nn::Loss> stage_loss(const ModelRow& row, const nn::ModelConfig&
 }
 
 void check_layout_fits(const nn::ModelConfig& config, const ModelRow& row, Layout& layout, bool sequence_parallel,
-                       int virtual_stages) {
+                       int virtual_stages, parallel::ChunkPlacement placement) {
+  // What asked for the chunks, as the user wrote it.
+  const std::string asked = placement == parallel::ChunkPlacement::v_shape
+                                ? "--pipeline-schedule zbv (2 chunks per stage)"
+                                : "--virtual-pipeline-stages " + std::to_string(virtual_stages);
+  const std::string fewer = placement == parallel::ChunkPlacement::v_shape ? "use --pipeline-schedule zb-h1"
+                                                                            : "use fewer virtual stages";
   const std::string tp_problem = parallel::tensor_parallel_problem(config, layout.size("tp"), sequence_parallel);
   TESSERA_CHECK(tp_problem.empty(), tp_problem);
   TESSERA_CHECK(layout.group("pp").rank() == layout.rank("pp"), "layout: pipeline rank ", layout.group("pp").rank(), " is not stage ",
@@ -66,14 +72,15 @@ void check_layout_fits(const nn::ModelConfig& config, const ModelRow& row, Layou
   TESSERA_CHECK(virtual_stages >= 1, "--virtual-pipeline-stages must be at least 1, got ", virtual_stages);
   TESSERA_CHECK(virtual_stages == 1 || layout.size("pp") > 1, "--virtual-pipeline-stages ", virtual_stages,
                 " splits each pipeline stage into chunks; it needs --pipeline-parallel > 1");
-  TESSERA_CHECK(virtual_stages == 1 || row.causal_lm, "--virtual-pipeline-stages ", virtual_stages,
-                " interleaves a language model's Transformer blocks; --model ", nn::model_name(config.kind),
-                " trains with --virtual-pipeline-stages 1");
+  TESSERA_CHECK(virtual_stages == 1 || row.causal_lm, asked, " splits a language model's Transformer blocks into ",
+                "chunks; --model ", nn::model_name(config.kind), " trains with one chunk per stage (",
+                placement == parallel::ChunkPlacement::v_shape ? "--pipeline-schedule zb-h1 or 1f1b"
+                                                                : "--virtual-pipeline-stages 1",
+                ")");
   const int chunks = layout.size("pp") * virtual_stages;
   TESSERA_CHECK(virtual_stages == 1 || pipeline_layers(config) >= chunks, "--pipeline-parallel ", layout.size("pp"),
-                " x --virtual-pipeline-stages ", virtual_stages, " = ", chunks,
-                " chunks need at least one Transformer block each, the model has ", pipeline_layers(config),
-                " (--num-layers); use fewer virtual stages or more layers");
+                " x ", asked, " = ", chunks, " chunks need at least one Transformer block each, the model has ",
+                pipeline_layers(config), " (--num-layers); ", fewer, " or more layers");
 }
 
 }  // namespace
@@ -82,7 +89,7 @@ StageModel build_stage_model(const nn::ModelConfig& config, const nn::ModelSpec&
                              bool sequence_parallel, const std::string& pipeline_split, int virtual_stages,
                              parallel::ChunkPlacement placement) {
   const ModelRow& row = model_row(config.kind);
-  check_layout_fits(config, row, layout, sequence_parallel, virtual_stages);
+  check_layout_fits(config, row, layout, sequence_parallel, virtual_stages, placement);
   const int p = layout.size("pp"), s = layout.rank("pp"), chunks = p * virtual_stages;
   const parallel::ChunkMap map{p, virtual_stages, placement};
   const TensorParallelism tp{&layout.group("tp"), sequence_parallel, &layout.group("cp"), &layout.group("ep")};

@@ -254,17 +254,26 @@ class PipelineEngine::StepRun {
   }
 
   // Posts the exchange's transfers, one group per neighbour (in ascending
-  // stage order: along a line of stages no two groups wait on each other in
-  // a cycle), and goes on: a received tensor is awaited by the instruction
-  // that reads it, the rest at the step's end. Every stage posts its
-  // exchanges in the schedule's order, so they match; a stage never waits
-  // for a neighbour while it has work that does not need that neighbour's
-  // data (the zero-bubble schedules' W steps fill exactly those gaps), nor
-  // for one neighbour's data because the other is late.
+  // stage order: every stage takes its pairs of stages in one global order,
+  // so no groups wait on each other in a cycle, even where each group runs
+  // only after the one before, as NCCL's do on a stream). Every stage posts
+  // its exchanges in the schedule's order, so they match.
+  //
+  // The hand-laid exchanges of gpipe, 1f1b and interleaving pair each send
+  // with the receive the next instruction needs: awaited at once (waiting on
+  // the sends there keeps MPI moving them while the stage is in its call).
+  // The zero-bubble schedules' exchanges are laid out at unit costs: awaited
+  // where a received tensor is read (the rest at the step's end), so a stage
+  // never waits for a neighbour while it has work that does not need that
+  // neighbour's data (the W steps fill exactly those gaps), nor for one
+  // neighbour because the other is late.
   void exchange(const PipeInstruction& in) {
     std::map<int, std::vector<const PipeTransfer*>> by_peer;
     for (const PipeTransfer& t : in.transfers) by_peer[t.peer].push_back(&t);
+    const size_t first = exchanges_.size();
     for (const auto& [peer, transfers] : by_peer) post_group(transfers);
+    if (!halves_)
+      for (size_t e = first; e < exchanges_.size(); ++e) await_exchange(e);
   }
 
   void post_group(const std::vector<const PipeTransfer*>& transfers) {

@@ -151,7 +151,9 @@ TEST_F(BadInput, LayoutsThatDoNotDivide) {
   expect_refused({"--pp", "2", "--virtual-pipeline-stages", "3", "--num-layers", "6", "--pipeline-schedule", "zbv"},
                  {"--pipeline-schedule zbv runs two chunks per stage in a V", "use --virtual-pipeline-stages 2"});
   expect_refused({"--pp", "2", "--num-layers", "2", "--pipeline-schedule", "zbv"},
-                 {"--pipeline-parallel 2 x --virtual-pipeline-stages 2 = 4 chunks need at least one Transformer block"});
+                 {"--pipeline-parallel 2 x --pipeline-schedule zbv (2 chunks per stage) = 4 chunks need at least one "
+                  "Transformer block",
+                  "use --pipeline-schedule zb-h1 or more layers"});
 }
 
 // Ranks started with different flags or different data (an MPMD command
