@@ -23,9 +23,11 @@ struct ScheduleOptions {
 void print_schedule(const ScheduleOptions& o) {
   const parallel::PipelineScheduleKind kind = parallel::parse_pipeline_schedule(o.schedule);
   const int chunks = kind == parallel::PipelineScheduleKind::zbv ? 2 : o.virtual_stages;
-  TESSERA_CHECK(kind != parallel::PipelineScheduleKind::zbv || o.virtual_stages <= 2,
-                "--pipeline-schedule zbv runs two chunks per stage in a V; use --virtual-pipeline-stages 2 (or leave it "
-                "out), not ", o.virtual_stages);
+  TESSERA_CHECK(
+      kind != parallel::PipelineScheduleKind::zbv || o.virtual_stages <= 2,
+      "--pipeline-schedule zbv runs two chunks per stage in a V; use --virtual-pipeline-stages 2 (or leave it "
+      "out), not ",
+      o.virtual_stages);
   std::vector<std::vector<parallel::PipeInstruction>> lists;
   for (int s = 0; s < o.stages; ++s)
     lists.push_back(parallel::pipeline_schedule(kind, o.stages, s, o.micro_batches, chunks));
@@ -51,8 +53,9 @@ void register_schedule_command(CLI::App& app, int& exit_code) {
   schedule->add_option("--micro-batches", options->micro_batches, "Micro-batches per step M")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
-  schedule->add_option("--virtual-pipeline-stages", options->virtual_stages,
-                       "Model chunks per stage (interleaved 1F1B; M a multiple of P)")
+  schedule
+      ->add_option("--virtual-pipeline-stages", options->virtual_stages,
+                   "Model chunks per stage (interleaved 1F1B; M a multiple of P)")
       ->check(CLI::Range(1, 16))
       ->capture_default_str();
   schedule->callback([options, &exit_code] {

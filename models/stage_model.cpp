@@ -63,8 +63,8 @@ void check_layout_fits(const nn::ModelConfig& config, const ModelRow& row, Layou
   const std::string asked = placement == parallel::ChunkPlacement::v_shape
                                 ? "--pipeline-schedule zbv (2 chunks per stage)"
                                 : "--virtual-pipeline-stages " + std::to_string(virtual_stages);
-  const std::string fewer = placement == parallel::ChunkPlacement::v_shape ? "use --pipeline-schedule zb-h1"
-                                                                            : "use fewer virtual stages";
+  const std::string fewer =
+      placement == parallel::ChunkPlacement::v_shape ? "use --pipeline-schedule zb-h1" : "use fewer virtual stages";
   const std::string tp_problem = parallel::tensor_parallel_problem(config, layout.size("tp"), sequence_parallel);
   TESSERA_CHECK(tp_problem.empty(), tp_problem);
   TESSERA_CHECK(layout.group("pp").rank() == layout.rank("pp"), "layout: pipeline rank ", layout.group("pp").rank(), " is not stage ",
@@ -75,7 +75,7 @@ void check_layout_fits(const nn::ModelConfig& config, const ModelRow& row, Layou
   TESSERA_CHECK(virtual_stages == 1 || row.causal_lm, asked, " splits a language model's Transformer blocks into ",
                 "chunks; --model ", nn::model_name(config.kind), " trains with one chunk per stage (",
                 placement == parallel::ChunkPlacement::v_shape ? "--pipeline-schedule zb-h1 or 1f1b"
-                                                                : "--virtual-pipeline-stages 1",
+                                                               : "--virtual-pipeline-stages 1",
                 ")");
   const int chunks = layout.size("pp") * virtual_stages;
   TESSERA_CHECK(virtual_stages == 1 || pipeline_layers(config) >= chunks, "--pipeline-parallel ", layout.size("pp"),

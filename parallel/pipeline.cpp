@@ -205,8 +205,8 @@ class PipelineEngine::StepRun {
     UnitState& u = unit(in.micro, in.chunk);
     const Tensor& input = first_chunk(in.chunk) ? step_.inputs[size_t(in.micro)] : u.received;
     TESSERA_CHECK(input.defined(), "pipeline stage ", s_, ": forward of micro-batch ", in.micro, " without its input");
-    u.output = engine_.chunks_[size_t(in.chunk)]->forward(input, u.saved,
-                                                          step_.pass ? step_.pass(in.micro) : nn::Pass{});
+    u.output =
+        engine_.chunks_[size_t(in.chunk)]->forward(input, u.saved, step_.pass ? step_.pass(in.micro) : nn::Pass{});
     u.received = Tensor();  // what the chunk needs is in saved
     u.output_shape = u.output.shape();
     if (last_chunk(in.chunk))
@@ -316,7 +316,8 @@ class PipelineEngine::StepRun {
   void await_inputs(const PipeInstruction& in) {
     if (in.op != PipeInstruction::Op::forward && in.op != PipeInstruction::Op::backward) return;
     UnitState& u = unit(in.micro, in.chunk);
-    std::optional<size_t>& arriving = in.op == PipeInstruction::Op::forward ? u.activation_exchange : u.gradient_exchange;
+    std::optional<size_t>& arriving =
+        in.op == PipeInstruction::Op::forward ? u.activation_exchange : u.gradient_exchange;
     if (!arriving) return;
     const size_t index = *arriving;
     arriving.reset();

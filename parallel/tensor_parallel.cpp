@@ -263,9 +263,8 @@ Tensor RowParallelLinear::backward_impl(const Tensor& grad_output, nn::Saved& sa
       grad_output.defined() && grad_output.shape()[-1] == out_, name(), ": backward got an output gradient of shape ",
       grad_output.defined() ? grad_output.shape().to_string() : "(undefined)", ", expected [..., ", out_, "]");
   if (bias_)
-    add_weight_gradients([this, dy = grad_output.reshape({-1, out_})] {
-      ops::bias_add_backward(dy, bias_->grad, /*accumulate=*/true);
-    });
+    add_weight_gradients(
+        [this, dy = grad_output.reshape({-1, out_})] { ops::bias_add_backward(dy, bias_->grad, /*accumulate=*/true); });
   Tensor dy = grad_output;
   if (tp_.sequence_parallel) dy = gather_sequence_in(tp_, grad_output);
   return nn::linear_rows_backward(dy.reshape({-1, out_}), x, Tensor(), *weight_, nullptr, ops::Activation::none, true,

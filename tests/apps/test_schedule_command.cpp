@@ -48,10 +48,10 @@ TEST(ScheduleCommand, DrawsEveryStageOfEverySchedule) {
   for (const Case& c : {Case{"gpipe", 2, 4, 1}, Case{"1f1b", 4, 8, 1}, Case{"zb-h1", 4, 8, 1}, Case{"zbv", 3, 6, 2}}) {
     SCOPED_TRACE(c.schedule);
     int exit_code = -1;
-    const std::vector<std::string> lines = lines_of(run_schedule(
-        {"--pipeline-schedule", c.schedule, "--pp", std::to_string(c.stages), "--micro-batches",
-         std::to_string(c.micro_batches)},
-        exit_code));
+    const std::vector<std::string> lines =
+        lines_of(run_schedule({"--pipeline-schedule", c.schedule, "--pp", std::to_string(c.stages), "--micro-batches",
+                               std::to_string(c.micro_batches)},
+                              exit_code));
     EXPECT_EQ(exit_code, 0);
     ASSERT_EQ(lines.size(), size_t(c.stages) + 2) << "a title, a row per stage, the bubble";
     const auto kind = parallel::parse_pipeline_schedule(c.schedule);
