@@ -284,27 +284,19 @@ class PipelineEngine::StepRun {
     std::vector<P2POp> ops;
     for (const PipeTransfer* t : transfers) {
       UnitState& u = unit(t->micro, t->chunk);
-      switch (t->kind) {
-        case PipeTransfer::Kind::send_activation:
-          ops.push_back({P2POp::Kind::send, u.output, t->peer});
-          posted.sent.push_back(std::move(u.output));
-          u.output = Tensor();
-          break;
-        case PipeTransfer::Kind::recv_activation:
-          u.received = ctx.empty(step_.input_shape, step_.activation_dtype, device);
-          ops.push_back({P2POp::Kind::recv, u.received, t->peer});
-          u.activation_exchange = index;
-          break;
-        case PipeTransfer::Kind::send_gradient:
-          ops.push_back({P2POp::Kind::send, u.grad_out, t->peer});
-          posted.sent.push_back(std::move(u.grad_out));
-          u.grad_out = Tensor();
-          break;
-        case PipeTransfer::Kind::recv_gradient:
-          u.grad_in = ctx.empty(u.output_shape, step_.activation_dtype, device);
-          ops.push_back({P2POp::Kind::recv, u.grad_in, t->peer});
-          u.gradient_exchange = index;
-          break;
+      if (t->is_send()) {  // the unit's output or input gradient, kept alive until the group completes
+        Tensor& sent = t->is_activation() ? u.output : u.grad_out;
+        ops.push_back({P2POp::Kind::send, sent, t->peer});
+        posted.sent.push_back(std::move(sent));
+        sent = Tensor();
+      } else if (t->is_activation()) {
+        u.received = ctx.empty(step_.input_shape, step_.activation_dtype, device);
+        ops.push_back({P2POp::Kind::recv, u.received, t->peer});
+        u.activation_exchange = index;
+      } else {
+        u.grad_in = ctx.empty(u.output_shape, step_.activation_dtype, device);
+        ops.push_back({P2POp::Kind::recv, u.grad_in, t->peer});
+        u.gradient_exchange = index;
       }
     }
     posted.handle = engine_.pipeline_.send_recv(ops);

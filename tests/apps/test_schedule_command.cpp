@@ -11,6 +11,7 @@
 #include "apps/schedule_command.h"
 #include "core/error.h"
 #include "parallel/pipeline_schedule.h"
+#include "tests/support/cli_capture.h"
 
 namespace tessera::testing {
 namespace {
@@ -18,17 +19,8 @@ namespace {
 std::string run_schedule(std::vector<std::string> args, int& exit_code) {
   CLI::App app;
   app::register_schedule_command(app, exit_code);
-  args.insert(args.begin(), {"tessera", "schedule"});
-  std::vector<const char*> argv;
-  for (const std::string& arg : args) argv.push_back(arg.c_str());
-  ::testing::internal::CaptureStdout();
-  try {
-    app.parse(int(argv.size()), argv.data());
-  } catch (...) {
-    ::testing::internal::GetCapturedStdout();
-    throw;
-  }
-  return ::testing::internal::GetCapturedStdout();
+  args.insert(args.begin(), "schedule");
+  return parse_capturing_stdout(app, args);
 }
 
 std::vector<std::string> lines_of(const std::string& text) {

@@ -15,6 +15,7 @@
 
 #include "apps/topo_command.h"
 #include "core/error.h"
+#include "tests/support/cli_capture.h"
 
 namespace tessera::testing {
 namespace {
@@ -34,17 +35,8 @@ CliRun run_topo(std::vector<std::string> args) {
   CLI::App app;
   CliRun run;
   app::register_topo_command(app, run.exit_code);
-  args.insert(args.begin(), {"tessera", "topo"});
-  std::vector<const char*> argv;
-  for (const std::string& arg : args) argv.push_back(arg.c_str());
-  ::testing::internal::CaptureStdout();
-  try {
-    app.parse(int(argv.size()), argv.data());
-  } catch (...) {
-    ::testing::internal::GetCapturedStdout();
-    throw;
-  }
-  run.out = ::testing::internal::GetCapturedStdout();
+  args.insert(args.begin(), "topo");
+  run.out = parse_capturing_stdout(app, args);
   return run;
 }
 
