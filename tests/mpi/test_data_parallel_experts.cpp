@@ -187,6 +187,12 @@ nn::OptimizerConfig optimizer_named(nn::OptimizerKind kind) {
   config.lr = kind == nn::OptimizerKind::adamw ? 1e-2 : 0.05;
   config.momentum = 0.9f;
   config.weight_decay = 0.1;
+  // A router row whose expert no token's top-k comes near has a gradient of
+  // rounding noise (~1e-10, summed in another order per layout); AdamW with
+  // eps 1e-8 turns that noise into a step of up to lr. eps 1e-6 keeps such
+  // steps below lr/100 and still normalises every gradient that carries signal
+  // (1e-5 and up here).
+  config.eps = 1e-6;
   return config;
 }
 
