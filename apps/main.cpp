@@ -6,6 +6,7 @@
 //   tessera export      a checkpoint's weights as safetensors (Tessera's names, or Hugging Face GPT-2's or Llama's)
 //   tessera generate    text from a trained GPT (KV cache; tensor-parallel under mpirun)
 //   tessera schedule    what each pipeline stage runs in a step of a schedule, drawn over time
+//   tessera plan        predicted step time, memory and MFU of every layout of a model on a cluster
 //   tessera topo        this node's GPUs, RDMA ports, NUMA nodes and each local rank's NCCL/UCX/MPI settings
 //   tessera info        this build's backends, devices and libraries
 //   tessera selfcheck   every operator checked on this machine's CPU (and GPU)
@@ -24,11 +25,12 @@
 
 #include "apps/checkpoint_command.h"
 #include "apps/generate_command.h"
+#include "apps/plan_command.h"
 #include "apps/plot_command.h"
 #include "apps/prepare_command.h"
 #include "apps/process_end.h"
-#include "apps/selfcheck.h"
 #include "apps/schedule_command.h"
+#include "apps/selfcheck.h"
 #include "apps/topo_command.h"
 #include "apps/train_config.h"
 #include "apps/trainer.h"
@@ -142,6 +144,7 @@ int main(int argc, char** argv) {
   tessera::app::register_export_command(app, exit_code);
   tessera::app::register_generate_command(app, mpi, exit_code);
   tessera::app::register_schedule_command(app, exit_code);
+  tessera::app::register_plan_command(app, exit_code);
   tessera::app::register_topo_command(app, exit_code);
 
   auto* info = app.add_subcommand("info", "Show this build's backends, devices and libraries");

@@ -1304,4 +1304,14 @@ TrainResult train(const TrainConfig& c, parallel::Communicator& world) {
   return run(c, nullptr, &world);
 }
 
+nn::ModelConfig model_of(const TrainConfig& c) {
+  return model_config(c, std::nullopt);
+}
+DType dtype_of(const TrainConfig& c) {
+  return compute_dtype(c.precision);
+}
+nn::OptimizerConfig optimizer_of(const TrainConfig& c) {
+  return optimizer_config(c);
+}
+
 }  // namespace tessera::app

@@ -18,6 +18,9 @@
 #include <vector>
 
 #include "apps/train_config.h"
+#include "core/dtype.h"
+#include "nn/models.h"
+#include "nn/optimizer.h"
 #include "parallel/communicator.h"
 
 namespace tessera::app {
@@ -73,5 +76,12 @@ TrainResult train(const TrainConfig& config);
 // The same on the ranks of `world` (e.g. a group of one for a single-rank
 // reference run inside an MPI job); --device cuda means cuda:0 here.
 TrainResult train(const TrainConfig& config, parallel::Communicator& world);
+
+// What `train` would build from `config`, without data (the vocabulary is
+// --vocab-size's): the model, the compute dtype (--precision) and the
+// optimizer. `tessera plan` sizes its predictions by them.
+nn::ModelConfig model_of(const TrainConfig& config);
+DType dtype_of(const TrainConfig& config);
+nn::OptimizerConfig optimizer_of(const TrainConfig& config);
 
 }  // namespace tessera::app

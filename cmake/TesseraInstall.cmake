@@ -7,7 +7,7 @@ install(TARGETS tessera EXPORT TesseraTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-foreach(folder core kernels nn parallel models io)
+foreach(folder core kernels nn parallel models plan io)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${folder}/
     DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tessera/${folder}
     FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh")

@@ -458,7 +458,8 @@ namespace {
 // pairs with the k-th receive, whatever they carry (untagged messages).
 struct Channel {
   struct Posted {
-    int stage, micro, time;
+    int stage, micro;
+    double time;
     bool activation;
     int boundary;  // the model-chunk boundary crossed (crossed_boundary)
   };
@@ -468,7 +469,7 @@ struct Channel {
 // A stage's progress through its list.
 struct StageState {
   size_t pc = 0;
-  int clock = 0, work = 0;
+  double clock = 0, work = 0;
   bool posted = false;                            // the current exchange's transfers are posted
   std::vector<std::pair<Channel*, size_t>> mine;  // (channel, index in its sends/receives) of the current exchange
   std::vector<bool> mine_is_send;
@@ -518,13 +519,14 @@ void start_stage(StageState& st, const std::vector<PipeInstruction>& list, int m
 // forward of the previous model chunk), a backward its forward and its
 // gradient (likewise), a W its B. A whole backward (no W for its unit)
 // takes 2 time units, everything else 1.
-std::string run_compute(const ChunkMap& map, int stage, int micro_batches, const PipeInstruction& in, StageState& st) {
+std::string run_compute(const ChunkMap& map, const PipelineCosts& costs, int stage, int micro_batches,
+                        const PipeInstruction& in, StageState& st) {
   const int g = map.model_chunk(stage, in.chunk);
   const auto unit = [micro_batches](int micro, int chunk) {
     return size_t(chunk) * size_t(micro_batches) + size_t(micro);
   };
   const size_t u = unit(in.micro, in.chunk);
-  int cost = 1;
+  bool split = true;
   if (in.op == Op::forward) {
     if (st.forwarded[u]) return " runs twice";
     if (g > 0 && map.stage_of(g - 1) == stage && !st.forwarded[unit(in.micro, map.local_of(g - 1))])
@@ -546,7 +548,7 @@ std::string run_compute(const ChunkMap& map, int stage, int micro_batches, const
     --st.in_flight;
     if (!st.has_weight[u]) {
       --st.awaiting_weight;
-      cost = 2;
+      split = false;
     }
   } else {
     if (!st.backwarded[u]) return " runs before its backward (" + unit_label(Op::backward, in.micro, in.chunk) + ")";
@@ -554,6 +556,7 @@ std::string run_compute(const ChunkMap& map, int stage, int micro_batches, const
     st.weighted[u] = true;
     --st.awaiting_weight;
   }
+  const double cost = costs.of(in.op, g, split);
   st.timeline.push_back({in.op, in.micro, in.chunk, st.clock, st.clock + cost});
   st.clock += cost;
   st.work += cost;
@@ -592,8 +595,9 @@ std::string post_exchange(const ChunkMap& map, int stage, int micro_batches, con
 // Whether every transfer of the posted exchange has its counterpart (then
 // the stage's clock moves to the latest of them), in `complete`; empty, or
 // why a counterpart does not match.
-std::string try_complete_exchange(const PipeInstruction& in, int micro_batches, StageState& st, bool& complete) {
-  int done_at = st.clock;
+std::string try_complete_exchange(const PipeInstruction& in, int micro_batches, double transfer, StageState& st,
+                                  bool& complete) {
+  double done_at = st.clock;
   complete = false;
   for (size_t k = 0; k < st.mine.size(); ++k) {
     Channel& channel = *st.mine[k].first;
@@ -606,7 +610,7 @@ std::string try_complete_exchange(const PipeInstruction& in, int micro_batches, 
       return " pairs with micro-batch " + std::to_string(theirs.micro) + " (" +
              (theirs.activation ? "activation" : "gradient") + " at chunk boundary " + std::to_string(theirs.boundary) +
              ") on stage " + std::to_string(theirs.stage);
-    done_at = std::max(done_at, theirs.time);
+    done_at = std::max(done_at, std::max(mine.time, theirs.time) + transfer);
   }
   for (const PipeTransfer& t : in.transfers) {
     const size_t u = size_t(t.chunk) * size_t(micro_batches) + size_t(t.micro);
@@ -643,8 +647,28 @@ std::string describe_deadlock(const std::vector<std::vector<PipeInstruction>>& l
 
 }  // namespace
 
+double PipelineCosts::of(PipeInstruction::Op op, int model_chunk, bool split) const {
+  const auto pick = [model_chunk](const std::vector<double>& costs, double unit) {
+    return costs.empty() ? unit : costs.at(size_t(model_chunk));
+  };
+  switch (op) {
+    case Op::forward:
+      return pick(forward, 1);
+    case Op::backward:
+      return split ? pick(input_gradient, 1) : pick(backward, 2);
+    case Op::weight:
+      return pick(weight_gradient, 1);
+    default:
+      return 0;
+  }
+}
+
+double PipelineSimulation::span() const {
+  return finish_time.empty() ? 0.0 : *std::max_element(finish_time.begin(), finish_time.end());
+}
+
 PipelineSimulation simulate_pipeline(const std::vector<std::vector<PipeInstruction>>& lists, int micro_batches,
-                                     ChunkPlacement placement) {
+                                     ChunkPlacement placement, const PipelineCosts& costs) {
   const int p = int(lists.size()), v = chunk_count(lists);
   const ChunkMap map{p, v, placement};
   PipelineSimulation result;
@@ -667,10 +691,10 @@ PipelineSimulation simulate_pipeline(const std::vector<std::vector<PipeInstructi
         if (in.computes() && (in.micro < 0 || in.micro >= micro_batches || in.chunk < 0))
           problem = " names no micro-batch or chunk";
         else if (in.computes())
-          problem = run_compute(map, s, micro_batches, in, st);
+          problem = run_compute(map, costs, s, micro_batches, in, st);
         else {
           if (!st.posted) problem = post_exchange(map, s, micro_batches, in, st, channels);
-          if (problem.empty()) problem = try_complete_exchange(in, micro_batches, st, done);
+          if (problem.empty()) problem = try_complete_exchange(in, micro_batches, costs.transfer, st, done);
         }
         if (!problem.empty()) return fail(s, in.to_string() + problem);
         if (!done) break;
@@ -694,7 +718,7 @@ PipelineSimulation simulate_pipeline(const std::vector<std::vector<PipeInstructi
                                  std::to_string(channel.receives.size()) + " receives to stage " +
                                  std::to_string(key.second));
   // Idle: the step's span (the last stage to finish) minus the stage's own work.
-  int span = 0;
+  double span = 0;
   for (const StageState& st : state) span = std::max(span, st.clock);
   for (StageState& st : state) {
     result.max_in_flight.push_back(st.max_in_flight);
@@ -712,14 +736,14 @@ std::string describe_schedule(const std::vector<std::vector<PipeInstruction>>& l
   const PipelineSimulation sim = simulate_pipeline(lists, micro_batches, placement);
   TESSERA_CHECK(sim.completed, "pipeline schedule: the stages' lists do not complete: ", sim.problem);
   const size_t p = lists.size();
-  const int span = *std::max_element(sim.finish_time.begin(), sim.finish_time.end());
+  const int span = int(sim.span());  // unit costs: whole numbers
   std::vector<std::vector<std::string>> cells(p, std::vector<std::string>(size_t(span), "."));
   size_t width = 1;
   for (size_t s = 0; s < p; ++s)
     for (const PipelineSimulation::TimedOp& op : sim.timeline[s]) {
       const std::string label = unit_label(op.op, op.micro, op.chunk);
       width = std::max(width, label.size());
-      for (int t = op.start; t < op.end; ++t) cells[s][size_t(t)] = label;
+      for (int t = int(op.start); t < int(op.end); ++t) cells[s][size_t(t)] = label;
     }
   const size_t name_width = ("stage " + std::to_string(p - 1) + ":").size();
   std::ostringstream out;
@@ -731,8 +755,8 @@ std::string describe_schedule(const std::vector<std::vector<PipeInstruction>>& l
     text.erase(text.find_last_not_of(' ') + 1);
     out << text << '\n';
   }
-  int idle = 0;
-  for (const int stage_idle : sim.idle_time) idle += stage_idle;
+  double idle = 0;
+  for (const double stage_idle : sim.idle_time) idle += stage_idle;
   out << "bubble " << std::fixed << std::setprecision(1) << 100.0 * idle / (double(span) * double(p))
       << "% of a span of " << span << " time units (F, B and W 1 each, a whole backward 2); peak units in flight per "
       << "stage";

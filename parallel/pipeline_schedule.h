@@ -132,6 +132,18 @@ struct PipeInstruction {
 std::vector<PipeInstruction> pipeline_schedule(PipelineScheduleKind kind, int stages, int stage, int micro_batches,
                                                int chunks = 1);
 
+// What each op takes in a simulation, in any unit of time (`tessera plan`
+// gives seconds): per model chunk (index 0 .. P·V − 1) a forward, a whole
+// backward, and the B and W of a split one; each exchange's transfers run
+// together and take `transfer` after both sides posted them. An empty vector
+// means the unit costs: F, B and W 1 each, a whole backward 2.
+struct PipelineCosts {
+  std::vector<double> forward, backward, input_gradient, weight_gradient;
+  double transfer = 0;
+  // The cost of `op` on model chunk `model_chunk` (a backward: whole, or B when `split`).
+  double of(PipeInstruction::Op op, int model_chunk, bool split) const;
+};
+
 // What simulating every stage's list together found.
 struct PipelineSimulation {
   bool completed = false;  // every stage ran to its end
@@ -141,16 +153,18 @@ struct PipelineSimulation {
   // Per stage: most units forwarded whose W has not run (a unit without a W
   // instruction leaves at its backward, as in max_in_flight).
   std::vector<int> max_awaiting_weight;
-  // Per stage, when it finished (a chunk's forward takes 1 time unit, its
-  // backward 2 when whole, B and W 1 each when split; transfers none) and how
-  // long it sat idle within the step's span (the latest finish): the span
-  // minus the stage's own work.
-  std::vector<int> finish_time, idle_time;
+  // Per stage, when it finished (by the costs: with the unit costs a chunk's
+  // forward takes 1 time unit, its backward 2 when whole, B and W 1 each when
+  // split; transfers none) and how long it sat idle within the step's span
+  // (the latest finish): the span minus the stage's own work.
+  std::vector<double> finish_time, idle_time;
+  double span() const;
   // Per stage, its compute instructions in order with the time units they
   // occupied, [start, end).
   struct TimedOp {
     PipeInstruction::Op op = PipeInstruction::Op::forward;
-    int micro = 0, chunk = 0, start = 0, end = 0;
+    int micro = 0, chunk = 0;
+    double start = 0, end = 0;
   };
   std::vector<std::vector<TimedOp>> timeline;
 };
@@ -169,7 +183,7 @@ struct PipelineSimulation {
 // unit; and that everything is received exactly once. The number of chunks is
 // the largest chunk named plus one.
 PipelineSimulation simulate_pipeline(const std::vector<std::vector<PipeInstruction>>& stages, int micro_batches,
-                                     ChunkPlacement placement = ChunkPlacement::loop);
+                                     ChunkPlacement placement = ChunkPlacement::loop, const PipelineCosts& costs = {});
 
 // The simulated timeline, one row per stage ("stage 0: F0 F1 .  B0 W0 ..."),
 // each cell the op that occupied that time unit ("." idle; a whole backward

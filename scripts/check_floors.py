@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The floors of Tessera, checked: a file includes only its own floor and those below.
 
-    core/ -> kernels/ -> nn/ -> parallel/ -> models/ -> io/ -> apps/
+    core/ -> kernels/ -> nn/ -> parallel/ -> models/ -> plan/ -> io/ -> apps/
 
 A file's floor is its top-level folder. An #include "X/..." of a higher
 floor is an error, and so is a library header used below the floor that owns
@@ -22,7 +22,7 @@ import pathlib
 import re
 import sys
 
-FLOORS = ["core", "kernels", "nn", "parallel", "models", "io", "apps"]
+FLOORS = ["core", "kernels", "nn", "parallel", "models", "plan", "io", "apps"]
 # Library headers (by the start of the name in <...>) and the lowest floor that may use them.
 LIBRARY_FLOORS = {
     "mpi.h": "parallel",

@@ -1,0 +1,141 @@
+// The `plan` subcommand: the model from `tessera train`'s flags, the cluster
+// from --cluster, the search or one layout's breakdown printed.
+#include "apps/plan_command.h"
+
+#include <cstdio>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "apps/cluster_file.h"
+#include "apps/train_config.h"
+#include "apps/trainer.h"
+#include "core/error.h"
+#include "parallel/memory_plan.h"
+#include "plan/report.h"
+
+namespace tessera::app {
+namespace {
+
+struct PlanOptions {
+  TrainConfig train;
+  std::string cluster;
+  bool explain = false;
+  int top = 10;
+};
+
+bool given(const CLI::App& command, const std::string& flag) {
+  const CLI::Option* option = command.get_option_no_throw(flag);
+  return option != nullptr && option->count() > 0;
+}
+
+// Flags of `tessera train` that change nothing a plan predicts (data, steps,
+// learning rate, output, checkpoints) are refused, each by name.
+void refuse_training_only_flags(const CLI::App& command) {
+  const std::set<std::string> groups = {"Model", "Mixture of experts (gpt, llama)"};
+  const std::set<std::string> flags = {
+      "--micro-batch-size", "--global-batch-size", "--optimizer", "--sgd-momentum", "--precision",
+      "--cluster",          "--explain",           "--top",       "--config"};
+  for (const CLI::Option* option : command.get_options()) {
+    if (option->count() == 0) continue;
+    const std::string& group = option->get_group();
+    if (groups.count(group) > 0 || group.rfind("Parallelism", 0) == 0 || flags.count(option->get_name()) > 0) continue;
+    TESSERA_THROW(option->get_name(),
+                  " does not change what `tessera plan` predicts (it plans the model, batch, "
+                  "precision and layout flags of `tessera train`); leave it out");
+  }
+}
+
+plan::PlanModel plan_model(const CLI::App& command, const TrainConfig& c) {
+  TESSERA_CHECK(given(command, "--vocab-size") && c.vocab_size > 0,
+                "tessera plan needs --vocab-size (a prepared dataset's vocabulary padded, e.g. 50304 or 128256)");
+  TESSERA_CHECK(c.global_batch_size > 0, "tessera plan needs --global-batch-size (sequences per optimizer step)");
+  plan::PlanModel pm;
+  pm.model = model_of(c);
+  pm.model.validate();
+  pm.global_batch = c.global_batch_size;
+  pm.dtype = dtype_of(c);
+  pm.optimizer = optimizer_of(c);
+  return pm;
+}
+
+// The layout flags given fix their axes; the rest are searched.
+plan::SearchLimits limits_from(const CLI::App& command, const TrainConfig& c) {
+  plan::SearchLimits lim;
+  if (given(command, "--tp")) lim.tp = c.tensor_parallel;
+  if (given(command, "--pp")) lim.pp = c.pipeline_parallel;
+  if (given(command, "--cp")) lim.cp = c.context_parallel;
+  if (given(command, "--ep")) lim.ep = c.expert_parallel;
+  if (given(command, "--zero")) lim.zero = c.zero;
+  if (given(command, "--micro-batch-size")) lim.micro_batch = c.micro_batch_size;
+  if (given(command, "--virtual-pipeline-stages")) lim.vpp = c.virtual_pipeline_stages;
+  if (given(command, "--pipeline-schedule")) lim.schedule = parallel::parse_pipeline_schedule(c.pipeline_schedule);
+  if (given(command, "--recompute")) lim.recompute = c.recompute;
+  if (given(command, "--sequence-parallel")) lim.sequence_parallel = c.sequence_parallel;
+  return lim;
+}
+
+plan::Cluster cluster_from(const std::string& text) {
+  TESSERA_CHECK(!text.empty(),
+                "tessera plan needs --cluster: a SPEC (e.g. 8xH100-SXM:NVLink4,IB-NDR400x8:nodes=64) or a TOML file");
+  return names_cluster_file(text) ? read_cluster_file(text) : plan::parse_cluster(text);
+}
+
+int run_plan(const CLI::App& command, const PlanOptions& o) {
+  refuse_training_only_flags(command);
+  const plan::PlanModel pm = plan_model(command, o.train);
+  const plan::Cluster cluster = cluster_from(o.cluster);
+  std::printf("cluster: %s\n", cluster.describe().c_str());
+  std::printf("model: %s, %lld layers, hidden %lld, %lld heads, seq %lld, vocabulary %lld; global batch %lld; %s\n",
+              std::string(nn::model_name(pm.model.kind)).c_str(), static_cast<long long>(pm.model.num_layers),
+              static_cast<long long>(pm.model.hidden_size), static_cast<long long>(pm.model.num_heads),
+              static_cast<long long>(pm.model.seq_length), static_cast<long long>(pm.model.vocab_size),
+              static_cast<long long>(pm.global_batch), o.train.precision.c_str());
+  const plan::SearchResult found = plan::search_layouts(pm, cluster, limits_from(command, o.train));
+  std::printf("layouts: %lld considered, %lld refused, %lld do not fit, %zu fit\n",
+              static_cast<long long>(found.considered), static_cast<long long>(found.refused),
+              static_cast<long long>(found.too_big), found.ranked.size());
+  if (found.ranked.empty()) {
+    std::fprintf(stderr, "tessera plan: no layout fits %s\n", cluster.describe().c_str());
+    if (found.smallest)
+      std::fprintf(stderr,
+                   "the nearest: %s needs %s per rank; add accelerators, raise --tp/--pp or --zero, or "
+                   "give --recompute\n",
+                   found.smallest->layout.describe().c_str(),
+                   parallel::byte_text(found.smallest->memory.total()).c_str());
+    for (const std::string& why : found.refusals) std::fprintf(stderr, "refused: %s\n", why.c_str());
+    return 1;
+  }
+  const plan::Prediction& best = found.ranked.front();
+  if (o.explain)
+    std::printf("%s", plan::explain(best, cluster).c_str());
+  else
+    std::printf("%s", plan::ranking_table(found, size_t(o.top)).c_str());
+  std::printf("%s", plan::name_values(best).c_str());
+  return 0;
+}
+
+}  // namespace
+
+void register_plan_command(CLI::App& app, int& exit_code) {
+  auto options = std::make_shared<PlanOptions>();
+  auto* plan_cmd = app.add_subcommand(
+      "plan", "Predict step time, memory and MFU of every layout of a model on a cluster, fastest first");
+  add_train_options(*plan_cmd, options->train);
+  const std::string group = "Plan";
+  plan_cmd
+      ->add_option("--cluster", options->cluster,
+                   "Accelerators and links: 8xH100-SXM:NVLink4,IB-NDR400x8:nodes=64 (built in: A100-40GB, A100-80GB, "
+                   "H100-SXM, H200, B200, cpu), or a TOML file")
+      ->group(group);
+  plan_cmd->add_flag("--explain", options->explain, "Print where the best layout's step time and memory go")
+      ->group(group);
+  plan_cmd->add_option("--top", options->top, "Layouts in the table")->check(CLI::Range(1, 1000))->group(group);
+  plan_cmd->callback([plan_cmd, options, &exit_code] {
+    const ConfigFileLines from_file = apply_config_file(*plan_cmd, options->train);
+    (void)from_file;
+    exit_code = run_plan(*plan_cmd, *options);
+  });
+}
+
+}  // namespace tessera::app
