@@ -9,8 +9,17 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
+
+#include "apps/train_config.h"
 
 namespace tessera::app {
+
+// `tessera train --plan`: `config` with the layout axes it does not give
+// chosen by the plan's fastest layout that fits --cluster (which must have
+// `world_size` accelerators); `chosen` says which, with its flags. Throws
+// when no layout fits, naming the nearest.
+TrainConfig with_planned_layout(const TrainConfig& config, int world_size, std::string& chosen);
 
 // Adds the `plan` subcommand to `app`; exit code 0 when a layout fits, 1
 // (with the nearest layout and why the others were refused) when none does.

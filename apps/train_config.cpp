@@ -300,6 +300,17 @@ void add_train_options(CLI::App& command, TrainConfig& c) {
                 "(launch it as you would train) and exit without training")
       ->group(parallel);
   command
+      .add_flag("--plan", c.plan,
+                "Pick the layout axes not given (tp, pp, cp, ZeRO, micro-batch, schedule, recompute) by `tessera "
+                "plan`'s prediction for --cluster")
+      ->group(parallel);
+  command
+      .add_option("--cluster", c.cluster,
+                  "With --plan (and for `tessera plan`): 8xH100-SXM:NVLink4,IB-NDR400x8:nodes=64, a TOML file, or "
+                  "local (this allocation as `tessera selfcheck --cluster` measured it: $TESSERA_CLUSTER_FILE or "
+                  "./tessera-cluster.toml)")
+      ->group(parallel);
+  command
       .add_option("--bucket-size-mb", c.bucket_size_mb,
                   "MiB of f32 gradients per all-reduce bucket (each starts as soon as backward fills it)")
       ->group(parallel);
@@ -963,6 +974,7 @@ void refuse_unused_settings(const CLI::App& command, const TrainConfig& c, const
             "shards activations over the tensor-parallel ranks, and " +
                 setting("--tensor-parallel", std::to_string(c.tensor_parallel)) +
                 " has none to shard over; add --tensor-parallel K (K > 1, --model gpt), or drop it");
+  refuse_if("--cluster", !c.plan, "is what --plan plans the layout for; add --plan, or drop it");
   refuse_if("--pipeline-schedule", c.pipeline_parallel == 1,
             "orders the micro-batches of pipeline stages, and " +
                 setting("--pipeline-parallel", std::to_string(c.pipeline_parallel)) +
@@ -1270,6 +1282,8 @@ std::vector<std::pair<std::string, std::string>> settings(const TrainConfig& c) 
       {"zero", std::to_string(c.zero)},
       {"zero-prefetch", std::to_string(c.zero_prefetch)},
       {"estimate-memory", flag(c.estimate_memory)},
+      {"plan", flag(c.plan)},
+      {"cluster", c.cluster},
       {"bucket-size-mb", exact(c.bucket_size_mb)},
       {"comm-backend", c.comm_backend},
       {"comm-timeout", exact(c.comm_timeout)},

@@ -97,6 +97,8 @@ struct TrainConfig {
   int zero = 0;                            // --zero 0-3: optimizer state (1), + gradients (2), + parameters (3) sharded
   int zero_prefetch = 1;                   // --zero-prefetch: ZeRO-2/3 units gathered ahead / reductions in flight
   bool estimate_memory = false;            // --estimate-memory: print the per-rank model-state bytes, do not train
+  bool plan = false;              // --plan: pick the layout axes not given by `tessera plan` (apps/plan_command.h)
+  std::string cluster = "local";  // --cluster SPEC|FILE|local: what `tessera plan` and --plan plan for
   double bucket_size_mb = 25.0;            // --bucket-size-mb: gradient all-reduce bucket size (MiB of f32)
   std::string comm_backend = "auto";  // --comm-backend auto|mpi|nccl (auto: NCCL for CUDA devices when built, else MPI)
   double comm_timeout = 300.0;        // --comm-timeout: seconds any collective or transfer may take (0: no limit)

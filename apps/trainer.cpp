@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "apps/expert_load.h"
+#include "apps/plan_command.h"
 #include "apps/preemption.h"
 #include "apps/rank_agreement.h"
 #include "apps/train_checkpoint.h"
@@ -43,29 +44,29 @@
 #include "core/process_end.h"
 #include "io/checkpoint.h"
 #include "io/dataset.h"
+#include "io/hf_llama.h"
 #include "io/loader.h"
 #include "io/metrics.h"
-#include "io/hf_llama.h"
 #include "io/model_weights.h"
 #include "io/progress.h"
 #include "io/save_lock.h"
 #include "io/trace.h"
 #include "io/training_events.h"
 #include "kernels/ops.h"
+#include "models/stage_model.h"
 #include "nn/grad_scaler.h"
 #include "nn/lr_schedule.h"
 #include "nn/models.h"
 #include "nn/optimizer.h"
 #include "parallel/data_parallel.h"
+#include "parallel/layout.h"
 #include "parallel/library_versions.h"
 #include "parallel/local_communicator.h"
 #include "parallel/memory_plan.h"
 #include "parallel/mpi_env.h"
 #include "parallel/pipeline.h"
-#include "parallel/layout.h"
-#include "parallel/ring_attention.h"
 #include "parallel/process_group.h"
-#include "models/stage_model.h"
+#include "parallel/ring_attention.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/topology.h"
 #include "parallel/train_step.h"
@@ -1288,19 +1289,36 @@ TrainResult run(const TrainConfig& c, const parallel::MpiEnv* env, parallel::Com
 
 }  // namespace
 
-TrainResult train(const TrainConfig& c) {
-  validate(c);
+namespace {
+
+// --plan: the layout axes not given, chosen by `tessera plan` for --cluster (rank 0 says which).
+TrainConfig planned(const TrainConfig& c, int world_size, int rank) {
+  if (!c.plan) return c;
+  std::string chosen;
+  TrainConfig out = with_planned_layout(c, world_size, chosen);
+  if (rank == 0) std::printf("plan: %s\n", chosen.c_str());
+  return out;
+}
+
+}  // namespace
+
+TrainResult train(const TrainConfig& given) {
   int mpi_initialised = 0;
   MPI_Initialized(&mpi_initialised);
   if (!mpi_initialised) {
+    const TrainConfig c = planned(given, 1, 0);
+    validate(c);
     const std::unique_ptr<parallel::Communicator> local = parallel::make_local_communicator("world (no MPI)");
     return run(c, nullptr, local.get());
   }
   const parallel::MpiEnv env;  // MPI is up already: this only reads the layout (and never finalises)
+  const TrainConfig c = planned(given, env.world_size(), env.world_rank());
+  validate(c);
   return run(c, &env, nullptr);
 }
 
-TrainResult train(const TrainConfig& c, parallel::Communicator& world) {
+TrainResult train(const TrainConfig& given, parallel::Communicator& world) {
+  const TrainConfig c = planned(given, world.size(), world.rank());
   return run(c, nullptr, &world);
 }
 

@@ -26,6 +26,12 @@
 
 namespace tessera::plan {
 
+// A GEMM's measured rate: [m×k]·[k×n] at `flops` FLOP/s.
+struct GemmRate {
+  int64_t m = 0, n = 0, k = 0;
+  double flops = 0;
+};
+
 struct Accelerator {
   std::string name;                    // "H100-SXM"
   double peak_flops_16 = 0;            // dense bf16/fp16 FLOP/s (tensor cores)
@@ -41,6 +47,10 @@ struct Accelerator {
   double attention_efficiency = 0.35;  // a fused attention kernel's FLOP/s over peak (forward and backward)
   double memory_efficiency = 0.8;
   double launch_seconds = 5e-6;
+  // Measured GEMM rates on a grid of shapes (`tessera selfcheck --cluster`),
+  // per precision; when present they replace peak × gemm_efficiency and the
+  // wave model: a shape's rate is interpolated on the grid (log-space).
+  std::vector<GemmRate> gemm_rates_32, gemm_rates_16;
   std::string source;  // where the peaks and the calibration came from
   double peak_flops(DType dtype) const { return dtype == DType::f32 ? peak_flops_32 : peak_flops_16; }
 };

@@ -12,6 +12,7 @@
 #include "models/registry.h"
 #include "parallel/memory_plan.h"
 #include "parallel/pipeline.h"
+#include "parallel/tensor_parallel.h"
 #include "plan/costs.h"
 
 namespace tessera::plan {
@@ -212,6 +213,7 @@ Phases head_phases(const PlanModel& pm, const Cluster& c, const Groups& g, const
 // that full recompute keeps instead.
 struct LayerActivations {
   double saved = 0, input = 0;
+  double transient = 0;  // what its backward allocates besides: the MLP's hidden gradient(s) and the input's
 };
 
 LayerActivations layer_activations(const PlanModel& pm, const Shapes& s, bool moe) {
@@ -235,7 +237,9 @@ LayerActivations layer_activations(const PlanModel& pm, const Shapes& s, bool mo
   } else {
     bytes += T * (s.swiglu ? 3 : 2) * double(s.f) / t * e;  // the activation's input(s) and the down projection's
   }
-  return {bytes, T * h * e / sp};
+  const double hidden = moe ? double(s.topk * s.expert_ffn) : double(s.f) / t;
+  const double transient = T * ((s.swiglu || moe ? 2 : 1) * hidden * e + h * e / sp);
+  return {bytes, T * h * e / sp, transient};
 }
 
 struct Chunk {
@@ -280,7 +284,11 @@ StageParameters stage_parameters(const PlanModel& pm, const PlanLayout& l, const
       p.units.push_back(dense + experts);
       p.experts += experts;
     }
-    if (c.last) p.units.push_back(costs.last / l.tp);
+    // A tied head on the stage that holds the embedding uses its table: only the final norm is its own.
+    const bool shares_table = !m.untied() && std::any_of(chunks.begin(), chunks.end(), [stage](const Chunk& other) {
+      return other.stage == stage && other.first;
+    });
+    if (c.last) p.units.push_back((costs.last - (shares_table ? m.vocab_size * m.hidden_size : 0)) / l.tp);
   }
   p.dense = std::accumulate(p.units.begin(), p.units.end(), int64_t(0)) - p.experts;
   return p;
@@ -413,8 +421,9 @@ MemoryUse stage_memory(const PlanModel& pm, const PlanLayout& l, const Shapes& s
       layers > 0 ? ((double(layers) - moe_share) * dense.saved + moe_share * moe.saved) / double(layers) : 0.0;
   const double layers_per_unit = chunk_count > 0 ? double(layers) / double(chunk_count) : 0.0;
   const double units = span.in_flight.empty() ? 1.0 : double(span.in_flight[size_t(stage)]);
-  use.activations = l.recompute ? int64_t(units * layers_per_unit * dense.input + per_layer)
-                                : int64_t(units * layers_per_unit * per_layer);
+  const double transient = std::max(dense.transient, moe_share > 0 ? moe.transient : 0.0);
+  use.activations = l.recompute ? int64_t(units * layers_per_unit * dense.input + per_layer + transient)
+                                : int64_t(units * layers_per_unit * per_layer + transient);
   if (last) use.logits = int64_t(2.0 * double(s.tokens) * double(s.vocab / s.tp) * 4);
   return use;
 }
@@ -490,11 +499,10 @@ std::string layout_problem(const PlanModel& pm, const Cluster& c, const PlanLayo
   if (l.world() != c.world())
     why << "dp " << l.dp << " x tp " << l.tp << " x pp " << l.pp << " x cp " << l.cp << " = " << l.world()
         << " ranks, but the cluster has " << c.world();
-  else if (l.tp > 1 && (m.num_heads % l.tp || m.query_groups() % l.tp || m.ffn() % l.tp || m.vocab_size % l.tp))
-    why << "--tp " << l.tp << " does not divide the heads (" << m.num_heads << "), key/value groups ("
-        << m.query_groups() << "), MLP width (" << m.ffn() << ") and vocabulary (" << m.vocab_size << ")";
-  else if (l.sequence_parallel && (l.tp == 1 || m.seq_length % l.tp))
-    why << "--sequence-parallel needs --tp > 1 dividing --seq-length " << m.seq_length;
+  else if (const std::string tp = parallel::tensor_parallel_problem(m, l.tp, l.sequence_parallel); !tp.empty())
+    why << tp;
+  else if (l.sequence_parallel && l.tp == 1)
+    why << "--sequence-parallel needs --tp > 1";
   else if (l.cp > 1 && m.seq_length % (2 * l.cp))
     why << "--cp " << l.cp << ": --seq-length " << m.seq_length << " is not a multiple of 2 x cp (the zigzag split)";
   else if (l.pp * l.vpp > m.num_layers)
@@ -585,6 +593,7 @@ Prediction predict(const PlanModel& pm, const Cluster& c, const PlanLayout& l, b
   // Memory: the fullest stage.
   for (int stage = 0; stage < l.pp; ++stage) {
     const MemoryUse use = stage_memory(pm, l, s, chunks, span, stage, m);
+    p.stages.push_back(use);
     if (stage == 0 || use.total() > p.memory.total()) p.memory = use;
   }
   p.fits = double(p.memory.total()) <= kUsableMemory * double(c.accelerator.memory_bytes);

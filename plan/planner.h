@@ -109,9 +109,10 @@ struct MemoryUse {
 struct Prediction {
   PlanLayout layout;
   StepTime time;
-  MemoryUse memory;
-  double model_flops = 0;     // one step, the whole model, without recompute (MFU's numerator)
-  double hardware_flops = 0;  // what the accelerators compute (with recompute): TFLOP/s as Megatron-LM counts them
+  MemoryUse memory;               // the fullest rank's
+  std::vector<MemoryUse> stages;  // every pipeline stage's rank (stage 0 holds world rank 0)
+  double model_flops = 0;         // one step, the whole model, without recompute (MFU's numerator)
+  double hardware_flops = 0;      // what the accelerators compute (with recompute): TFLOP/s as Megatron-LM counts them
   double tokens_per_s = 0;
   double tflops_per_gpu = 0;  // hardware_flops / step / world
   double mfu = 0;             // model_flops / step / world / peak

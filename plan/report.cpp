@@ -50,6 +50,7 @@ std::string name_values(const Prediction& p) {
       << "predicted_tflops_per_gpu=" << p.tflops_per_gpu << "\n"
       << "predicted_mfu=" << p.mfu << "\n"
       << "predicted_memory_bytes=" << p.memory.total() << "\n"
+      << "predicted_rank0_memory_bytes=" << (p.stages.empty() ? p.memory.total() : p.stages.front().total()) << "\n"
       << "predicted_fits=" << (p.fits ? 1 : 0) << "\n"
       << "predicted_flags=" << p.layout.flags() << "\n";
   return out.str();

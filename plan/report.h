@@ -15,7 +15,8 @@ namespace tessera::plan {
 std::string ranking_table(const SearchResult& result, size_t top);
 
 // predicted_step_s=..., predicted_tokens_per_s, predicted_tflops_per_gpu,
-// predicted_mfu, predicted_memory_bytes (the fullest rank), predicted_fits,
+// predicted_mfu, predicted_memory_bytes (the fullest rank),
+// predicted_rank0_memory_bytes (world rank 0's: pipeline stage 0), predicted_fits,
 // predicted_flags (the `tessera train` flags), one per line.
 std::string name_values(const Prediction& prediction);
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "apps/plan_command.h"
+#include "apps/trainer.h"
 #include "core/error.h"
 #include "plan/report.h"
 #include "tests/support/cli_capture.h"
@@ -95,7 +96,12 @@ TEST(PlanCommand, ReadsAClusterFromATomlFile) {
 }
 
 TEST(PlanCommand, RefusesWhatItCannotPlan) {
-  EXPECT_NE(error_of(kGpt).find("tessera plan needs --cluster"), std::string::npos);
+  ::setenv("TESSERA_CLUSTER_FILE", "/nonexistent/tessera-cluster.toml", 1);
+  EXPECT_NE(error_of(kGpt).find("--cluster local: no /nonexistent/tessera-cluster.toml (measure this allocation"),
+            std::string::npos);
+  ::unsetenv("TESSERA_CLUSTER_FILE");
+  EXPECT_NE(error_of(with(kGpt, {"--cluster", "4xcpu", "--plan"})).find("--plan is `tessera train`'s"),
+            std::string::npos);
   EXPECT_NE(error_of(with(kGpt, {"--cluster", "4xcpu", "--lr", "0.1"})).find("--lr does not change"),
             std::string::npos);
   std::vector<std::string> no_vocab = kGpt;
@@ -110,6 +116,46 @@ TEST(PlanCommand, RefusesWhatItCannotPlan) {
                exit_code);
   EXPECT_EQ(exit_code, 1);
   EXPECT_TRUE(plan::parse_name_values(out).empty()) << out;
+}
+
+// `tessera train --plan` trains with the plan's fastest layout for its world
+// (here one rank: the micro-batch and recompute are what it chooses), and
+// refuses a cluster of another size.
+TEST(PlanCommand, TrainPlanPicksThePlansLayout) {
+  app::TrainConfig c;
+  c.model = nn::ModelKind::gpt;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.num_heads = 2;
+  c.vocab_size = 64;
+  c.seq_length = 16;
+  c.global_batch_size = 8;
+  c.synthetic = true;
+  c.train_steps = 2;
+  c.plan = true;
+  c.cluster = "cpu";
+  c.given = {"--vocab-size"};
+  plan::PlanModel pm;
+  pm.model = app::model_of(c);
+  pm.global_batch = 8;
+  pm.dtype = app::dtype_of(c);
+  pm.optimizer = app::optimizer_of(c);
+  const plan::SearchResult found = plan::search_layouts(pm, plan::parse_cluster("cpu"), {});
+  ASSERT_FALSE(found.ranked.empty());
+  std::string chosen;
+  const app::TrainConfig planned = app::with_planned_layout(c, 1, chosen);
+  EXPECT_EQ(planned.micro_batch_size, found.ranked.front().layout.micro_batch);
+  EXPECT_EQ(planned.recompute, found.ranked.front().layout.recompute);
+  EXPECT_NE(chosen.find(found.ranked.front().layout.flags()), std::string::npos) << chosen;
+  const app::TrainResult result = app::train(c);
+  EXPECT_EQ(result.steps, 2);
+  c.cluster = "2xcpu";
+  EXPECT_THROW(app::with_planned_layout(c, 1, chosen), Error);
+  try {
+    app::with_planned_layout(c, 1, chosen);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has 2 accelerators but this job has 1 ranks"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -204,7 +204,8 @@ TEST(PlanLayouts, RefusalsSayWhatDoesNotDivide) {
   odd.model.num_heads = 2;
   plan::PlanLayout tp4;
   tp4.tp = 4;
-  EXPECT_NE(plan::layout_problem(odd, c, tp4).find("--tp 4 does not divide the heads (2)"), std::string::npos);
+  EXPECT_NE(plan::layout_problem(odd, c, tp4).find("--num-heads 2 is not divisible by --tensor-parallel 4"),
+            std::string::npos);
   EXPECT_NE(problem([](plan::PlanLayout& l) { l.micro_batch = 4; }).find("--global-batch-size 8 is not a multiple"),
             std::string::npos);
   EXPECT_NE(problem([](plan::PlanLayout& l) { l.dp = 1, l.pp = 4, l.vpp = 2; }).find("layers"), std::string::npos);
@@ -269,7 +270,8 @@ TEST(PlanReport, NameValueLinesParseBack) {
   ASSERT_FALSE(found.ranked.empty());
   const plan::Prediction& best = found.ranked.front();
   const std::map<std::string, std::string> values = plan::parse_name_values("noise line\n" + plan::name_values(best));
-  ASSERT_EQ(values.size(), 7u);
+  ASSERT_EQ(values.size(), 8u);
+  EXPECT_EQ(std::stoll(values.at("predicted_rank0_memory_bytes")), best.stages.front().total());
   EXPECT_NEAR(std::stod(values.at("predicted_step_s")), best.time.step, 1e-5 * best.time.step);
   EXPECT_NEAR(std::stod(values.at("predicted_tokens_per_s")), best.tokens_per_s, 1e-5 * best.tokens_per_s);
   EXPECT_NEAR(std::stod(values.at("predicted_tflops_per_gpu")), best.tflops_per_gpu, 1e-5 * best.tflops_per_gpu);
