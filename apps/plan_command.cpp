@@ -2,6 +2,8 @@
 // from --cluster, the search or one layout's breakdown printed.
 #include "apps/plan_command.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -105,7 +107,15 @@ int run_plan(const CLI::App& command, PlanOptions& o) {
               static_cast<long long>(pm.model.hidden_size), static_cast<long long>(pm.model.num_heads),
               static_cast<long long>(pm.model.seq_length), static_cast<long long>(pm.model.vocab_size),
               static_cast<long long>(pm.global_batch), o.train.precision.c_str());
-  const plan::SearchResult found = plan::search_layouts(pm, cluster, limits_from(o.train));
+  // Large worlds have hundreds of thousands of layouts: say how far the search is (on a terminal).
+  const bool terminal = ::isatty(STDERR_FILENO) != 0;
+  const auto progress = [terminal](int64_t done, int64_t total) {
+    if (terminal && total > 20000)
+      std::fprintf(stderr, "\rplan: %lld of %lld layouts predicted", static_cast<long long>(done),
+                   static_cast<long long>(total));
+  };
+  const plan::SearchResult found = plan::search_layouts(pm, cluster, limits_from(o.train), 24, progress);
+  if (terminal && found.considered > 20000) std::fprintf(stderr, "\r%60s\r", "");
   std::printf("layouts: %lld considered, %lld refused, %lld do not fit, %zu fit\n",
               static_cast<long long>(found.considered), static_cast<long long>(found.refused),
               static_cast<long long>(found.too_big), found.ranked.size());

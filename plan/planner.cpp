@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <iterator>
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -639,12 +641,12 @@ std::vector<std::pair<PipelineScheduleKind, int>> schedules(const SearchLimits& 
 
 }  // namespace
 
-SearchResult search_layouts(const PlanModel& pm, const Cluster& c, const SearchLimits& lim, int simulate_top) {
-  SearchResult result;
-  std::set<std::string> reasons;
+namespace {
+
+// Every combination of the axes `lim` leaves free for the cluster's world.
+std::vector<PlanLayout> candidate_layouts(const PlanModel& pm, const Cluster& c, const SearchLimits& lim) {
   const int world = c.world();
-  std::vector<Prediction> fitting;
-  const std::vector<int64_t> micro_sizes = choices<int64_t>(lim.micro_batch, {1, 2, 4, 8, 16});
+  std::vector<PlanLayout> out;
   for (const int tp : choices<int>(lim.tp, divisors(std::min(world, c.per_node))))
     for (const int cp : choices<int>(lim.cp, {1, 2, 4, 8}))
       for (const int pp : choices<int>(lim.pp, divisors(world)))
@@ -652,7 +654,7 @@ SearchResult search_layouts(const PlanModel& pm, const Cluster& c, const SearchL
           for (const int ep : choices<int>(lim.ep, divisors(world / (tp * cp * pp))))
             for (const auto& [kind, v] : schedules(lim, pp))
               for (const int zero : choices<int>(lim.zero, {0, 1, 2, 3}))
-                for (const int64_t mbs : micro_sizes)
+                for (const int64_t mbs : choices<int64_t>(lim.micro_batch, {1, 2, 4, 8, 16}))
                   for (const bool recompute : choices<bool>(lim.recompute, {false, true})) {
                     PlanLayout l;
                     l.tp = tp;
@@ -668,40 +670,67 @@ SearchResult search_layouts(const PlanModel& pm, const Cluster& c, const SearchL
                     l.sequence_parallel = lim.sequence_parallel.value_or(tp > 1);
                     if (ep > 1 && pm.model.num_experts == 0) continue;
                     if (zero > 0 && l.dp * l.cp == 1 && !lim.zero) continue;
-                    ++result.considered;
-                    const std::string why = layout_problem(pm, c, l);
-                    if (!why.empty()) {
-                      ++result.refused;
-                      if (reasons.size() < 6) reasons.insert(why);
-                      continue;
-                    }
-                    Prediction p = predict(pm, c, l, /*simulate=*/false);
-                    if (!p.fits) {
-                      ++result.too_big;
-                      if (!result.smallest || p.memory.total() < result.smallest->memory.total()) result.smallest = p;
-                      continue;
-                    }
-                    fitting.push_back(std::move(p));
+                    out.push_back(l);
                   }
-  // Faster first; within 0.1 % of each other, the simpler layout (fewer split axes, lower ZeRO stage).
+  return out;
+}
+
+// Faster first; among layouts within 0.1 % of the fastest of their run, the
+// simpler first (fewer split axes, lower ZeRO stage, smaller cp, pp, tp).
+void rank_by_time(std::vector<Prediction>& list) {
   const auto simplicity = [](const PlanLayout& l) {
     const int axes = (l.cp > 1) + (l.pp > 1) + (l.ep > 1) + (l.tp > 1) + (l.vpp > 1) + (l.recompute ? 1 : 0);
     return std::make_tuple(axes, l.zero, l.cp, l.pp, l.vpp, l.tp, l.ep);
   };
-  const auto faster = [&simplicity](const Prediction& a, const Prediction& b) {
-    const double tolerance = 1e-3 * std::min(a.time.step, b.time.step);
-    if (std::abs(a.time.step - b.time.step) > tolerance) return a.time.step < b.time.step;
-    return simplicity(a.layout) < simplicity(b.layout);
-  };
-  std::sort(fitting.begin(), fitting.end(), faster);
-  const size_t top = std::min(fitting.size(), size_t(std::max(0, simulate_top)));
-  for (size_t i = 0; i < top; ++i) {
-    fitting[i] = predict(pm, c, fitting[i].layout, /*simulate=*/true);
-    if (!fitting[i].fits) fitting[i].time.step = std::numeric_limits<double>::infinity();
+  std::stable_sort(list.begin(), list.end(),
+                   [](const Prediction& a, const Prediction& b) { return a.time.step < b.time.step; });
+  for (size_t i = 0; i < list.size();) {
+    size_t j = i + 1;
+    while (j < list.size() && list[j].time.step <= list[i].time.step * (1 + 1e-3)) ++j;
+    std::stable_sort(
+        list.begin() + std::ptrdiff_t(i), list.begin() + std::ptrdiff_t(j),
+        [&](const Prediction& a, const Prediction& b) { return simplicity(a.layout) < simplicity(b.layout); });
+    i = j;
   }
-  std::stable_sort(fitting.begin(), fitting.begin() + std::ptrdiff_t(top), faster);
-  while (top > 0 && !fitting.empty() && !fitting.front().fits) fitting.erase(fitting.begin());
-  result.ranked = std::move(fitting);
+}
+
+}  // namespace
+
+SearchResult search_layouts(const PlanModel& pm, const Cluster& c, const SearchLimits& lim, int simulate_top,
+                            const std::function<void(int64_t, int64_t)>& progress) {
+  SearchResult result;
+  std::set<std::string> reasons;
+  std::vector<Prediction> fitting;
+  const std::vector<PlanLayout> candidates = candidate_layouts(pm, c, lim);
+  result.considered = int64_t(candidates.size());
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (progress && i % 2000 == 0) progress(int64_t(i), int64_t(candidates.size()));
+    const std::string why = layout_problem(pm, c, candidates[i]);
+    if (!why.empty()) {
+      ++result.refused;
+      if (reasons.size() < 6) reasons.insert(why);
+      continue;
+    }
+    Prediction p = predict(pm, c, candidates[i], /*simulate=*/false);
+    if (p.fits) {
+      fitting.push_back(std::move(p));
+      continue;
+    }
+    ++result.too_big;
+    if (!result.smallest || p.memory.total() < result.smallest->memory.total()) result.smallest = p;
+  }
+  rank_by_time(fitting);
+  // The fastest by the closed form, simulated with the real schedules, ranked again.
+  const size_t top = std::min(fitting.size(), size_t(std::max(0, simulate_top)));
+  std::vector<Prediction> simulated;
+  for (size_t i = 0; i < top; ++i) {
+    Prediction p = predict(pm, c, fitting[i].layout, /*simulate=*/true);
+    if (p.fits) simulated.push_back(std::move(p));
+  }
+  rank_by_time(simulated);
+  simulated.insert(simulated.end(), std::make_move_iterator(fitting.begin() + std::ptrdiff_t(top)),
+                   std::make_move_iterator(fitting.end()));
+  result.ranked = std::move(simulated);
   result.refusals.assign(reasons.begin(), reasons.end());
   return result;
 }

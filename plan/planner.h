@@ -46,6 +46,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -151,8 +152,9 @@ struct SearchResult {
 // Every layout of the cluster's world within `limits`, predicted by the
 // closed form, those that fit ranked, the best `simulate_top` simulated and
 // ranked again.
+// `progress(done, total)` is called every 2,000 layouts when given.
 SearchResult search_layouts(const PlanModel& model, const Cluster& cluster, const SearchLimits& limits,
-                            int simulate_top = 24);
+                            int simulate_top = 24, const std::function<void(int64_t, int64_t)>& progress = {});
 
 // FLOPs of one step of the whole model (forward and backward, 3× the forward;
 // `recompute` adds a forward): per layer 2·(GEMM parameters)·tokens plus
