@@ -100,7 +100,9 @@ GroupLink group_link(const Cluster& cluster, int size, int stride) {
 double all_reduce_seconds(const GroupLink& g, double bytes) {
   if (g.size <= 1) return 0.0;
   const double n = g.size;
-  return 2.0 * (n - 1) / n * bytes / g.bandwidth + 2.0 * (n - 1) * g.latency;
+  const double ring = 2.0 * (n - 1) / n * bytes / g.bandwidth + 2.0 * (n - 1) * g.latency;
+  const double tree = 2.0 * bytes / g.bandwidth + 2.0 * std::ceil(std::log2(n)) * g.latency;
+  return std::min(ring, tree);
 }
 
 double reduce_scatter_seconds(const GroupLink& g, double bytes) {

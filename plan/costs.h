@@ -8,7 +8,9 @@
 //   memory-bound kernel: its bytes at the achieved bandwidth, plus launches.
 //   collectives over n ranks, ring algorithms (α–β: α per ring step, β the
 //     bus bandwidth of the link class the group crosses):
-//       all-reduce          2(n−1)/n · B/β + 2(n−1)·α
+//       all-reduce          2(n−1)/n · B/β + 2(n−1)·α, or a tree's
+//                           2·B/β + 2·⌈log₂ n⌉·α when that is less (small
+//                           messages over many ranks: NCCL picks the tree)
 //       reduce-scatter,
 //       all-gather          (n−1)/n · B/β + (n−1)·α      (B: the whole tensor)
 //       all-to-all          (n−1)/n · B/β + (n−1)·α      (B: one rank's part)

@@ -77,8 +77,14 @@ TEST(PlanCosts, RingCollectivesAndTheLinksGroupsCross) {
   // 32 ranks, 8 per node: the node's 8 NICs carry the ring's crossing (capped by NVLink).
   const plan::GroupLink all = plan::group_link(c, 32, 1);
   EXPECT_DOUBLE_EQ(all.bandwidth, std::min(c.intra.bandwidth, 8 * c.inter.bandwidth));
+  // All-reduce: the ring, or the tree (2·B/β + 2·log₂ n·α) when that is less.
   EXPECT_DOUBLE_EQ(plan::all_reduce_seconds(tp, bytes),
-                   2.0 * 7 / 8 * bytes / c.intra.bandwidth + 2.0 * 7 * c.intra.latency);
+                   std::min(2.0 * 7 / 8 * bytes / c.intra.bandwidth + 2.0 * 7 * c.intra.latency,
+                            2.0 * bytes / c.intra.bandwidth + 2.0 * 3 * c.intra.latency));
+  const plan::GroupLink wide = plan::group_link(c, 32, 1);
+  EXPECT_DOUBLE_EQ(plan::all_reduce_seconds(wide, 1024.0), 2.0 * 1024 / wide.bandwidth + 2.0 * 5 * wide.latency);
+  EXPECT_DOUBLE_EQ(plan::all_reduce_seconds(wide, 1e11),
+                   2.0 * 31 / 32 * 1e11 / wide.bandwidth + 2.0 * 31 * wide.latency);
   EXPECT_DOUBLE_EQ(plan::reduce_scatter_seconds(dp, bytes), 3.0 / 4 * bytes / c.inter.bandwidth + 3 * c.inter.latency);
   EXPECT_DOUBLE_EQ(plan::all_reduce_seconds(plan::group_link(c, 1, 1), bytes), 0.0);
   // A GEMM: 2mnk FLOPs at peak × efficiency, stretched by whole waves of tiles.
