@@ -31,10 +31,26 @@ void refuse_unknown(const toml::table& table, const std::string& path, const std
   }
 }
 
+// gemm_rates_32 = [[m, n, k, flops], ...]: measured GEMM rates (a full grid of m, n and k).
+void read_gemm_rates(const toml::table& t, const std::string& path, const char* key, std::vector<plan::GemmRate>& out) {
+  const toml::node* node = t.get(key);
+  if (node == nullptr) return;
+  const toml::array* rows = node->as_array();
+  TESSERA_CHECK(rows != nullptr, path, ":", node->source().begin.line, ": ", key, " must be [[m, n, k, flops], ...]");
+  for (const toml::node& row : *rows) {
+    const toml::array* r = row.as_array();
+    const auto at = [&](size_t i) { return r != nullptr && r->size() == 4 ? (*r)[i].value<double>() : std::nullopt; };
+    TESSERA_CHECK(at(0) && at(1) && at(2) && at(3) && *at(3) > 0, path, ":", row.source().begin.line, ": each of ", key,
+                  " is [m, n, k, flops] with flops > 0");
+    out.push_back({int64_t(*at(0)), int64_t(*at(1)), int64_t(*at(2)), *at(3)});
+  }
+}
+
 plan::Accelerator read_accelerator(const toml::table& t, const std::string& path) {
   refuse_unknown(t, path,
                  {"base", "name", "peak_flops_16", "peak_flops_32", "memory_gib", "memory_bandwidth", "compute_units",
-                  "gemm_efficiency", "memory_efficiency", "launch_seconds", "source"},
+                  "gemm_efficiency", "attention_efficiency", "memory_efficiency", "launch_seconds", "source",
+                  "gemm_rates_32", "gemm_rates_16"},
                  " in [accelerator]");
   plan::Accelerator a;
   if (const auto base = t["base"].value<std::string>()) a = plan::accelerator_named(*base);
@@ -49,6 +65,9 @@ plan::Accelerator read_accelerator(const toml::table& t, const std::string& path
   if (number(t, path, "gemm_efficiency", value)) a.gemm_efficiency = value;
   if (number(t, path, "memory_efficiency", value)) a.memory_efficiency = value;
   if (number(t, path, "launch_seconds", value)) a.launch_seconds = value;
+  if (number(t, path, "attention_efficiency", value)) a.attention_efficiency = value;
+  read_gemm_rates(t, path, "gemm_rates_32", a.gemm_rates_32);
+  read_gemm_rates(t, path, "gemm_rates_16", a.gemm_rates_16);
   TESSERA_CHECK(a.peak_flops_16 > 0 && a.peak_flops_32 > 0 && a.memory_bytes > 0 && a.memory_bandwidth > 0, path,
                 ": [accelerator] needs peak_flops_16, peak_flops_32, memory_gib and memory_bandwidth (or base = a "
                 "built-in accelerator)");

@@ -19,22 +19,31 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// The median seconds of `repeats` calls after one warm-up, started together
-// on every rank; the mean over the ranks.
-double timed(Context& ctx, parallel::Communicator& world, int repeats, const std::function<void()>& run) {
+// The median seconds of `repeats` calls after one warm-up. No barrier
+// between measurements: every rank runs the whole series at once, so ranks
+// that share cores are measured sharing them (a barrier before each
+// measurement would let ranks that leave it first run alone). The ranks'
+// means are taken once, at the end (mean_over_ranks).
+double timed(Context& ctx, int repeats, const std::function<void()>& run) {
   run();
   std::vector<double> times;
   for (int i = 0; i < repeats; ++i) {
-    world.barrier();
     const double start = now();
     run();
     ctx.synchronize(Device::cpu());
     times.push_back(now() - start);
   }
   std::sort(times.begin(), times.end());
-  Tensor median = ctx.from_vector(Shape{1}, std::vector<float>{float(times[times.size() / 2])});
-  world.all_reduce(median, parallel::ReduceOp::avg)->wait();
-  return double(median.to_vector<float>()[0]);
+  return times[times.size() / 2];
+}
+
+// Each value averaged over the ranks, in one collective.
+std::vector<double> mean_over_ranks(Context& ctx, parallel::Communicator& world, const std::vector<double>& values) {
+  std::vector<float> narrow(values.begin(), values.end());
+  Tensor t = ctx.from_vector(Shape{int64_t(narrow.size())}, narrow);
+  world.all_reduce(t, parallel::ReduceOp::avg)->wait();
+  const std::vector<float> mean = t.to_vector<float>();
+  return std::vector<double>(mean.begin(), mean.end());
 }
 
 Tensor random(Context& ctx, const Shape& shape, DType dtype, uint64_t stream) {
@@ -44,7 +53,7 @@ Tensor random(Context& ctx, const Shape& shape, DType dtype, uint64_t stream) {
   return t;
 }
 
-std::vector<GemmRate> gemm_grid(Context& ctx, parallel::Communicator& world, DType dtype, bool quick) {
+std::vector<GemmRate> gemm_grid(Context& ctx, DType dtype, bool quick) {
   const std::vector<int64_t> ms = quick ? std::vector<int64_t>{64, 512} : std::vector<int64_t>{32, 128, 512, 2048};
   const std::vector<int64_t> nk = quick ? std::vector<int64_t>{64, 512} : std::vector<int64_t>{32, 128, 512, 2048};
   std::vector<GemmRate> rates;
@@ -54,9 +63,10 @@ std::vector<GemmRate> gemm_grid(Context& ctx, parallel::Communicator& world, DTy
         const Tensor a = random(ctx, Shape{m, k}, dtype, 1), b = random(ctx, Shape{k, n}, dtype, 2);
         Tensor c = ctx.empty(Shape{m, n}, dtype);
         const double flops = 2.0 * double(m) * double(n) * double(k);
-        // Enough calls for ~20 ms a repeat, so small shapes are not timer noise.
-        const int calls = int(std::clamp(2e8 / flops, 1.0, 2000.0));
-        const double seconds = timed(ctx, world, quick ? 2 : 3, [&] {
+        // Enough calls for ~50 ms a repeat (many of the scheduler's time slices
+        // when ranks share cores), so neither the timer nor the slicing is noise.
+        const int calls = int(std::clamp((quick ? 5e7 : 5e8) / flops, 1.0, 20000.0));
+        const double seconds = timed(ctx, quick ? 2 : 5, [&] {
           for (int i = 0; i < calls; ++i) ops::matmul(a, b, c);
         });
         rates.push_back({m, n, k, flops * calls / seconds});
@@ -74,25 +84,22 @@ double peak_of(const std::vector<GemmRate>& rates) {
 
 Accelerator measure_compute(Context& ctx, parallel::Communicator& world, bool quick) {
   Accelerator a = accelerator_named("cpu");
-  a.gemm_rates_32 = gemm_grid(ctx, world, DType::f32, quick);
-  a.gemm_rates_16 = gemm_grid(ctx, world, DType::bf16, quick);
-  a.peak_flops_32 = peak_of(a.gemm_rates_32);
-  a.peak_flops_16 = peak_of(a.gemm_rates_16);
-  a.gemm_efficiency = 1.0;
+  world.barrier();  // start together; from here every rank keeps busy until the end
+  a.gemm_rates_32 = gemm_grid(ctx, DType::f32, quick);
+  a.gemm_rates_16 = gemm_grid(ctx, DType::bf16, quick);
   // Memory-bound: out = x + y over tensors far larger than the caches (3 × 4 bytes an element).
   const int64_t elements = quick ? (int64_t(1) << 22) : (int64_t(1) << 24);
   const Tensor x = random(ctx, Shape{elements}, DType::f32, 3), y = random(ctx, Shape{elements}, DType::f32, 4);
   Tensor sum = ctx.empty(Shape{elements}, DType::f32);
-  a.memory_bandwidth = 12.0 * double(elements) / timed(ctx, world, quick ? 2 : 5, [&] { ops::add(x, y, sum); });
-  a.memory_efficiency = 1.0;
+  const double add_seconds = timed(ctx, quick ? 2 : 5, [&] { ops::add(x, y, sum); });
   // One call on a few elements: what every kernel costs besides its work.
   const Tensor tiny = random(ctx, Shape{16}, DType::f32, 5);
   Tensor tiny_out = ctx.empty(Shape{16}, DType::f32);
-  a.launch_seconds = timed(ctx, world, 3,
-                           [&] {
-                             for (int i = 0; i < 1000; ++i) ops::add(tiny, tiny, tiny_out);
-                           }) /
-                     1000;
+  const double call_seconds = timed(ctx, 3,
+                                    [&] {
+                                      for (int i = 0; i < 1000; ++i) ops::add(tiny, tiny, tiny_out);
+                                    }) /
+                              1000;
   // The fused attention, forward and backward, causal: 4·B·T²·H·Dh/2 FLOPs forward, 2.5× that backward.
   const int64_t b = 2, t = quick ? 128 : 256, h = 4, dh = 32;
   const Tensor qkv = random(ctx, Shape{b, t, 3, h, dh}, DType::f32, 6);
@@ -100,11 +107,26 @@ Accelerator measure_compute(Context& ctx, parallel::Communicator& world, bool qu
   Tensor grad_qkv = ctx.empty(qkv.shape(), DType::f32);
   const Tensor grad_out = random(ctx, out.shape(), DType::f32, 7);
   const double attention_flops = 3.5 * 4.0 * double(b * t * t * h * dh) / 2;
-  const double attention = timed(ctx, world, quick ? 2 : 3, [&] {
+  const double attention_seconds = timed(ctx, quick ? 2 : 3, [&] {
     ops::attention_forward(qkv, out, lse);
     ops::attention_backward(grad_out, qkv, out, lse, grad_qkv);
   });
-  a.attention_efficiency = attention_flops / attention / a.peak_flops_32;
+  // The ranks' means, all at once.
+  std::vector<double> values;
+  for (const auto* rates : {&a.gemm_rates_32, &a.gemm_rates_16})
+    for (const GemmRate& r : *rates) values.push_back(r.flops);
+  values.insert(values.end(), {add_seconds, call_seconds, attention_seconds});
+  values = mean_over_ranks(ctx, world, values);
+  size_t i = 0;
+  for (auto* rates : {&a.gemm_rates_32, &a.gemm_rates_16})
+    for (GemmRate& r : *rates) r.flops = values[i++];
+  a.peak_flops_32 = peak_of(a.gemm_rates_32);
+  a.peak_flops_16 = peak_of(a.gemm_rates_16);
+  a.gemm_efficiency = 1.0;
+  a.memory_bandwidth = 12.0 * double(elements) / values[i];
+  a.memory_efficiency = 1.0;
+  a.launch_seconds = values[i + 1];
+  a.attention_efficiency = attention_flops / values[i + 2] / a.peak_flops_32;
   char source[256];
   std::snprintf(source, sizeof source,
                 "measured by tessera selfcheck --cluster on %d rank(s) at once: GEMM grid %zu shapes per precision, "

@@ -221,8 +221,10 @@ struct LayerActivations {
 LayerActivations layer_activations(const PlanModel& pm, const Shapes& s, bool moe) {
   const double T = double(s.tokens), h = double(s.h), e = s.e, t = double(s.tp), sp = double(s.sp_div);
   const double heads_t = double(s.heads) / t, dh = double(s.head_dim);
-  double bytes = 2 * T * h * e / sp;                         // the norms' inputs
-  bytes += T * h * e / sp;                                   // qkv's input
+  double bytes = 2 * T * h * e / sp;  // the norms' inputs
+  // The column-parallel linears (qkv, the MLP's first) keep their whole input:
+  // under sequence parallelism the gathered one, not the rank's shard.
+  bytes += T * h * e;                                        // qkv's input
   bytes += T * double(s.heads + 2 * s.groups) * dh / t * e;  // q, k, v
   bytes += T * heads_t * dh * e;                             // attention's output: the projection's input
   if (pm.attention == AttentionKernel::fused) {
@@ -232,7 +234,7 @@ LayerActivations layer_activations(const PlanModel& pm, const Shapes& s, bool mo
     bytes += scores * e + (s.attention_dropout ? scores * (1 + e) : 0.0);  // softmax; dropout mask and output
   }
   if (s.dropout) bytes += 2 * T * h / sp;  // the two dropout masks
-  bytes += T * h * e / sp;                 // the MLP's input
+  bytes += T * h * e;                      // the MLP's input (gathered under sequence parallelism, as qkv's)
   if (moe) {
     const double routed = T * double(s.topk);
     bytes += T * double(s.experts) * 4 + routed * h * e + routed * 3 * double(s.expert_ffn) * e;

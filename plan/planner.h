@@ -39,7 +39,9 @@
 // against the allocator), plus activations: per layer and micro-batch the
 // tensors its backward reads (Korthikanti et al. 2022's terms: 34·s·b·h +
 // 5·a·s²·b bytes with 2-byte values and dropout, split by t under tensor
-// and sequence parallelism; a fused attention keeps no s×s tensor; full
+// and sequence parallelism, except the inputs of qkv and the MLP's first
+// linear, which Tessera keeps whole (gathered) where Megatron gathers them
+// again in backward; a fused attention keeps no s×s tensor; full
 // recompute keeps only each layer's input, plus one layer's whole set while
 // it runs backward), times the units in flight on the stage (the schedule's
 // simulation), plus the last stage's f32 logits.
