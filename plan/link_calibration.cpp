@@ -28,7 +28,7 @@ double now() {
 }
 
 // The slowest rank's seconds for `run` over `group`, the median of
-// `repeats` after one warm-up.
+// `repeats` after one warm-up (of an even count: the mean of the middle two).
 double slowest_median(Context& ctx, Communicator& group, int repeats, const std::function<void()>& run) {
   run();
   std::vector<double> times;
@@ -41,7 +41,8 @@ double slowest_median(Context& ctx, Communicator& group, int repeats, const std:
     times.push_back(double(elapsed.to_vector<float>()[0]));
   }
   std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  const size_t middle = times.size() / 2;
+  return times.size() % 2 == 1 ? times[middle] : (times[middle - 1] + times[middle]) / 2;
 }
 
 // The ring steps and bytes each rank sends per byte of the tensor, as a ring

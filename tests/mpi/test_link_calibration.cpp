@@ -47,9 +47,14 @@ void expect_sane(const plan::LinkCalibration& links, const std::string& link, in
   std::sort(largest.begin(), largest.end());
   const double median = largest[largest.size() / 2];
   const plan::Link& fitted = link == "intra" ? links.intra : links.inter;
+  std::string table;  // the samples, for a failure's message
+  for (const plan::LinkSample& s : links.samples)
+    if (s.link == link)
+      table += s.collective + " " + std::to_string(int64_t(s.bytes)) + " B " + std::to_string(s.seconds * 1e6) +
+               " us " + std::to_string(s.bus_bandwidth / 1e9) + " GB/s\n";
   EXPECT_GT(fitted.latency, 0);
-  EXPECT_GT(fitted.bandwidth, median / 3) << link;
-  EXPECT_LT(fitted.bandwidth, median * 3) << link;
+  EXPECT_GT(fitted.bandwidth, median / 3) << link << ", fitted latency " << fitted.latency << " s:\n" << table;
+  EXPECT_LT(fitted.bandwidth, median * 3) << link << ", fitted latency " << fitted.latency << " s:\n" << table;
   EXPECT_EQ(fitted.name, "measured-" + link);
   EXPECT_NE(fitted.source.find("tessera selfcheck --cluster"), std::string::npos) << fitted.source;
 }
