@@ -1,9 +1,12 @@
-// Reads a cluster's TOML description (apps/cluster_file.h) with toml++.
+// Reads a cluster's TOML description (apps/cluster_file.h) with toml++, and
+// writes one (`tessera selfcheck --cluster`'s calibration) that reads back
+// to the same Cluster.
 #include "apps/cluster_file.h"
 
 #include <toml++/toml.h>
 
 #include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "core/error.h"
@@ -31,26 +34,31 @@ void refuse_unknown(const toml::table& table, const std::string& path, const std
   }
 }
 
-// gemm_rates_32 = [[m, n, k, flops], ...]: measured GEMM rates (a full grid of m, n and k).
+// [[accelerator.gemm_rates_32]] tables of m, n, k and flops (a measured grid), if present.
 void read_gemm_rates(const toml::table& t, const std::string& path, const char* key, std::vector<plan::GemmRate>& out) {
   const toml::node* node = t.get(key);
   if (node == nullptr) return;
-  const toml::array* rows = node->as_array();
-  TESSERA_CHECK(rows != nullptr, path, ":", node->source().begin.line, ": ", key, " must be [[m, n, k, flops], ...]");
-  for (const toml::node& row : *rows) {
-    const toml::array* r = row.as_array();
-    const auto at = [&](size_t i) { return r != nullptr && r->size() == 4 ? (*r)[i].value<double>() : std::nullopt; };
-    TESSERA_CHECK(at(0) && at(1) && at(2) && at(3) && *at(3) > 0, path, ":", row.source().begin.line, ": each of ", key,
-                  " is [m, n, k, flops] with flops > 0");
-    out.push_back({int64_t(*at(0)), int64_t(*at(1)), int64_t(*at(2)), *at(3)});
+  const toml::array* rates = node->as_array();
+  TESSERA_CHECK(rates != nullptr, path, ":", node->source().begin.line, ": ", key,
+                " must be an array of tables with m, n, k and flops");
+  out.clear();
+  for (const toml::node& entry : *rates) {
+    const toml::table* rate = entry.as_table();
+    TESSERA_CHECK(rate != nullptr, path, ":", entry.source().begin.line, ": ", key, " holds tables of m, n, k, flops");
+    refuse_unknown(*rate, path, {"m", "n", "k", "flops"}, std::string(" in ") + key);
+    double m = 0, n = 0, k = 0, flops = 0;
+    TESSERA_CHECK(number(*rate, path, "m", m) && number(*rate, path, "n", n) && number(*rate, path, "k", k) &&
+                      number(*rate, path, "flops", flops),
+                  path, ":", entry.source().begin.line, ": a ", key, " entry needs m, n, k and flops");
+    out.push_back({int64_t(m), int64_t(n), int64_t(k), flops});
   }
 }
 
 plan::Accelerator read_accelerator(const toml::table& t, const std::string& path) {
   refuse_unknown(t, path,
                  {"base", "name", "peak_flops_16", "peak_flops_32", "memory_gib", "memory_bandwidth", "compute_units",
-                  "gemm_efficiency", "attention_efficiency", "memory_efficiency", "launch_seconds", "source",
-                  "gemm_rates_32", "gemm_rates_16"},
+                  "gemm_efficiency", "memory_efficiency", "launch_seconds", "source", "attention_efficiency", "tile_m",
+                  "tile_n", "gemm_rates_32", "gemm_rates_16"},
                  " in [accelerator]");
   plan::Accelerator a;
   if (const auto base = t["base"].value<std::string>()) a = plan::accelerator_named(*base);
@@ -66,6 +74,8 @@ plan::Accelerator read_accelerator(const toml::table& t, const std::string& path
   if (number(t, path, "memory_efficiency", value)) a.memory_efficiency = value;
   if (number(t, path, "launch_seconds", value)) a.launch_seconds = value;
   if (number(t, path, "attention_efficiency", value)) a.attention_efficiency = value;
+  if (number(t, path, "tile_m", value)) a.tile_m = int64_t(value);
+  if (number(t, path, "tile_n", value)) a.tile_n = int64_t(value);
   read_gemm_rates(t, path, "gemm_rates_32", a.gemm_rates_32);
   read_gemm_rates(t, path, "gemm_rates_16", a.gemm_rates_16);
   TESSERA_CHECK(a.peak_flops_16 > 0 && a.peak_flops_32 > 0 && a.memory_bytes > 0 && a.memory_bandwidth > 0, path,
@@ -84,12 +94,12 @@ plan::Link read_link(const toml::table& file, const std::string& path, const cha
   const toml::table* table = node->as_table();
   TESSERA_CHECK(table != nullptr, path, ":", node->source().begin.line, ": ", key,
                 " must be a link's name or a table with bandwidth and latency");
-  refuse_unknown(*table, path, {"name", "bandwidth", "latency"}, std::string(" in [") + key + "]");
+  refuse_unknown(*table, path, {"name", "bandwidth", "latency", "source"}, std::string(" in [") + key + "]");
   plan::Link link;
   link.name = (*table)["name"].value_or(std::string(key));
   TESSERA_CHECK(number(*table, path, "bandwidth", link.bandwidth) && number(*table, path, "latency", link.latency),
                 path, ": [", key, "] needs bandwidth (bytes/s per GPU) and latency (seconds per ring step)");
-  link.source = path;
+  link.source = (*table)["source"].value_or(path);
   return link;
 }
 
@@ -106,7 +116,8 @@ plan::Cluster read_cluster_file(const std::string& path) {
   } catch (const toml::parse_error& error) {
     TESSERA_THROW("--cluster ", path, ":", error.source().begin.line, ": ", error.description());
   }
-  refuse_unknown(file, path, {"per_node", "nodes", "accelerator", "intra", "inter"}, "");
+  // [selfcheck] and [[link_samples]]: what `tessera selfcheck --cluster` noted, for people.
+  refuse_unknown(file, path, {"per_node", "nodes", "accelerator", "intra", "inter", "selfcheck", "link_samples"}, "");
   plan::Cluster cluster;
   cluster.spec = path;
   double count = 1;
@@ -118,6 +129,80 @@ plan::Cluster read_cluster_file(const std::string& path) {
   cluster.intra = read_link(file, path, "intra", cluster.per_node, "NVLink4");
   cluster.inter = read_link(file, path, "inter", cluster.per_node, "IB-NDR400");
   return cluster;
+}
+
+namespace {
+
+toml::array gemm_rates_array(const std::vector<plan::GemmRate>& rates) {
+  toml::array out;
+  for (const plan::GemmRate& r : rates)
+    out.push_back(toml::table{{"m", r.m}, {"n", r.n}, {"k", r.k}, {"flops", r.flops}});
+  return out;
+}
+
+toml::table accelerator_table(const plan::Accelerator& a) {
+  toml::table t{{"name", a.name},
+                {"peak_flops_16", a.peak_flops_16},
+                {"peak_flops_32", a.peak_flops_32},
+                // Exact: a byte count below 2^53 divided by 2^30 and multiplied back.
+                {"memory_gib", double(a.memory_bytes) / (1024.0 * 1024.0 * 1024.0)},
+                {"memory_bandwidth", a.memory_bandwidth},
+                {"compute_units", a.compute_units},
+                {"tile_m", a.tile_m},
+                {"tile_n", a.tile_n},
+                {"gemm_efficiency", a.gemm_efficiency},
+                {"attention_efficiency", a.attention_efficiency},
+                {"memory_efficiency", a.memory_efficiency},
+                {"launch_seconds", a.launch_seconds},
+                {"source", a.source}};
+  if (!a.gemm_rates_32.empty()) t.insert("gemm_rates_32", gemm_rates_array(a.gemm_rates_32));
+  if (!a.gemm_rates_16.empty()) t.insert("gemm_rates_16", gemm_rates_array(a.gemm_rates_16));
+  return t;
+}
+
+toml::table link_table(const plan::Link& link) {
+  return toml::table{
+      {"name", link.name}, {"bandwidth", link.bandwidth}, {"latency", link.latency}, {"source", link.source}};
+}
+
+toml::array samples_array(const std::vector<plan::LinkSample>& samples) {
+  toml::array out;
+  for (const plan::LinkSample& s : samples)
+    out.push_back(toml::table{{"collective", s.collective},
+                              {"link", s.link},
+                              {"ranks", s.ranks},
+                              {"bytes", s.bytes},
+                              {"seconds", s.seconds},
+                              {"bus_bandwidth", s.bus_bandwidth}});
+  return out;
+}
+
+}  // namespace
+
+void write_cluster_file(const std::string& path, const plan::Cluster& cluster, const std::vector<std::string>& notes,
+                        const std::vector<plan::LinkSample>& samples) {
+  toml::array results;
+  for (const std::string& note : notes) results.push_back(note);
+  toml::table file{{"per_node", cluster.per_node},
+                   {"nodes", cluster.nodes},
+                   {"accelerator", accelerator_table(cluster.accelerator)},
+                   {"intra", link_table(cluster.intra)},
+                   {"inter", link_table(cluster.inter)},
+                   {"selfcheck", toml::table{{"results", results}}}};
+  if (!samples.empty()) file.insert("link_samples", samples_array(samples));
+  const std::string partial = path + ".partial";
+  {
+    std::ofstream out(partial);
+    TESSERA_CHECK(out.good(), "cannot write the cluster file ", partial,
+                  ": is its directory there and writable? (choose another with --output)");
+    out << "# Written by `tessera selfcheck --cluster`; read by `tessera plan --cluster " << path << "`.\n"
+        << file << "\n";
+    out.flush();
+    TESSERA_CHECK(out.good(), "writing the cluster file ", partial, " failed (disk full?)");
+  }
+  std::error_code error;
+  std::filesystem::rename(partial, path, error);
+  TESSERA_CHECK(!error, "cannot rename ", partial, " to ", path, ": ", error.message());
 }
 
 }  // namespace tessera::app

@@ -22,10 +22,19 @@
 //   latency = 5e-6
 //
 // Unknown keys are refused with the file, line and the keys known.
+//
+// `tessera selfcheck --cluster` writes such a file from what it measured
+// (write_cluster_file): every field of the Cluster, the accelerator's
+// measured GEMM grids as [[accelerator.gemm_rates_32]] tables (m, n, k,
+// flops), the links' sources, and for people a [selfcheck] table (results =
+// the checks' lines) and [[link_samples]] tables (collective, link, ranks,
+// bytes, seconds, bus_bandwidth), which the reader ignores.
 #pragma once
 
 #include <string>
+#include <vector>
 
+#include "plan/calibration.h"
 #include "plan/cluster.h"
 
 namespace tessera::app {
@@ -34,5 +43,12 @@ namespace tessera::app {
 bool names_cluster_file(const std::string& text);
 
 plan::Cluster read_cluster_file(const std::string& path);
+
+// Writes `cluster` to `path` (through path.partial, renamed) so that
+// read_cluster_file gives it back (its spec aside: the path); `notes` go to
+// [selfcheck] results, `samples` to [[link_samples]]. Throws tessera::Error
+// naming the file when it cannot be written.
+void write_cluster_file(const std::string& path, const plan::Cluster& cluster, const std::vector<std::string>& notes,
+                        const std::vector<plan::LinkSample>& samples = {});
 
 }  // namespace tessera::app

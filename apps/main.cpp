@@ -9,7 +9,8 @@
 //   tessera plan        predicted step time, memory and MFU of every layout of a model on a cluster
 //   tessera topo        this node's GPUs, RDMA ports, NUMA nodes and each local rank's NCCL/UCX/MPI settings
 //   tessera info        this build's backends, devices and libraries
-//   tessera selfcheck   every operator checked on this machine's CPU (and GPU)
+//   tessera selfcheck   every operator checked on this machine's CPU (and GPU); with --cluster,
+//                       under mpirun: the ranks' arithmetic, links and layouts, and the cluster file for `plan`
 //   tessera --version   the build: version, CUDA, cuDNN, NCCL, MPI, HDF5, BLAS
 // A bad command line is reported as such, with the flag or command a typo or
 // another trainer's name meant (--learning-rate: --lr; trian: train).
@@ -31,6 +32,7 @@
 #include "apps/process_end.h"
 #include "apps/schedule_command.h"
 #include "apps/selfcheck.h"
+#include "apps/selfcheck_cluster.h"
 #include "apps/topo_command.h"
 #include "apps/train_config.h"
 #include "apps/trainer.h"
@@ -123,8 +125,9 @@ int main(int argc, char** argv) {
   bool show_version = false;
   app.add_flag("--version", show_version, "Print the build (CUDA, cuDNN, NCCL, MPI, HDF5, BLAS) and exit");
 
-  // MPI for the life of the process, started by `train` only (the other
-  // subcommands need no MPI); declared here so it outlives the catch below.
+  // MPI for the life of the process, started by `train` and `selfcheck
+  // --cluster` only (the other subcommands need no MPI); declared here so it
+  // outlives the catch below.
   std::optional<tessera::parallel::MpiEnv> mpi;
   tessera::app::TrainConfig train_config;
   auto* train = app.add_subcommand("train", "Train a model on a prepared dataset (or --synthetic data)");
@@ -153,7 +156,25 @@ int main(int argc, char** argv) {
   tessera::app::SelfcheckOptions selfcheck_options;
   auto* selfcheck = app.add_subcommand("selfcheck", "Check every operator's forward and backward on this machine");
   selfcheck->add_option("--seed", selfcheck_options.seed, "Seed of the random inputs");
-  selfcheck->callback([&] { exit_code = tessera::app::run_selfcheck(selfcheck_options); });
+  bool cluster_check = false;
+  tessera::app::ClusterSelfcheckOptions cluster_options;
+  selfcheck->add_flag("--cluster", cluster_check,
+                      "Under mpirun/srun: check the ranks' arithmetic, links and layouts, measure the machine and "
+                      "links, and write the cluster file for `tessera plan --cluster FILE`");
+  selfcheck->add_option("--output", cluster_options.output, "With --cluster: the cluster file rank 0 writes")
+      ->capture_default_str();
+  selfcheck->add_flag("--quick", cluster_options.quick, "With --cluster: fewer sizes and repeats");
+  selfcheck->callback([&] {
+    if (!cluster_check) {
+      TESSERA_CHECK(selfcheck->count("--output") == 0 && !cluster_options.quick,
+                    "tessera selfcheck: --output and --quick go with --cluster (tessera selfcheck --cluster ...)");
+      exit_code = tessera::app::run_selfcheck(selfcheck_options);
+      return;
+    }
+    mpi.emplace();
+    cluster_options.seed = selfcheck_options.seed;
+    exit_code = tessera::app::run_cluster_selfcheck(cluster_options, *mpi);
+  });
 
   try {
     app.parse(argc, argv);

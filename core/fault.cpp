@@ -38,8 +38,9 @@ std::string known_kinds() {
 
 const std::vector<std::string_view>& fault_kinds() {
   static const std::vector<std::string_view> kinds = {
-      "checkpoint_crash", "crash", "hang", "slow", "nan_grad", "truncated_data", "device_fault", "slow_checkpoint",
-      "checkpoint_hang", "startup_hang"};
+      "checkpoint_crash", "crash",          "hang",           "slow",
+      "nan_grad",         "truncated_data", "device_fault",   "slow_checkpoint",
+      "checkpoint_hang",  "startup_hang",   "selfcheck_gemm", "selfcheck_payload"};
   return kinds;
 }
 

@@ -33,6 +33,12 @@
 //                     kernel's illegal memory access (a real one on CUDA, an
 //                     injected sticky error on the emulated device): the
 //                     report must blame the device, not the communication.
+//   selfcheck_gemm    `tessera selfcheck --cluster` only: the rank perturbs
+//                     its GEMM result's checksum (use no @step), so the
+//                     arithmetic check must name it;
+//   selfcheck_payload `tessera selfcheck --cluster` only: the rank flips a
+//                     bit of the payload it sends its ring neighbour, so the
+//                     link check must name the pair.
 // Steps count from 1: kind@N acts as step N begins (checkpoint_crash@N:
 // while the checkpoint after step N is written).
 //
