@@ -164,10 +164,14 @@ int main(int argc, char** argv) {
   selfcheck->add_option("--output", cluster_options.output, "With --cluster: the cluster file rank 0 writes")
       ->capture_default_str();
   selfcheck->add_flag("--quick", cluster_options.quick, "With --cluster: fewer sizes and repeats");
+  selfcheck->add_option("--threads", cluster_options.threads,
+                        "With --cluster: CPU threads per rank while measuring, as `tessera train --threads` will "
+                        "train (0: OpenMP's default)");
   selfcheck->callback([&] {
     if (!cluster_check) {
-      TESSERA_CHECK(selfcheck->count("--output") == 0 && !cluster_options.quick,
-                    "tessera selfcheck: --output and --quick go with --cluster (tessera selfcheck --cluster ...)");
+      TESSERA_CHECK(selfcheck->count("--output") == 0 && !cluster_options.quick && selfcheck->count("--threads") == 0,
+                    "tessera selfcheck: --output, --quick and --threads go with --cluster (tessera selfcheck "
+                    "--cluster ...)");
       exit_code = tessera::app::run_selfcheck(selfcheck_options);
       return;
     }

@@ -321,11 +321,13 @@ void check_layouts(Communicator& world, uint64_t seed, Findings& findings) {
 
 // ---- d. Calibration and the cluster file ----
 
-plan::Cluster calibrate(Communicator& world, const parallel::MpiEnv& env, bool quick, plan::LinkCalibration& links) {
+plan::Cluster calibrate(Communicator& world, const parallel::MpiEnv& env, bool quick, int threads,
+                        plan::LinkCalibration& links) {
   say(world, "[4/4] calibration: this machine's GEMM, memory and attention rates, then the links");
   const int per_node = env.local_size();
+  // The threads training will run with (`tessera train --threads`, same default), so the rates are its.
   ContextOptions options;
-  options.cpu_threads = std::max(1, int(std::thread::hardware_concurrency()) / per_node);
+  options.cpu_threads = threads;
   Context ctx(options);
   plan::Cluster cluster;
   cluster.accelerator = plan::measure_compute(ctx, world, quick);
@@ -400,7 +402,7 @@ int run_cluster_selfcheck(const ClusterSelfcheckOptions& options, const parallel
   check_payloads(*world, where, options.seed, findings);
   check_layouts(*world, options.seed, findings);
   plan::LinkCalibration links;
-  const plan::Cluster cluster = calibrate(*world, env, options.quick, links);
+  const plan::Cluster cluster = calibrate(*world, env, options.quick, options.threads, links);
   std::vector<std::string> notes = findings.results;
   notes.push_back(when_and_where(*world, env));
   const bool written = write_file(*world, ctx, options.output, cluster, notes, links.samples);

@@ -21,6 +21,8 @@ struct ClusterSelfcheckOptions {
   std::string output = "tessera-cluster.toml";  // --output: the cluster file rank 0 writes
   bool quick = false;                           // --quick: fewer sizes and repeats (tests, a first look)
   uint64_t seed = 1234;                         // --seed: the inputs of the checks
+  int threads =
+      0;  // --threads: CPU threads per rank while calibrating, as `tessera train --threads` (0: OpenMP's default)
 };
 
 // Runs the checks and the calibration on the ranks of `env`'s world; prints
