@@ -182,8 +182,7 @@ void register_plan_command(CLI::App& app, int& exit_code) {
       ->group(group);
   plan_cmd->add_option("--top", options->top, "Layouts in the table")->check(CLI::Range(1, 1000))->group(group);
   plan_cmd->callback([plan_cmd, options, &exit_code] {
-    const ConfigFileLines from_file = apply_config_file(*plan_cmd, options->train);
-    (void)from_file;
+    apply_config_file(*plan_cmd, options->train);
     exit_code = run_plan(*plan_cmd, *options);
   });
 }

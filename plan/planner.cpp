@@ -105,7 +105,6 @@ std::vector<Gemm> layer_gemms(const Shapes& s, bool moe) {
 struct Phases {
   double forward = 0, input_gradient = 0, weight_gradient = 0;
   double tp = 0, cp = 0, ep = 0;  // the communication inside them (whole: forward + backward)
-  double forward_compute = 0;     // forward without communication
 };
 
 // The attention core's forward and backward seconds.
@@ -171,8 +170,7 @@ Phases layer_phases(const PlanModel& pm, const Cluster& c, const PlanLayout& l, 
   const double cp_backward = std::max(0.0, 2 * ring - attention_backward);
   const double a2a =
       moe && l.ep > 1 ? 2 * all_to_all_seconds(g.ep, double(s.tokens * s.topk) * double(s.h) * s.e) : 0.0;
-  p.forward_compute = gemm_forward + attention_forward + elementwise;
-  p.forward = p.forward_compute + tp_pass + cp_forward + a2a;
+  p.forward = gemm_forward + attention_forward + elementwise + tp_pass + cp_forward + a2a;
   p.input_gradient = gemm_dx + attention_backward + 2 * elementwise + tp_pass + cp_backward + a2a;
   p.weight_gradient = gemm_dw;
   const double passes = l.recompute ? 3 : 2;
@@ -323,7 +321,6 @@ PipelineInput pipeline_input(const PlanModel& pm, const Cluster& c, const PlanLa
       sum.tp += p.tp;
       sum.cp += p.cp;
       sum.ep += p.ep;
-      sum.forward_compute += p.forward_compute;
     };
     if (ch.first) add(embedding);
     for (int64_t layer = ch.begin; layer < ch.end; ++layer) add(pm.model.moe_layer(layer) ? moe : dense);
@@ -590,7 +587,6 @@ Prediction predict(const PlanModel& pm, const Cluster& c, const PlanLayout& l, b
   t.expert_parallel = ep;
   t.compute = span.busiest_work - tp - cp - ep;
   t.pipeline_bubble = span.span - span.busiest_work;
-  t.pipeline_transfer = l.pp > 1 ? 2.0 * double(m * l.vpp) * in.costs.transfer : 0.0;
   const StageParameters params = stage_parameters(pm, l, chunks, span.busiest);
   add_data_parallel(pm, c, l, g, params, last_backward, micro_work, m, t);
   t.step = span.span + t.data_parallel + t.zero + t.optimizer;

@@ -91,14 +91,13 @@ struct PlanLayout {
 };
 
 struct StepTime {
-  double compute = 0;            // the busiest stage's forwards and backwards, all micro-batches
-  double tensor_parallel = 0;    // within compute's span: tp collectives
-  double context_parallel = 0;   // exposed ring exchange
-  double expert_parallel = 0;    // all-to-alls
-  double pipeline_bubble = 0;    // the schedule's span minus the busiest stage's work
-  double pipeline_transfer = 0;  // sends between stages on the busiest stage
-  double data_parallel = 0;      // exposed gradient reduction
-  double zero = 0;               // exposed ZeRO gathers
+  double compute = 0;           // the busiest stage's forwards and backwards, all micro-batches
+  double tensor_parallel = 0;   // within compute's span: tp collectives
+  double context_parallel = 0;  // exposed ring exchange
+  double expert_parallel = 0;   // all-to-alls
+  double pipeline_bubble = 0;   // the schedule's span minus the busiest stage's work
+  double data_parallel = 0;     // exposed gradient reduction
+  double zero = 0;              // exposed ZeRO gathers
   double optimizer = 0;
   double step = 0;  // the whole step
 };
